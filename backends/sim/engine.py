@@ -1,0 +1,586 @@
+"""The discrete-event simulator: an SGLang-like engine at iteration granularity.
+
+Each step is either a prefill step (chunked, up to `chunk_tokens` new tokens;
+with `mixed_chunk` it also decodes) or a decode step producing one token for
+every running request. Step times follow the profile's roofline model. Between
+two events every decode step looks alike, so runs of decode steps are advanced
+in closed form; `closed_form=False` steps one by one (the tests compare both).
+
+KV accounting (tokens): a prefix on GPU (ready or loading/computing) holds
+`prefix_tokens`; a running request holds its input and generated tokens. A
+decode step needs one free token per decoding request; when none is left the
+engine evicts idle prefixes (LRU) and then retracts requests, as SGLang does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+from backends.base import InfeasibleDecision
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Location,
+    PrefixState,
+    Request,
+    RequestState,
+    Reservation,
+    TaskView,
+    Workflow,
+)
+from topasd.profiles import HardwareProfile
+
+_READY, _LOAD_END, _BACKUP_END = 0, 1, 2
+
+
+class _Prefix:
+    __slots__ = ("agent", "backup_pending", "cancelled", "compute_left", "host_copy",
+                 "last_used", "location", "ready", "ready_at", "tokens")
+
+    def __init__(self, agent: str, tokens: int, location: Location) -> None:
+        self.agent = agent
+        self.tokens = tokens
+        self.location = location
+        self.ready = False
+        self.host_copy = location is Location.HOST
+        self.backup_pending = False
+        self.last_used = 0.0
+        self.ready_at: float | None = None
+        self.compute_left = 0
+        self.cancelled = 0  # generation counter: stale transfer ends are ignored
+
+
+class _Live:
+    """A running request's mutable progress."""
+
+    __slots__ = ("admitted_at", "generated", "prefill_left", "prefilled", "req", "reservation",
+                 "started_at")
+
+    def __init__(self, req: Request, t: float, reservation: Reservation) -> None:
+        self.req = req
+        self.generated = req.generated
+        self.prefill_left = req.input_tokens + req.generated
+        self.prefilled = 0
+        self.admitted_at = t
+        self.started_at: float | None = None
+        self.reservation = reservation
+
+    @property
+    def kv(self) -> int:
+        return self.req.input_tokens + self.generated
+
+
+@dataclass
+class SimStats:
+    """Counters the replay table reports."""
+
+    steps: int = 0
+    decode_steps: int = 0
+    prefill_steps: int = 0
+    batch_token_steps: int = 0  # sum over decode steps of the batch size
+    peak_batch: int = 0
+    prefix_loads: int = 0
+    prefix_load_bytes: float = 0.0
+    prefix_computes: int = 0
+    preemptions: int = 0
+    retractions: int = 0
+    recomputed_tokens: int = 0
+    busy_s: float = 0.0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.batch_token_steps / self.decode_steps if self.decode_steps else 0.0
+
+
+class SimBackend:
+    """The simulator backend (virtual time)."""
+
+    name = "sim"
+
+    def __init__(self, profile: HardwareProfile, *, closed_form: bool = True,
+                 warm_host: bool = False) -> None:
+        self.profile = profile
+        self.closed_form = closed_form
+        self.warm_host = warm_host  # agents start with a host copy of their prefix
+        self.stats = SimStats()
+        self._t = 0.0
+        self.ratio = profile.init_new_token_ratio
+        self.batch_is_full = False
+        self._prefixes: dict[str, _Prefix] = {}
+        self._waiting: dict[int, Request] = {}
+        self._running: dict[int, _Live] = {}
+        self._timed: list[tuple[float, int, int, object]] = []
+        self._seq = 0
+        self._link_free_at = 0.0
+        self._prefill: deque[object] = deque()  # request ids and prefix-compute agents (str)
+        self._events: list[EngineEvent] = []
+        self._need_schedule = False
+        self._retry = False
+        self._prefix_view: dict[str, PrefixState] | None = None
+        self._costs = profile.cost_hints()
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def t(self) -> float:
+        return self._t
+
+    def submit(self, request: Request) -> None:
+        self._ensure_prefix(request.agent, request.prefix_tokens)
+        if request.ready_at > self._t:
+            self._push(request.ready_at, _READY, request)
+        else:
+            self._enqueue(request, max(request.ready_at, 0.0))
+
+    def idle(self) -> bool:
+        return not (self._running or self._timed or self._prefill)
+
+    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+        stop = math.inf if t_stop is None else t_stop
+        while True:
+            self._fire_timed()
+            if self._events:
+                yield from self._drain()
+            if self._need_schedule:
+                self._need_schedule = False
+                yield EngineEvent(self._t, EventKind.SCHEDULE)
+                if self._events:
+                    yield from self._drain()
+                continue
+            if self._t >= stop or not self._advance(stop):
+                return
+
+    def view(self, tasks: Mapping[int, TaskView],
+             workflows: Mapping[str, Workflow]) -> EngineView:
+        self._seq += 1
+        return EngineView(
+            t=self._t,
+            budget_tokens=self.profile.budget_tokens,
+            new_token_ratio=self.ratio,
+            new_request_ratio=self._new_request_ratio(),
+            prefixes=self._prefix_states(),
+            running=tuple(self._snapshot(live) for live in self._running.values()),
+            waiting=tuple(self._waiting.values()),
+            tasks=tasks,
+            workflows=workflows,
+            costs=self._costs,
+            batch_is_full=self.batch_is_full,
+            chunk_tokens=self.profile.chunk_tokens,
+            max_prefill_tokens=self.profile.max_prefill_tokens,
+            seq=self._seq,
+        )
+
+    def apply(self, decision: Decision) -> None:
+        self._validate(decision)
+        t = self._t
+        for rid in decision.preempt:
+            self._preempt(rid, EventKind.PREEMPT)
+        for agent in decision.evict:
+            self._evict(agent, "policy")
+        for agent in decision.load:
+            self._load(agent)
+        for rid in decision.admit:
+            self._admit(self._waiting.pop(rid), decision.reservation)
+        if decision.admit or decision.preempt or decision.load or decision.evict:
+            self._prefix_view = None
+        self.batch_is_full = decision.blocked
+        self._retry = decision.retry
+        for agent in {self._running[r].req.agent for r in decision.admit}:
+            self._prefixes[agent].last_used = t
+
+    # ----------------------------------------------------------- validation
+
+    def _validate(self, d: Decision) -> None:
+        """Refuse a decision that breaks a rule, before changing anything."""
+        problems = []
+        pre, adm = set(d.preempt), set(d.admit)
+        if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
+            problems.append("a request id is listed twice")
+        if bad := sorted(r for r in pre if r not in self._running):
+            problems.append(f"preempt names requests that are not running: {bad[:5]}")
+        if bad := sorted(r for r in adm if r not in self._waiting):
+            problems.append(f"admit names requests that are not waiting: {bad[:5]}")
+        gpu_after = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
+        kept = [lv for rid, lv in self._running.items() if rid not in pre]
+        for agent in d.evict:
+            p = self._prefixes.get(agent)
+            if p is None or p.location is not Location.GPU:
+                problems.append(f"evict {agent!r}: its prefix is not on the GPU")
+            elif any(lv.req.agent == agent for lv in kept):
+                problems.append(f"evict {agent!r}: requests of this agent keep running")
+            gpu_after.discard(agent)
+        for agent in d.load:
+            p = self._prefixes.get(agent)
+            if p is None or p.location is Location.GPU:
+                problems.append(f"load {agent!r}: unknown agent or already on the GPU")
+            gpu_after.add(agent)
+        if not problems:
+            admitted = [self._waiting[r] for r in d.admit]
+            if bad := sorted({r.agent for r in admitted} - gpu_after):
+                problems.append(f"admit needs prefixes {bad} on the GPU; load them")
+            demand = self._demand(gpu_after, kept, admitted, d.reservation)
+            if (admitted or d.load) and demand > self.profile.budget_tokens + 1e-6:
+                problems.append(f"the state needs {demand:.0f} KV tokens but the budget is "
+                                f"{self.profile.budget_tokens} (Eq. 2)")
+        if problems:
+            raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
+                                     + "; ".join(problems))
+
+    def _demand(self, gpu: set[str], kept: list[_Live], admitted: list[Request],
+                reservation: Reservation) -> float:
+        clip = self.profile.clip_max_new_tokens
+        total = float(sum(self._prefixes[a].tokens for a in gpu))
+        for lv in kept:
+            rem = lv.req.output_tokens - lv.generated
+            if lv.reservation is Reservation.FULL:
+                total += lv.req.input_tokens + lv.req.output_tokens
+            else:
+                total += lv.kv + self.ratio * min(rem, clip)
+        ratio = self._new_request_ratio()
+        return total + sum(r.admit_demand(reservation, ratio, clip) for r in admitted)
+
+    def _new_request_ratio(self) -> float:
+        return 1.0 if self.profile.admit_new_full else self.ratio
+
+    # ------------------------------------------------------- state changes
+
+    def _ensure_prefix(self, agent: str, tokens: int) -> None:
+        if agent not in self._prefixes:
+            loc = Location.HOST if self.warm_host and self.profile.host_cache else Location.NONE
+            self._prefixes[agent] = _Prefix(agent, tokens, loc)
+            self._prefix_view = None
+
+    def _enqueue(self, req: Request, t: float) -> None:
+        self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
+        self._emit(t, EventKind.REQUEST_READY, req)
+        self._need_schedule = True
+
+    def _admit(self, req: Request, reservation: Reservation) -> None:
+        live = _Live(req, self._t, reservation)
+        self._running[req.id] = live
+        self._prefill.append(req.id)
+        self._emit(self._t, EventKind.REQUEST_ADMIT, req, tokens=live.prefill_left)
+
+    def _preempt(self, rid: int, kind: EventKind) -> None:
+        live = self._running.pop(rid)
+        req = replace(live.req, generated=live.generated, preemptions=live.req.preemptions + 1,
+                      state=RequestState.WAITING, queued_at=self._t)
+        self._waiting[rid] = req
+        if live.prefill_left:
+            self._prefill.remove(rid)
+        self.stats.preemptions += 1
+        self.stats.recomputed_tokens += live.prefilled
+        self._emit(self._t, kind, req, tokens=live.generated)
+        self._prefix_view = None
+
+    def _evict(self, agent: str, why: str) -> None:
+        p = self._prefixes[agent]
+        if not p.ready:
+            p.cancelled += 1
+            if p.compute_left:
+                self._prefill.remove(agent)
+                p.compute_left = 0
+        keep_copy = self.profile.host_cache and (p.host_copy or p.backup_pending)
+        p.location = Location.HOST if keep_copy else Location.NONE
+        p.ready = False
+        p.ready_at = None
+        self._prefix_view = None
+        self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note=why)
+
+    def _load(self, agent: str) -> None:
+        p = self._prefixes[agent]
+        p.ready = False
+        if p.location is Location.HOST:
+            start = max(self._t, self._link_free_at)
+            dur = self.profile.t_swap(p.tokens)
+            self._link_free_at = p.ready_at = start + dur
+            self.stats.prefix_loads += 1
+            self.stats.prefix_load_bytes += p.tokens * self.profile.kv_bytes_per_token
+            self._push(p.ready_at, _LOAD_END, (agent, p.cancelled))
+            self._emit(start, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens, value=dur)
+        else:
+            p.compute_left = p.tokens
+            self._prefill.appendleft(agent)
+            self.stats.prefix_computes += 1
+            self._emit(self._t, EventKind.PREFIX_COMPUTE_START, agent=agent, tokens=p.tokens)
+        p.location = Location.GPU
+
+    def _prefix_ready(self, p: _Prefix, kind: EventKind) -> None:
+        p.ready = True
+        p.ready_at = self._t
+        self._prefix_view = None
+        self._emit(self._t, kind, agent=p.agent, tokens=p.tokens)
+        if self.profile.host_cache and not p.host_copy and not p.backup_pending:
+            p.backup_pending = True  # HiCache write-through: back the prefix up to host
+            start = max(self._t, self._link_free_at)
+            dur = self.profile.t_swap(p.tokens)
+            self._link_free_at = start + dur
+            self._push(start + dur, _BACKUP_END, p.agent)
+            self._emit(start, EventKind.PREFIX_OFFLOAD_START, agent=p.agent, tokens=p.tokens,
+                       value=dur)
+
+    def _finish(self, live: _Live) -> None:
+        req = live.req
+        del self._running[req.id]
+        self.batch_is_full = False
+        started = live.started_at if live.started_at is not None else live.admitted_at
+        self._prefixes[req.agent].last_used = self._t
+        self._emit(self._t, EventKind.REQUEST_FINISH, req, tokens=live.generated,
+                   value=self._t - started)
+        self._need_schedule = True
+
+    # ------------------------------------------------------------- timing
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._timed, (t, self._seq, kind, payload))
+
+    def _fire_timed(self) -> None:
+        while self._timed and self._timed[0][0] <= self._t:
+            t_ev, _, kind, payload = heapq.heappop(self._timed)
+            if kind == _READY:
+                self._enqueue(payload, t_ev)
+            elif kind == _LOAD_END:
+                agent, gen = payload
+                p = self._prefixes[agent]
+                if gen == p.cancelled and p.location is Location.GPU:
+                    self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
+                    self._need_schedule = True
+            else:
+                p = self._prefixes[payload]
+                p.backup_pending = False
+                p.host_copy = True
+                self._emit(t_ev, EventKind.PREFIX_OFFLOAD_END, agent=payload, tokens=p.tokens)
+
+    def _advance(self, stop: float) -> bool:
+        """Run one step or a closed-form run of decode steps; False when idle."""
+        if self._retry:
+            self._retry = False
+            self._need_schedule = bool(self._waiting)
+            if self._prefill_runnable():
+                self._prefill_step()
+                return True
+            decoding = self._decoding()
+            if decoding:
+                self._decode_run(decoding, stop, max_steps=1)
+                return True
+        if self._prefill_runnable():
+            self._prefill_step()
+            return True
+        decoding = self._decoding()
+        if decoding:
+            self._decode_run(decoding, stop)
+            return True
+        self.ratio = self.profile.init_new_token_ratio  # SGLang: reset while idle
+        nxt = self._timed[0][0] if self._timed else math.inf
+        target = min(nxt, stop)
+        if math.isinf(target):
+            return False
+        self._t = max(self._t, target)
+        return True
+
+    def _decoding(self) -> list[_Live]:
+        return [lv for lv in self._running.values()
+                if not lv.prefill_left and self._prefixes[lv.req.agent].ready]
+
+    # ----------------------------------------------------------- prefill
+
+    def _prefill_runnable(self) -> bool:
+        for item in self._prefill:
+            if isinstance(item, str) or self._prefixes[self._running[item].req.agent].ready:
+                return True
+        return False
+
+    def _prefill_step(self) -> None:
+        """One chunked-prefill step over the FIFO (mixed: plus one decode token each)."""
+        decoding = self._mixed_decoders() if self.profile.mixed_chunk else []
+        budget = self.profile.chunk_tokens
+        n_total, pairs, ctx = 0, 0.0, 0
+        done: list[_Live] = []
+        computed: list[_Prefix] = []
+        for item in list(self._prefill):
+            if budget <= 0:
+                break
+            if isinstance(item, str):
+                p = self._prefixes[item]
+                n = min(p.compute_left, budget)
+                c = p.tokens - p.compute_left
+                p.compute_left -= n
+                if not p.compute_left:
+                    self._prefill.remove(item)
+                    p.ready = True  # later pieces of this step may use it
+                    computed.append(p)
+            else:
+                live = self._running[item]
+                p = self._prefixes[live.req.agent]
+                if not p.ready:
+                    continue
+                n = min(live.prefill_left, budget)
+                c = p.tokens + live.prefilled
+                if live.started_at is None:
+                    live.started_at = self._t
+                    self._emit(self._t, EventKind.REQUEST_START, live.req)
+                live.prefilled += n
+                live.prefill_left -= n
+                if not live.prefill_left:
+                    self._prefill.remove(item)
+                    done.append(live)
+            budget -= n
+            n_total += n
+            pairs += n * c + n * n / 2.0
+            ctx += c + n
+        k_ctx = sum(p_tokens + lv.kv for lv, p_tokens in decoding)
+        dt = self.profile.step_time(n_total, pairs, len(decoding), ctx + k_ctx)
+        self._t += dt
+        self.stats.steps += 1
+        self.stats.prefill_steps += 1
+        self.stats.busy_s += dt
+        for p in computed:
+            p.ready = False
+            self._prefix_ready(p, EventKind.PREFIX_COMPUTE_END)
+        if decoding:
+            self._count_decode(len(decoding), 1)
+        for live in [lv for lv, _ in decoding] + done:
+            live.generated += 1
+            if live.generated >= live.req.output_tokens:
+                self._finish(live)
+
+    def _mixed_decoders(self) -> list[tuple[_Live, int]]:
+        return [(lv, self._prefixes[lv.req.agent].tokens) for lv in self._running.values()
+                if not lv.prefill_left and lv.started_at is not None
+                and self._prefixes[lv.req.agent].ready]
+
+    # ------------------------------------------------------------ decode
+
+    def _decode_run(self, decoding: list[_Live], stop: float, max_steps: int = 0) -> None:
+        """Advance n identical decode steps in closed form (Sum of a + b*K_j)."""
+        batch = len(decoding)
+        free = self.profile.budget_tokens - self._used_tokens()
+        if free < batch and not self._make_room(batch):
+            return
+        free = self.profile.budget_tokens - self._used_tokens()
+        decoding = [lv for lv in decoding if lv.req.id in self._running]
+        batch = len(decoding)
+        k0 = sum(self._prefixes[lv.req.agent].tokens + lv.kv for lv in decoding)
+        a = self.profile.t_lin(batch) + self.profile.t_overhead_s
+        b = self.profile.t_kv_read_per_token_s
+        n = min(lv.req.output_tokens - lv.generated for lv in decoding)
+        n = min(n, free // batch)
+        nxt = min(self._timed[0][0] if self._timed else math.inf, stop)
+        if not math.isinf(nxt):
+            n = min(n, _steps_to_reach(nxt - self._t, a + b * k0, b * batch))
+        if not self.closed_form or max_steps == 1:
+            n = 1
+        n = max(1, n)
+        dt = n * (a + b * k0) + b * batch * n * (n - 1) / 2.0
+        self._t += dt
+        self.stats.busy_s += dt
+        self._count_decode(batch, n)
+        self.ratio = max(self.ratio - n * self.profile.new_token_ratio_decay,
+                         self.profile.min_new_token_ratio)
+        for lv in decoding:
+            lv.generated += n
+        for lv in decoding:
+            if lv.generated >= lv.req.output_tokens:
+                self._finish(lv)
+
+    def _count_decode(self, batch: int, n: int) -> None:
+        s = self.stats
+        s.steps += n
+        s.decode_steps += n
+        s.batch_token_steps += batch * n
+        s.peak_batch = max(s.peak_batch, batch)
+
+    def _used_tokens(self) -> int:
+        used = sum(p.tokens for p in self._prefixes.values() if p.location is Location.GPU)
+        return used + sum(lv.kv for lv in self._running.values())
+
+    def _make_room(self, batch: int) -> bool:
+        """Decode is out of KV: evict idle prefixes (LRU), then retract (SGLang)."""
+        budget = self.profile.budget_tokens
+        busy = {lv.req.agent for lv in self._running.values()}
+        idle = sorted((p.last_used, p.agent) for p in self._prefixes.values()
+                      if p.location is Location.GPU and p.ready and p.agent not in busy)
+        for _, agent in idle:
+            if budget - self._used_tokens() >= batch:
+                break
+            self._evict(agent, "engine")
+        if budget - self._used_tokens() >= batch:
+            return True
+        self._retract()
+        return False
+
+    def _retract(self) -> None:
+        """SGLang's retract_decode: fewest generated first (longest input on ties),
+        at least one, never the last, until one more decode step fits."""
+        order = sorted(self._running.values(),
+                       key=lambda lv: (lv.generated, -lv.req.input_tokens), reverse=True)
+        first = True
+        while len(order) > 1 and (first or self.profile.budget_tokens - self._used_tokens()
+                                  < sum(1 for lv in order if not lv.prefill_left)):
+            first = False
+            live = order.pop()
+            self.stats.retractions += 1
+            self._preempt(live.req.id, EventKind.RETRACT)
+            self.stats.preemptions -= 1
+        gen = sum(lv.generated for lv in order)
+        max_new = sum(lv.req.output_tokens for lv in order)
+        steps = self.profile.retract_decode_steps
+        self.ratio = min(1.0, (gen + steps * len(order)) / max(1, max_new))
+        self.batch_is_full = False
+        self._need_schedule = True
+
+    # ------------------------------------------------------------- views
+
+    def _snapshot(self, live: _Live) -> Request:
+        return replace(live.req, generated=live.generated, state=RequestState.RUNNING,
+                       admitted_at=live.admitted_at, started_at=live.started_at,
+                       reservation=live.reservation)
+
+    def _prefix_states(self) -> dict[str, PrefixState]:
+        if self._prefix_view is None:
+            self._prefix_view = {
+                a: PrefixState(a, p.tokens, p.location, p.ready, p.host_copy, p.last_used,
+                               p.ready_at)
+                for a, p in self._prefixes.items()
+            }
+        return self._prefix_view
+
+    def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
+              agent: str | None = None, tokens: int = 0, value: float = 0.0,
+              note: str = "") -> None:
+        if req is not None:
+            self._events.append(EngineEvent(t, kind, req.id, req.task_id, req.agent, req.stage,
+                                            tokens, value, note))
+        else:
+            self._events.append(EngineEvent(t, kind, agent=agent, tokens=tokens, value=value,
+                                            note=note))
+
+    def _drain(self) -> Iterator[EngineEvent]:
+        events, self._events = self._events, []
+        yield from events
+
+
+def _steps_to_reach(delta: float, first: float, growth: float) -> int:
+    """Smallest n >= 1 with n*first + growth*n*(n-1)/2 >= delta (decode steps
+    whose durations grow linearly with the context)."""
+    if delta <= first:
+        return 1
+    if growth <= 0:
+        return max(1, math.ceil(delta / first - 1e-12))
+    # growth/2 n^2 + (first - growth/2) n - delta = 0
+    half = growth / 2.0
+    lin = first - half
+    n = math.ceil((-lin + math.sqrt(lin * lin + 4 * half * delta)) / (2 * half) - 1e-9)
+    n = max(1, n)
+    while n > 1 and (n - 1) * first + half * (n - 1) * (n - 2) >= delta:
+        n -= 1
+    while n * first + half * n * (n - 1) < delta:
+        n += 1
+    return n

@@ -1,0 +1,218 @@
+"""The `topasd` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+
+from topasd.model import TopasError
+from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
+from topasd.scheduler import POLICY_NAMES
+
+BACKENDS = ("sim",)
+
+
+class TopasGroup(click.Group):
+    """Turns expected errors (bad input) into one clear line and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TopasError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=TopasGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="topasd")
+def main() -> None:
+    """topasd: workflow-aware prefix-state scheduling (TOPAS) for multi-agent LLM serving.
+
+    \b
+    Try:
+      topasd replay --workload chain3 --rate 0.2 --policy all
+      topasd trace gen --workload dag4 --rate 0.12 --tasks 200 -o dag4.jsonl
+      topasd replay dag4.jsonl --policy lpm --policy spf --json
+    """
+
+
+# ----------------------------------------------------------------- trace
+
+
+@main.group()
+def trace() -> None:
+    """Write and inspect workload traces (JSON Lines, docs/trace-format.md)."""
+
+
+@trace.command("gen")
+@click.option("--workload", "-w", required=True, metavar="NAME|SPEC",
+              help="A built-in workload (table1, chain3, dag4, dag10wide, metagpt-sop, "
+                   "metagpt-tl) or the path of a workflow spec file.")
+@click.option("--rate", "-r", type=float, required=True, help="Poisson arrival rate, task/s.")
+@click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Number of task arrivals.")
+@click.option("--seed", "-s", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), required=True,
+              help="Where to write the trace (.jsonl).")
+def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) -> None:
+    """Sample a trace of TASKS arrivals of a workload at RATE task/s."""
+    from workflows.trace import save_trace
+
+    tr = _generated_trace(workload, rate, tasks, seed)
+    save_trace(tr, output)
+    n_req = sum(len(r) for t in tr.tasks for r in t.stages.values())
+    click.echo(f"wrote {output}: {len(tr.tasks)} tasks, {n_req} requests, "
+               f"last arrival at {tr.tasks[-1].arrival:.1f}s", err=True)
+
+
+def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    wl = load_workload(workload)
+    return generate_trace(wl.workflows, rate, tasks, seed, name=wl.name)
+
+
+# ---------------------------------------------------------------- replay
+
+
+@main.command()
+@click.argument("trace_file", required=False, type=click.Path(dir_okay=False))
+@click.option("--workload", "-w", metavar="NAME|SPEC",
+              help="Generate the trace from a workload instead of reading TRACE_FILE.")
+@click.option("--rate", "-r", type=float, default=None,
+              help="Arrival rate for --workload (default: its middle operating point).")
+@click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
+              help="Tasks for --workload.")
+@click.option("--seed", "-s", type=int, default=0, show_default=True, help="Seed for --workload.")
+@click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
+              help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}).")
+@click.option("--backend", "-b", type=click.Choice(BACKENDS), default="sim", show_default=True)
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+              type=click.Choice(sorted(PROFILES)), help="Hardware profile of the simulator.")
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Override the profile's KV budget (tokens).")
+@click.option("--json", "as_json", is_flag=True, help="Print {\"runs\": [...]} as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
+           seed: int, policies: tuple[str, ...], backend: str, profile: str,
+           budget: int | None, as_json: bool, quiet: bool) -> None:
+    """Run a workload trace through one or more policies in virtual time.
+
+    Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
+    first-task completion, running batch, prefix loads, preemptions,
+    recomputed tokens and decision time. Every policy sees the same trace.
+    """
+    tr = _load_or_generate(trace_file, workload, rate, tasks, seed)
+    prof = get_profile(profile)
+    if budget is not None:
+        prof = prof.with_overrides(budget_tokens=budget)
+    tr.check_fits(prof.budget_tokens)
+    names = _policy_names(policies)
+    rows = []
+    for name in names:
+        with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
+            rows.append(_run_one(tr, name, prof, tick))
+    if as_json:
+        click.echo(json.dumps({"trace": dict(tr.meta), "profile": prof.name, "runs": rows},
+                              indent=2))
+    else:
+        click.echo(_table(rows, tr.meta, prof))
+
+
+def _load_or_generate(trace_file: str | None, workload: str | None, rate: float | None,
+                      tasks: int, seed: int) -> Any:
+    from workflows.builtin import load_workload
+    from workflows.trace import load_trace
+
+    if trace_file and workload:
+        raise TopasError("give either TRACE_FILE or --workload, not both")
+    if trace_file:
+        return load_trace(trace_file)
+    if not workload:
+        raise TopasError("give a TRACE_FILE (see `topasd trace gen`) or --workload NAME")
+    if rate is None:
+        points = load_workload(workload).operating_points
+        if not points:
+            raise TopasError(f"workload {workload!r} lists no operating points; pass --rate")
+        rate = points[len(points) // 2]
+    return _generated_trace(workload, rate, tasks, seed)
+
+
+def _policy_names(policies: tuple[str, ...]) -> list[str]:
+    names: list[str] = []
+    for p in policies:
+        for name in (POLICY_NAMES if p == "all" else (p,)):
+            if name not in POLICY_NAMES:
+                raise TopasError(f"unknown policy {name!r}; choose from "
+                                 f"{', '.join(POLICY_NAMES)} or 'all'")
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _run_one(tr: Any, name: str, prof: HardwareProfile,
+             tick: Callable[[int, int, float], None]) -> dict[str, Any]:
+    from backends.sim.engine import SimBackend
+    from topasd.runner import Run
+    from topasd.scheduler import make_policy
+
+    result = Run(tr, make_policy(name), SimBackend(prof), progress=tick).execute()
+    return result.summary()
+
+
+@contextmanager
+def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, int, float], None]]:
+    if hidden or not sys.stderr.isatty():
+        yield lambda done, n, t: None
+        return
+    with click.progressbar(length=total, label=label, file=sys.stderr,
+                           show_pos=True) as bar:
+        def tick(done: int, n: int, t: float) -> None:
+            bar.update(done - bar.pos)
+
+        yield tick
+
+
+_COLUMNS = (
+    ("policy", "policy", "{}"),
+    ("mean JCT", "mean_jct_s", "{:.1f}"),
+    ("p50", "p50_jct_s", "{:.1f}"),
+    ("p99", "p99_jct_s", "{:.1f}"),
+    ("makespan", "makespan_s", "{:.0f}"),
+    ("req/s", "throughput_req_s", "{:.3f}"),
+    ("1st task", "first_task_s", "{:.1f}"),
+    ("batch", "mean_batch", "{:.1f}"),
+    ("peak", "peak_batch", "{}"),
+    ("loads", "prefix_loads", "{}"),
+    ("load GB", "prefix_load_gb", "{:.1f}"),
+    ("preempt", "preemptions", "{}"),
+    ("retract", "retractions", "{}"),
+    ("recomp tok", "recomputed_tokens", "{}"),
+    ("dec ms", "decision_mean_ms", "{:.3f}"),
+    ("dec p99", "decision_p99_ms", "{:.3f}"),
+)
+
+
+def _table(rows: list[dict[str, Any]], meta: Any, prof: HardwareProfile) -> str:
+    cells = [[h for h, _, _ in _COLUMNS]]
+    cells += [[fmt.format(row[k]) for _, k, fmt in _COLUMNS] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    lines = [f"workload {meta.get('workload', '?')}, rate {meta.get('rate', '?')} task/s, "
+             f"{rows[0]['tasks']} tasks, profile {prof.name} (times in s)"]
+    for r in cells:
+        lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return "\n".join(lines)
+
+
+
+
+if __name__ == "__main__":
+    main()

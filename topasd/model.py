@@ -1,0 +1,503 @@
+"""The vocabulary of topasd (paper section III).
+
+Every policy, backend, store and console speaks these types. They are frozen
+dataclasses: a backend builds an `EngineView`, a policy returns a `Decision`,
+and the store writes that same `Decision` as its row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+
+class TopasError(Exception):
+    """An error a user can fix; the message names the place and the fix."""
+
+
+class WorkflowError(TopasError):
+    """A workflow definition is invalid (cycle, unknown agent, ...)."""
+
+
+# --------------------------------------------------------------------------
+# Distributions used by stage profiles
+# --------------------------------------------------------------------------
+
+DIST_KINDS = ("fixed", "uniform", "uniform_int", "lognormal", "choice")
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    """A small sampling distribution for token counts, rounds and tool waits.
+
+    `fixed`: value. `uniform`/`uniform_int`: low, high (inclusive for ints).
+    `lognormal`: median, sigma, optional low/high clip. `choice`: values.
+    """
+
+    kind: str
+    value: float = 0.0
+    low: float | None = None
+    high: float | None = None
+    median: float | None = None
+    sigma: float | None = None
+    values: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in DIST_KINDS:
+            raise WorkflowError(f"unknown distribution kind {self.kind!r}; use one of {DIST_KINDS}")
+        if self.kind in ("uniform", "uniform_int"):
+            if self.low is None or self.high is None or self.low > self.high:
+                raise WorkflowError(f"{self.kind} needs low <= high, got {self.low}, {self.high}")
+        if self.kind == "lognormal" and (self.median is None or self.median <= 0 or not self.sigma):
+            raise WorkflowError("lognormal needs median > 0 and sigma > 0")
+        if self.kind == "choice" and not self.values:
+            raise WorkflowError("choice needs a non-empty list of values")
+
+    @staticmethod
+    def fixed(value: float) -> Dist:
+        return Dist("fixed", value=float(value))
+
+    def sample(self, rng: np.random.Generator) -> float:
+        """One draw (a float; callers round token counts)."""
+        if self.kind == "fixed":
+            return self.value
+        if self.kind == "uniform":
+            return float(rng.uniform(self.low, self.high))
+        if self.kind == "uniform_int":
+            return float(rng.integers(int(self.low), int(self.high) + 1))
+        if self.kind == "choice":
+            return float(self.values[int(rng.integers(len(self.values)))])
+        x = float(self.median * math.exp(self.sigma * rng.standard_normal()))
+        if self.low is not None:
+            x = max(x, self.low)
+        if self.high is not None:
+            x = min(x, self.high)
+        return x
+
+    def mean(self) -> float:
+        """The expectation (lognormal clipping ignored: an estimate only)."""
+        if self.kind == "fixed":
+            return self.value
+        if self.kind in ("uniform", "uniform_int"):
+            return (float(self.low) + float(self.high)) / 2.0
+        if self.kind == "choice":
+            return float(np.mean(self.values))
+        m = self.median * math.exp(self.sigma**2 / 2.0)
+        if self.high is not None:
+            m = min(m, self.high)
+        return m
+
+
+# --------------------------------------------------------------------------
+# Workflows: agents, stages, DAGs
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """An agent with a static prefix (system prompt + template) of `prefix_tokens`."""
+
+    name: str
+    prefix_tokens: int
+
+
+HISTORY_MODES = ("none", "parents", "ancestors")
+
+
+@dataclass(frozen=True, slots=True)
+class StageProfile:
+    """How a stage issues LLM requests: ReAct rounds with tool waits between them.
+
+    Round k's dynamic input = `input_tokens` + carried history: the outputs of
+    upstream stages (`history`) and, when `carry_rounds`, every earlier round's
+    output plus `observation_tokens` (tool output) per earlier round.
+    """
+
+    rounds: Dist = field(default_factory=lambda: Dist.fixed(1))
+    input_tokens: Dist = field(default_factory=lambda: Dist.fixed(256))
+    output_tokens: Dist = field(default_factory=lambda: Dist.fixed(256))
+    tool_wait_s: Dist = field(default_factory=lambda: Dist.fixed(0.0))
+    observation_tokens: Dist = field(default_factory=lambda: Dist.fixed(0))
+    history: str = "none"
+    carry_rounds: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A node v of the workflow DAG, executed by `agent`."""
+
+    name: str
+    agent: str
+    after: tuple[str, ...] = ()
+    profile: StageProfile = field(default_factory=StageProfile)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A validated DAG G=(V,E) of stages, each mapped to an agent (section III)."""
+
+    name: str
+    agents: Mapping[str, Agent]
+    stages: Mapping[str, Stage]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"workflow {self.name!r}"
+        if not self.stages:
+            raise WorkflowError(f"{where}: has no stages; add at least one stage")
+        for stage in self.stages.values():
+            if stage.agent not in self.agents:
+                raise WorkflowError(
+                    f"{where}, stage {stage.name!r}: unknown agent {stage.agent!r}; "
+                    f"define it under agents (known: {sorted(self.agents)})"
+                )
+            for pred in stage.after:
+                if pred not in self.stages:
+                    raise WorkflowError(
+                        f"{where}, stage {stage.name!r}: 'after' names unknown stage {pred!r}"
+                    )
+        for agent in self.agents.values():
+            if agent.prefix_tokens < 0:
+                raise WorkflowError(f"{where}, agent {agent.name!r}: prefix_tokens must be >= 0")
+        graph = self.graph
+        if not nx.is_directed_acyclic_graph(graph):
+            cycle = " -> ".join(u for u, _ in nx.find_cycle(graph))
+            raise WorkflowError(f"{where}: the stage graph has a cycle ({cycle}); remove an edge")
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from(self.stages)
+        for stage in self.stages.values():
+            g.add_edges_from((pred, stage.name) for pred in stage.after)
+        return g
+
+    @cached_property
+    def topo_order(self) -> tuple[str, ...]:
+        """Stages in a deterministic topological order."""
+        return tuple(nx.lexicographical_topological_sort(self.graph))
+
+    @cached_property
+    def preds(self) -> Mapping[str, tuple[str, ...]]:
+        return {v: tuple(sorted(self.graph.predecessors(v))) for v in self.stages}
+
+    @cached_property
+    def succs(self) -> Mapping[str, tuple[str, ...]]:
+        return {v: tuple(sorted(self.graph.successors(v))) for v in self.stages}
+
+    @cached_property
+    def depth(self) -> Mapping[str, int]:
+        """Longest hop count from an entry stage (entry stages have depth 0)."""
+        depth: dict[str, int] = {}
+        for v in self.topo_order:
+            depth[v] = max((depth[p] + 1 for p in self.preds[v]), default=0)
+        return depth
+
+    @cached_property
+    def entry_stages(self) -> tuple[str, ...]:
+        return tuple(v for v in self.topo_order if not self.preds[v])
+
+    @cached_property
+    def is_chain(self) -> bool:
+        return all(len(self.preds[v]) <= 1 and len(self.succs[v]) <= 1 for v in self.stages) and (
+            len(self.entry_stages) == 1
+        )
+
+    def prefix_tokens(self, stage: str) -> int:
+        return self.agents[self.stages[stage].agent].prefix_tokens
+
+
+# --------------------------------------------------------------------------
+# Requests, prefixes, tasks: what the engine holds
+# --------------------------------------------------------------------------
+
+
+class RequestState(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Location(StrEnum):
+    """Where an agent's prefix KV lives."""
+
+    GPU = "gpu"
+    HOST = "host"
+    NONE = "none"
+
+
+class Reservation(StrEnum):
+    """How a running request's decode KV is reserved (Eq. 2's d_r(t)).
+
+    FULL reserves every remaining output token (TOPAS); OPTIMISTIC reserves
+    `remaining x new_token_ratio` like SGLang and may be retracted later.
+    """
+
+    FULL = "full"
+    OPTIMISTIC = "optimistic"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One LLM call of a stage round. Token counts exclude the agent prefix."""
+
+    id: int
+    task_id: int
+    workflow: str
+    stage: str
+    agent: str
+    round: int
+    input_tokens: int
+    output_tokens: int
+    ready_at: float
+    task_arrival: float
+    prefix_tokens: int = 0
+    queued_at: float = 0.0  # when it (re-)entered the waiting queue
+    generated: int = 0
+    state: RequestState = RequestState.WAITING
+    admitted_at: float | None = None
+    started_at: float | None = None
+    reservation: Reservation = Reservation.FULL
+    preemptions: int = 0
+
+    @property
+    def remaining(self) -> int:
+        return self.output_tokens - self.generated
+
+    def kv_tokens(self) -> int:
+        """KV the request holds now: its dynamic input and generated tokens."""
+        return self.input_tokens + self.generated
+
+    def demand(self, ratio: float, clip: int = 4096) -> float:
+        """d_r(t) of Eq. 2 for a running request: input + retained output + the
+        decode reservation of its admission mode (OPTIMISTIC: SGLang's
+        min(remaining, clip) x new_token_ratio)."""
+        if self.reservation is Reservation.FULL:
+            return float(self.input_tokens + self.output_tokens)
+        return self.input_tokens + self.generated + ratio * min(self.remaining, clip)
+
+    def admit_demand(self, reservation: Reservation = Reservation.FULL, ratio: float = 1.0,
+                     clip: int = 4096) -> float:
+        """KV a request needs to be admitted: input + retained output + decode
+        reservation (all remaining tokens, or SGLang's ratio-scaled estimate)."""
+        if reservation is Reservation.FULL:
+            return float(self.input_tokens + self.output_tokens)
+        return self.input_tokens + self.generated + ratio * min(self.remaining, clip)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixState:
+    """An agent prefix's place: on GPU (`ready` once loaded/computed), host or none."""
+
+    agent: str
+    tokens: int
+    location: Location
+    ready: bool = False
+    host_copy: bool = False
+    last_used: float = 0.0
+    ready_at: float | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.location is Location.GPU
+
+
+class StageStatus(StrEnum):
+    PENDING = "pending"  # predecessors unfinished
+    ACTIVE = "active"  # a round is waiting, running or in a tool wait
+    DONE = "done"
+
+
+@dataclass(frozen=True, slots=True)
+class StageProgress:
+    """The stage history: cumulative LLM service e_{i,v} of finished rounds."""
+
+    status: StageStatus = StageStatus.PENDING
+    service_s: float = 0.0
+    rounds_done: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """A task J_i as the scheduler sees it: arrival tau_i and stage histories."""
+
+    id: int
+    workflow: str
+    arrival: float
+    stages: Mapping[str, StageProgress]
+    finished_at: float | None = None
+
+    @property
+    def service_s(self) -> float:
+        """Attained LLM service over all finished rounds (Autellix's signal)."""
+        return sum(s.service_s for s in self.stages.values())
+
+
+@dataclass(frozen=True, slots=True)
+class CostHints:
+    """The profiled costs a policy may use (from the backend's hardware profile)."""
+
+    t_decode_s: float
+    prefill_s_per_token: float
+    prefill_base_s: float
+    kv_bytes_per_token: float
+    swap_bytes_per_s: float
+
+    def t_prefill(self, tokens: int) -> float:
+        """T_prefill(|input|): profiled prefill time of `tokens` on a cached prefix."""
+        return self.prefill_base_s + self.prefill_s_per_token * tokens
+
+    def t_swap(self, tokens: int) -> float:
+        """mu * l / B_swap: moving `tokens` of prefix KV over the host link."""
+        return tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
+
+    def t_request(self, input_tokens: int, output_tokens: int) -> float:
+        """Profiled request service: T_prefill(|input|) + T_decode * max_new."""
+        return self.t_prefill(input_tokens) + self.t_decode_s * output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """What a policy sees at a scheduling event t (section III)."""
+
+    t: float
+    budget_tokens: int
+    new_token_ratio: float
+    prefixes: Mapping[str, PrefixState]
+    running: tuple[Request, ...]
+    waiting: tuple[Request, ...]
+    tasks: Mapping[int, TaskView]
+    workflows: Mapping[str, Workflow]
+    costs: CostHints
+    new_request_ratio: float = 1.0  # share of max_new an optimistic admission reserves
+    batch_is_full: bool = False  # SGLang: the last admission stopped on a lack of KV
+    chunk_tokens: int = 8192  # prefill tokens one engine round takes (chunked prefill)
+    max_prefill_tokens: int = 16384  # input tokens one admission round takes
+    seq: int = 0
+
+    def prefix_tokens(self, agent: str) -> int:
+        return self.prefixes[agent].tokens
+
+    def gpu_prefixes(self) -> tuple[str, ...]:
+        return tuple(a for a, p in self.prefixes.items() if p.on_gpu)
+
+
+# --------------------------------------------------------------------------
+# Decisions: what a policy returns, and what the store writes
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreTerms:
+    """Eq. 13: total = j_admit (age-weighted) - j_move - j_redo - j_revoke + v_reuse."""
+
+    j_admit: float = 0.0
+    j_move: float = 0.0
+    j_redo: float = 0.0
+    j_revoke: float = 0.0
+    v_reuse: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.j_admit - self.j_move - self.j_redo - self.j_revoke + self.v_reuse
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A generated post-decision state S' = (R', Q') with its score terms."""
+
+    resident: tuple[str, ...]
+    admit: tuple[int, ...]
+    preempt: tuple[int, ...]
+    terms: ScoreTerms = field(default_factory=ScoreTerms)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The target state as actions, plus every candidate considered (for the log)."""
+
+    t: float
+    policy: str
+    admit: tuple[int, ...] = ()
+    preempt: tuple[int, ...] = ()
+    load: tuple[str, ...] = ()
+    evict: tuple[str, ...] = ()
+    reservation: Reservation = Reservation.FULL
+    blocked: bool = False  # admission stopped at a request that did not fit (KV)
+    retry: bool = False  # ask to decide again after the next engine step
+    candidates: tuple[Candidate, ...] = ()
+    chosen: int | None = None
+    wall_ms: float = 0.0
+    seq: int = 0
+
+    @property
+    def is_noop(self) -> bool:
+        return not (self.admit or self.preempt or self.load or self.evict)
+
+    @property
+    def chosen_candidate(self) -> Candidate | None:
+        return None if self.chosen is None else self.candidates[self.chosen]
+
+
+# --------------------------------------------------------------------------
+# Events: what a backend (and the workflow driver) reports
+# --------------------------------------------------------------------------
+
+
+class EventKind(StrEnum):
+    SCHEDULE = "schedule"  # a scheduling point: the runner must decide now
+    TASK_ARRIVE = "task_arrive"
+    REQUEST_READY = "request_ready"
+    REQUEST_ADMIT = "request_admit"
+    REQUEST_START = "request_start"  # first prefill chunk ran (service starts)
+    PREFILL_END = "prefill_end"
+    REQUEST_FINISH = "request_finish"
+    PREEMPT = "preempt"  # by the policy's decision
+    RETRACT = "retract"  # by the engine: a decode step ran out of KV
+    PREFIX_LOAD_START = "prefix_load_start"
+    PREFIX_LOAD_END = "prefix_load_end"
+    PREFIX_COMPUTE_START = "prefix_compute_start"
+    PREFIX_COMPUTE_END = "prefix_compute_end"
+    PREFIX_OFFLOAD_START = "prefix_offload_start"
+    PREFIX_OFFLOAD_END = "prefix_offload_end"
+    PREFIX_EVICT = "prefix_evict"
+    STAGE_FINISH = "stage_finish"
+    TASK_FINISH = "task_finish"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEvent:
+    """One flat event row. `value` is a duration in seconds where one applies
+    (request service, stage service, transfer time); `tokens` a token count."""
+
+    t: float
+    kind: EventKind
+    request_id: int | None = None
+    task_id: int | None = None
+    agent: str | None = None
+    stage: str | None = None
+    tokens: int = 0
+    value: float = 0.0
+    note: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "t": self.t,
+            "kind": str(self.kind),
+            "request_id": self.request_id,
+            "task_id": self.task_id,
+            "agent": self.agent,
+            "stage": self.stage,
+            "tokens": self.tokens,
+            "value": self.value,
+            "note": self.note,
+        }

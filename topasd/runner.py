@@ -1,0 +1,173 @@
+"""Run a trace through a policy on a backend: the loop that wires one
+scheduling event (architecture steps 1-5) together."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from backends.base import Backend
+from topasd.model import Decision, EngineEvent, EventKind, TopasError
+from topasd.scheduler.base import Policy
+from topasd.tasks import TaskBook
+from workflows.driver import TaskDriver
+from workflows.trace import Trace
+
+
+class StalledRun(TopasError):
+    """The engine went idle with work left: the policy stopped admitting."""
+
+
+class RunSink(Protocol):
+    """Where a run's decisions and events go (the store implements it)."""
+
+    def decision(self, decision: Decision) -> None: ...
+
+    def event(self, event: EngineEvent) -> None: ...
+
+
+@dataclass
+class RunResult:
+    policy: str
+    jct: dict[int, float]
+    arrivals: dict[int, float]
+    finishes: dict[int, float]
+    requests_finished: int
+    decisions: int
+    decision_ms: list[float] = field(repr=False, default_factory=list)
+    stats: Any = None
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The replay table's row (times in seconds)."""
+        jct = np.array(list(self.jct.values()), dtype=float)
+        first = min(self.arrivals.values())
+        end = max(self.finishes.values())
+        makespan = end - first
+        ms = np.array(self.decision_ms or [0.0])
+        s = self.stats
+        return {
+            "policy": self.policy,
+            "tasks": len(jct),
+            "mean_jct_s": float(jct.mean()),
+            "p50_jct_s": float(np.percentile(jct, 50)),
+            "p99_jct_s": float(np.percentile(jct, 99)),
+            "makespan_s": makespan,
+            "throughput_req_s": self.requests_finished / makespan if makespan > 0 else 0.0,
+            "first_task_s": min(self.finishes.values()) - first,
+            "mean_batch": getattr(s, "mean_batch", 0.0),
+            "peak_batch": getattr(s, "peak_batch", 0),
+            "prefix_loads": getattr(s, "prefix_loads", 0),
+            "prefix_load_gb": getattr(s, "prefix_load_bytes", 0.0) / 1e9,
+            "prefix_computes": getattr(s, "prefix_computes", 0),
+            "preemptions": getattr(s, "preemptions", 0),
+            "retractions": getattr(s, "retractions", 0),
+            "recomputed_tokens": getattr(s, "recomputed_tokens", 0),
+            "decisions": self.decisions,
+            "decision_mean_ms": float(ms.mean()),
+            "decision_p99_ms": float(np.percentile(ms, 99)),
+            "wall_s": self.wall_s,
+        }
+
+
+Progress = Callable[[int, int, float], None]
+
+
+class Run:
+    """One run: a driver plays the trace's tasks, the policy decides at each
+    SCHEDULE event, the backend executes, a sink records."""
+
+    def __init__(self, trace: Trace, policy: Policy, backend: Backend,
+                 sink: RunSink | None = None, progress: Progress | None = None) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.backend = backend
+        self.sink = sink
+        self.progress = progress
+        self.book = TaskBook(trace.workflows)
+        self.driver = TaskDriver(trace.workflows)
+        self.requests_finished = 0
+        self.decision_ms: list[float] = []
+
+    def execute(self) -> RunResult:
+        wall0 = time.perf_counter()
+        tasks = self.trace.tasks
+        i = 0
+        while i < len(tasks):
+            self._pump(tasks[i].arrival)
+            while i < len(tasks) and tasks[i].arrival <= self.backend.t:
+                self._arrive(i)
+                i += 1
+        self._pump(None)
+        if self.book.tasks:
+            left = len(self.book.tasks)
+            raise StalledRun(
+                f"{self.policy.name}: the engine went idle at t={self.backend.t:.1f}s with "
+                f"{left} task(s) unfinished; the policy stopped admitting waiting requests"
+            )
+        return RunResult(
+            policy=self.policy.name,
+            jct=self.book.jct(),
+            arrivals=dict(self.book.arrivals),
+            finishes=dict(self.book.finishes),
+            requests_finished=self.requests_finished,
+            decisions=len(self.decision_ms),
+            decision_ms=self.decision_ms,
+            stats=getattr(self.backend, "stats", None),
+            wall_s=time.perf_counter() - wall0,
+        )
+
+    def _arrive(self, index: int) -> None:
+        record = self.trace.tasks[index]
+        self.book.arrive(record.id, record.workflow, record.arrival)
+        self._record(EngineEvent(record.arrival, EventKind.TASK_ARRIVE, task_id=record.id))
+        for req in self.driver.start(record, record.arrival):
+            self.backend.submit(req)
+
+    def _pump(self, t_stop: float | None) -> None:
+        for ev in self.backend.run_until(t_stop):
+            if ev.kind is EventKind.SCHEDULE:
+                self._decide()
+                continue
+            self._record(ev)
+            if ev.kind is EventKind.REQUEST_FINISH:
+                self._finished(ev)
+
+    def _decide(self) -> None:
+        view = self.backend.view(self.book.tasks, self.trace.workflows)
+        t0 = time.perf_counter()
+        decision = self.policy.decide(view)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        self.decision_ms.append(wall_ms)
+        decision = replace(decision, wall_ms=wall_ms, seq=len(self.decision_ms))
+        self.backend.apply(decision)
+        if self.sink is not None:
+            self.sink.decision(decision)
+
+    def _finished(self, ev: EngineEvent) -> None:
+        self.requests_finished += 1
+        step = self.driver.on_finish(ev.request_id, ev.t)  # type: ignore[arg-type]
+        for stage in step.stages_done:
+            self.book.stage_done(ev.task_id, stage, ev.t)  # type: ignore[arg-type]
+            wf = self.trace.workflows[self.book.tasks[ev.task_id].workflow]  # type: ignore[index]
+            service = self.book.tasks[ev.task_id].stages[stage].service_s  # type: ignore[index]
+            self._record(EngineEvent(ev.t, EventKind.STAGE_FINISH, task_id=ev.task_id,
+                                     agent=wf.stages[stage].agent, stage=stage, value=service))
+        if step.task_done:
+            self.book.task_done(ev.task_id, ev.t)  # type: ignore[arg-type]
+            jct = ev.t - self.book.arrivals[ev.task_id]  # type: ignore[index]
+            self._record(EngineEvent(ev.t, EventKind.TASK_FINISH, task_id=ev.task_id, value=jct))
+            if self.progress is not None:
+                self.progress(len(self.book.finishes), len(self.trace.tasks), ev.t)
+        for req in step.requests:
+            self.backend.submit(req)
+
+    def _record(self, ev: EngineEvent) -> None:
+        self.book.on_event(ev)
+        self.policy.observe(ev)
+        if self.sink is not None:
+            self.sink.event(ev)

@@ -1,0 +1,20 @@
+"""Engine-agnostic scheduling policies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from topasd.model import TopasError
+from topasd.scheduler.base import Policy
+from topasd.scheduler.baselines import BASELINES, OrderPolicy
+
+POLICY_NAMES: tuple[str, ...] = tuple(BASELINES)
+
+
+def make_policy(name: str, **params: Any) -> Policy:
+    """A fresh policy instance by name (`fcfs`, `lpm`, ..., `topas`)."""
+    if name in BASELINES:
+        if params:
+            raise TopasError(f"policy {name!r} takes no parameters, got {sorted(params)}")
+        return OrderPolicy(name, BASELINES[name])
+    raise TopasError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")

@@ -1,0 +1,202 @@
+"""The workflow spec: a documented YAML/JSON shape parsed into `topasd.model.Workflow`.
+
+    name: chain3
+    description: A -> B -> C
+    agents:
+      A: {prefix_tokens: 4000}
+    stages:
+      - name: a
+        agent: A
+        after: []              # predecessor stages
+        rounds: 1              # LLM rounds (ReAct iterations) per stage
+        input_tokens: 256      # dynamic input of the first round (beyond the prefix)
+        output_tokens: 300     # generated tokens per round
+        tool_wait_s: 0         # tool wait between rounds
+        observation_tokens: 0  # tool output appended per round
+        history: none          # none | parents | ancestors: upstream outputs carried in
+        carry_rounds: true     # later rounds carry earlier rounds' outputs
+    operating_points: [0.1, 0.15, 0.2]   # arrival rates (task/s) for benchmarks
+
+A number is a fixed value; a distribution is one of
+`{uniform: [lo, hi]}`, `{uniform_int: [lo, hi]}`, `{choice: [...]}`,
+`{lognormal: {median: m, sigma: s, low: lo, high: hi}}`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from topasd.model import (
+    HISTORY_MODES,
+    Agent,
+    Dist,
+    Stage,
+    StageProfile,
+    Workflow,
+    WorkflowError,
+)
+
+DistSpec = float | int | dict[str, Any]
+
+
+def parse_dist(spec: DistSpec, where: str) -> Dist:
+    """Turn a number or a one-key mapping into a `Dist`, naming `where` on error."""
+    try:
+        if isinstance(spec, bool):
+            raise WorkflowError("a boolean is not a distribution")
+        if isinstance(spec, (int, float)):
+            return Dist.fixed(spec)
+        if not isinstance(spec, dict) or len(spec) != 1:
+            raise WorkflowError("expected a number or a mapping with exactly one kind key")
+        (kind, arg), = spec.items()
+        if kind == "fixed":
+            return Dist.fixed(float(arg))
+        if kind in ("uniform", "uniform_int"):
+            low, high = arg
+            return Dist(kind, low=float(low), high=float(high))
+        if kind == "choice":
+            return Dist("choice", values=tuple(float(v) for v in arg))
+        if kind == "lognormal":
+            return Dist("lognormal", median=float(arg["median"]), sigma=float(arg["sigma"]),
+                        low=_opt(arg.get("low")), high=_opt(arg.get("high")))
+        raise WorkflowError(f"unknown distribution kind {kind!r}")
+    except WorkflowError as exc:
+        raise WorkflowError(f"{where}: {exc}") from None
+    except (TypeError, ValueError, KeyError) as exc:
+        raise WorkflowError(f"{where}: malformed distribution {spec!r} ({exc})") from None
+
+
+def _opt(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+class AgentSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefix_tokens: int = Field(ge=0)
+
+
+class StageSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    agent: str = Field(min_length=1)
+    after: list[str] = Field(default_factory=list)
+    rounds: DistSpec = 1
+    input_tokens: DistSpec = 256
+    output_tokens: DistSpec = 256
+    tool_wait_s: DistSpec = 0
+    observation_tokens: DistSpec = 0
+    history: str = "none"
+    carry_rounds: bool = True
+
+    @field_validator("history")
+    @classmethod
+    def _history(cls, v: str) -> str:
+        if v not in HISTORY_MODES:
+            raise ValueError(f"history must be one of {HISTORY_MODES}")
+        return v
+
+
+class WorkflowSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    description: str = ""
+    notes: str = ""
+    agents: dict[str, AgentSpec]
+    stages: list[StageSpec] = Field(min_length=1)
+    operating_points: list[float] = Field(default_factory=list)
+
+
+def workflow_from_dict(data: dict[str, Any], where: str = "workflow") -> Workflow:
+    """Validate a spec mapping and build the `Workflow` (acyclic, agents known)."""
+    try:
+        spec = WorkflowSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise WorkflowError(f"{where}: {problems}") from None
+    where = f"{where} {spec.name!r}"
+    seen: set[str] = set()
+    stages: dict[str, Stage] = {}
+    for s in spec.stages:
+        if s.name in seen:
+            raise WorkflowError(f"{where}: stage {s.name!r} is defined twice; rename one")
+        seen.add(s.name)
+        at = f"{where}, stage {s.name!r}"
+        profile = StageProfile(
+            rounds=parse_dist(s.rounds, f"{at}, rounds"),
+            input_tokens=parse_dist(s.input_tokens, f"{at}, input_tokens"),
+            output_tokens=parse_dist(s.output_tokens, f"{at}, output_tokens"),
+            tool_wait_s=parse_dist(s.tool_wait_s, f"{at}, tool_wait_s"),
+            observation_tokens=parse_dist(s.observation_tokens, f"{at}, observation_tokens"),
+            history=s.history,
+            carry_rounds=s.carry_rounds,
+        )
+        if profile.rounds.mean() < 1:
+            raise WorkflowError(f"{at}: rounds must be at least 1")
+        stages[s.name] = Stage(s.name, s.agent, tuple(s.after), profile)
+    agents = {name: Agent(name, a.prefix_tokens) for name, a in spec.agents.items()}
+    return Workflow(spec.name, agents, stages, spec.description)
+
+
+def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
+    """Read a spec file (YAML or JSON) as a mapping."""
+    path = Path(path_or_name)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise WorkflowError(f"cannot read workflow spec {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise WorkflowError(f"{path}: not valid YAML/JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise WorkflowError(f"{path}: a workflow spec must be a mapping")
+    return data
+
+
+def load_workflow(path: str | Path) -> Workflow:
+    return workflow_from_dict(spec_dict(path), where=str(path))
+
+
+def workflow_to_dict(wf: Workflow) -> dict[str, Any]:
+    """The inverse of `workflow_from_dict` (used to embed workflows in traces)."""
+    return {
+        "name": wf.name,
+        "description": wf.description,
+        "agents": {a.name: {"prefix_tokens": a.prefix_tokens} for a in wf.agents.values()},
+        "stages": [_stage_dict(s) for s in wf.stages.values()],
+    }
+
+
+def _stage_dict(s: Stage) -> dict[str, Any]:
+    p = s.profile
+    return {
+        "name": s.name,
+        "agent": s.agent,
+        "after": list(s.after),
+        "rounds": dist_to_spec(p.rounds),
+        "input_tokens": dist_to_spec(p.input_tokens),
+        "output_tokens": dist_to_spec(p.output_tokens),
+        "tool_wait_s": dist_to_spec(p.tool_wait_s),
+        "observation_tokens": dist_to_spec(p.observation_tokens),
+        "history": p.history,
+        "carry_rounds": p.carry_rounds,
+    }
+
+
+def dist_to_spec(d: Dist) -> DistSpec:
+    if d.kind == "fixed":
+        return int(d.value) if float(d.value).is_integer() else d.value
+    if d.kind in ("uniform", "uniform_int"):
+        return {d.kind: [d.low, d.high]}
+    if d.kind == "choice":
+        return {"choice": list(d.values)}
+    body = {"median": d.median, "sigma": d.sigma}
+    if d.low is not None:
+        body["low"] = d.low
+    if d.high is not None:
+        body["high"] = d.high
+    return {"lognormal": body}

@@ -1,0 +1,255 @@
+"""Workload traces: JSON Lines, versioned (see docs/trace-format.md).
+
+A trace fully determines the work: the workflow definitions, then one record
+per task arrival holding every stage's sampled rounds (input tokens, output
+tokens, tool wait after the round).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from topasd.model import TopasError, Workflow, WorkflowError
+from workflows.spec import workflow_from_dict, workflow_to_dict
+
+TRACE_FORMAT = "topasd-trace"
+TRACE_VERSION = 1
+
+
+class TraceError(TopasError):
+    """A trace is malformed; the message names the line and the problem."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoundSpec:
+    """One LLM round of a stage: dynamic input, exact output, tool wait after it."""
+
+    input_tokens: int
+    output_tokens: int
+    tool_wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    id: int
+    workflow: str
+    arrival: float
+    stages: Mapping[str, tuple[RoundSpec, ...]]
+
+
+@dataclass(frozen=True)
+class Trace:
+    workflows: Mapping[str, Workflow]
+    tasks: tuple[TaskRecord, ...]
+    meta: Mapping[str, Any]
+
+    def check_fits(self, budget_tokens: int) -> None:
+        """Every request (prefix + input + output) must fit the KV budget alone."""
+        for task in self.tasks:
+            wf = self.workflows[task.workflow]
+            for stage, rounds in task.stages.items():
+                prefix = wf.prefix_tokens(stage)
+                for k, r in enumerate(rounds):
+                    need = prefix + r.input_tokens + r.output_tokens
+                    if need > budget_tokens:
+                        raise TraceError(
+                            f"task {task.id}, stage {stage!r}, round {k}: needs {need} KV tokens "
+                            f"(prefix {prefix} + input {r.input_tokens} + output {r.output_tokens})"
+                            f" but the KV budget is {budget_tokens}; use a profile with a larger "
+                            "budget (--budget) or shorten the request"
+                        )
+
+
+# --------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------
+
+
+def sample_task(wf: Workflow, task_id: int, arrival: float,
+                rng: np.random.Generator) -> TaskRecord:
+    """Draw every stage's rounds from the workflow's stage profiles."""
+    outputs: dict[str, int] = {}
+    stages: dict[str, tuple[RoundSpec, ...]] = {}
+    ancestors = {v: _ancestors(wf, v) for v in wf.stages}
+    for v in wf.topo_order:
+        p = wf.stages[v].profile
+        n_rounds = max(1, round(p.rounds.sample(rng)))
+        base = max(1, round(p.input_tokens.sample(rng)))
+        if p.history == "parents":
+            base += sum(outputs[u] for u in wf.preds[v])
+        elif p.history == "ancestors":
+            base += sum(outputs[u] for u in ancestors[v])
+        carried = 0
+        rounds = []
+        for k in range(n_rounds):
+            out = max(1, round(p.output_tokens.sample(rng)))
+            wait = max(0.0, p.tool_wait_s.sample(rng)) if k < n_rounds - 1 else 0.0
+            rounds.append(RoundSpec(base + carried, out, round(wait, 6)))
+            if p.carry_rounds:
+                carried += out + max(0, round(p.observation_tokens.sample(rng)))
+        stages[v] = tuple(rounds)
+        outputs[v] = sum(r.output_tokens for r in rounds)
+    return TaskRecord(task_id, wf.name, arrival, stages)
+
+
+def _ancestors(wf: Workflow, v: str) -> tuple[str, ...]:
+    import networkx as nx
+
+    return tuple(sorted(nx.ancestors(wf.graph, v)))
+
+
+def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n arrival times of a Poisson process of `rate` tasks/s, the first at 0."""
+    if rate <= 0:
+        raise TopasError(f"arrival rate must be > 0 task/s, got {rate}")
+    gaps = rng.exponential(1.0 / rate, size=n)
+    gaps[0] = 0.0
+    return np.round(np.cumsum(gaps), 6)
+
+
+def generate_trace(workflows: Sequence[Workflow], rate: float, n_tasks: int, seed: int,
+                   name: str | None = None) -> Trace:
+    """A Poisson arrival trace of `n_tasks` tasks cycling through `workflows`."""
+    if n_tasks < 1:
+        raise TopasError(f"--tasks must be at least 1, got {n_tasks}")
+    rng = np.random.default_rng(seed)
+    arrivals = poisson_arrivals(rate, n_tasks, rng)
+    tasks = tuple(sample_task(workflows[i % len(workflows)], i, float(t), rng)
+                  for i, t in enumerate(arrivals))
+    meta = {"workload": name or workflows[0].name, "rate": rate, "tasks": n_tasks, "seed": seed}
+    return Trace({wf.name: wf for wf in workflows}, tasks, meta)
+
+
+# --------------------------------------------------------------------------
+# Reading and writing
+# --------------------------------------------------------------------------
+
+
+def write_trace(trace: Trace, out: TextIO) -> None:
+    header = {"type": "header", "format": TRACE_FORMAT, "version": TRACE_VERSION, **trace.meta}
+    out.write(json.dumps(header) + "\n")
+    for wf in trace.workflows.values():
+        out.write(json.dumps({"type": "workflow", "spec": workflow_to_dict(wf)}) + "\n")
+    for task in trace.tasks:
+        out.write(json.dumps(task_to_dict(task), separators=(",", ":")) + "\n")
+
+
+def task_to_dict(task: TaskRecord) -> dict[str, Any]:
+    return {
+        "type": "task",
+        "id": task.id,
+        "workflow": task.workflow,
+        "arrival": task.arrival,
+        "stages": {
+            v: [[r.input_tokens, r.output_tokens, r.tool_wait_s] for r in rounds]
+            for v, rounds in task.stages.items()
+        },
+    }
+
+
+def save_trace(trace: Trace, path: str | Path) -> None:
+    with open(path, "w") as fh:
+        write_trace(trace, fh)
+
+
+def load_trace(path: str | Path) -> Trace:
+    try:
+        with open(path) as fh:
+            return read_trace(fh, str(path))
+    except OSError as exc:
+        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+
+
+def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
+    """Parse a trace; every error names `name:line` and what is wrong."""
+    workflows: dict[str, Workflow] = {}
+    tasks: list[TaskRecord] = []
+    meta: dict[str, Any] = {}
+    seen_ids: set[int] = set()
+    for lineno, line in enumerate(lines, start=1):
+        where = f"{name}:{lineno}"
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                             "is the line truncated?") from None
+        if not isinstance(rec, dict) or "type" not in rec:
+            raise TraceError(f"{where}: expected an object with a 'type' field")
+        kind = rec["type"]
+        if lineno == 1 or kind == "header":
+            meta = _header(rec, where, lineno)
+        elif kind == "workflow":
+            try:
+                wf = workflow_from_dict(rec.get("spec"), where=where)
+            except WorkflowError as exc:
+                raise TraceError(str(exc)) from None
+            workflows[wf.name] = wf
+        elif kind == "task":
+            task = _task(rec, where, workflows)
+            if task.id in seen_ids:
+                raise TraceError(f"{where}: task id {task.id} appears twice")
+            seen_ids.add(task.id)
+            tasks.append(task)
+        else:
+            raise TraceError(f"{where}: unknown record type {kind!r} "
+                             "(expected header, workflow or task)")
+    if not meta:
+        raise TraceError(f"{name}: empty trace (no header line)")
+    if not tasks:
+        raise TraceError(f"{name}: the trace has no task records")
+    tasks.sort(key=lambda tk: (tk.arrival, tk.id))
+    return Trace(workflows, tuple(tasks), meta)
+
+
+def _header(rec: dict[str, Any], where: str, lineno: int) -> dict[str, Any]:
+    if lineno != 1 or rec.get("type") != "header":
+        raise TraceError(f"{where}: the header must be the first line and only there")
+    if rec.get("format") != TRACE_FORMAT:
+        raise TraceError(f"{where}: not a topasd trace (format {rec.get('format')!r})")
+    if rec.get("version") != TRACE_VERSION:
+        raise TraceError(f"{where}: trace version {rec.get('version')!r} is not supported "
+                         f"(this topasd reads version {TRACE_VERSION})")
+    return {k: v for k, v in rec.items() if k not in ("type", "format", "version")}
+
+
+def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow]) -> TaskRecord:
+    try:
+        tid, wf_name, arrival, stages = rec["id"], rec["workflow"], rec["arrival"], rec["stages"]
+    except KeyError as exc:
+        raise TraceError(f"{where}: task record lacks field {exc.args[0]!r}") from None
+    if wf_name not in workflows:
+        raise TraceError(f"{where}: task {tid} uses workflow {wf_name!r}, which no earlier "
+                         "'workflow' line defines")
+    wf = workflows[wf_name]
+    if not isinstance(tid, int) or not isinstance(arrival, (int, float)) or arrival < 0:
+        raise TraceError(f"{where}: task id must be an integer and arrival a number >= 0")
+    if not isinstance(stages, dict) or set(stages) != set(wf.stages):
+        got = sorted(stages) if isinstance(stages, dict) else stages
+        raise TraceError(f"{where}: task {tid} must give rounds for exactly the stages "
+                         f"{sorted(wf.stages)} of {wf_name!r}, got {got}")
+    parsed: dict[str, tuple[RoundSpec, ...]] = {}
+    for v, rounds in stages.items():
+        parsed[v] = _rounds(rounds, f"{where}: task {tid}, stage {v!r}")
+    return TaskRecord(tid, wf_name, float(arrival), parsed)
+
+
+def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
+    if not isinstance(rounds, list) or not rounds:
+        raise TraceError(f"{where}: expected a non-empty list of [input, output, wait] rounds")
+    out = []
+    for k, r in enumerate(rounds):
+        ok = (isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) for x in r)
+              and isinstance(r[0], int) and isinstance(r[1], int))
+        if not ok or r[0] < 0 or r[1] < 1 or r[2] < 0:
+            raise TraceError(f"{where}, round {k}: expected [input_tokens >= 0, output_tokens "
+                             f">= 1, tool_wait_s >= 0] as integers and a number, got {r!r}")
+        out.append(RoundSpec(r[0], r[1], float(r[2])))
+    return tuple(out)
