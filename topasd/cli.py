@@ -6,7 +6,6 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import click
@@ -100,15 +99,23 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
               help="Override the profile's KV budget (tokens).")
 @click.option("--json", "as_json", is_flag=True, help="Print {\"runs\": [...]} as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help="Append one run per policy to this SQLite decision log.")
+@click.option("--log-candidates", "log_candidates", metavar="all|top:N|none", default=None,
+              help="Candidates per decision written to --db (default: all).")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, profile: str,
-           budget: int | None, as_json: bool, quiet: bool) -> None:
+           budget: int | None, as_json: bool, quiet: bool, db_path: str | None,
+           log_candidates: str | None) -> None:
     """Run a workload trace through one or more policies in virtual time.
 
     Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
     first-task completion, running batch, prefix loads, preemptions,
     recomputed tokens and decision time. Every policy sees the same trace.
+    With --db, every decision, candidate and engine event of each run is
+    logged to one SQLite file (see `topasd gantt`).
     """
+    store = _open_store(db_path, log_candidates)
     tr = _load_or_generate(trace_file, workload, rate, tasks, seed)
     prof = get_profile(profile)
     if budget is not None:
@@ -118,7 +125,15 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     rows = []
     for name in names:
         with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
-            rows.append(_run_one(tr, name, prof, tick))
+            sink = None if store is None else store.sink(log_candidates or "all")
+            rows.append(_run_one(tr, name, prof, tick, sink))
+        if sink is not None:
+            rows[-1]["run_id"] = sink.run_id
+    if store is not None:
+        ids = [r["run_id"] for r in rows]
+        click.echo(f"decision log: {store.path} (run{'s' if len(ids) > 1 else ''} "
+                   f"{', '.join(map(str, ids))})", err=True)
+        store.close()
     if as_json:
         click.echo(json.dumps({"trace": dict(tr.meta), "profile": prof.name, "runs": rows},
                               indent=2))
@@ -158,13 +173,25 @@ def _policy_names(policies: tuple[str, ...]) -> list[str]:
 
 
 def _run_one(tr: Any, name: str, prof: HardwareProfile,
-             tick: Callable[[int, int, float], None]) -> dict[str, Any]:
+             tick: Callable[[int, int, float], None], sink: Any = None) -> dict[str, Any]:
     from backends.sim.engine import SimBackend
     from topasd.runner import Run
     from topasd.scheduler import make_policy
 
-    result = Run(tr, make_policy(name), SimBackend(prof), progress=tick).execute()
+    result = Run(tr, make_policy(name), SimBackend(prof), sink=sink, progress=tick).execute()
     return result.summary()
+
+
+def _open_store(db_path: str | None, log_candidates: str | None) -> Any:
+    """The decision log for --db (None without it); checks --log-candidates."""
+    from store import CandidateLog, Store
+
+    if db_path is None:
+        if log_candidates is not None:
+            raise TopasError("--log-candidates needs --db FILE (the decision log to write)")
+        return None
+    CandidateLog.parse(log_candidates or "all")
+    return Store(db_path)
 
 
 @contextmanager
@@ -178,6 +205,57 @@ def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, i
             bar.update(done - bar.pos)
 
         yield tick
+
+
+# ----------------------------------------------------------------- gantt
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--run", "run_id", type=int, default=None,
+              help="Run id in DB (default: the latest; `topasd replay --db` prints them).")
+@click.option("--view", type=click.Choice(["agents", "tasks"]), default="agents",
+              show_default=True, help="One lane per agent, or one lane per task.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False), required=True,
+              help="The HTML file to write (works offline: plotly.js is embedded).")
+@click.option("--window", metavar="START:END", default=None,
+              help="Only this time window, in seconds.")
+@click.option("--max-bars", type=click.IntRange(min=1), default=None,
+              help="Aggregate or window past this many bars (default 4000).")
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Also save a screenshot (needs Debian's chromium).")
+def gantt(db: str, run_id: int | None, view: str, output: str, window: str | None,
+          max_bars: int | None, png: str | None) -> None:
+    """Export a run of a decision log DB as a Plotly Gantt chart (HTML).
+
+    \b
+    Try:
+      topasd replay --workload chain3 --policy lpm --tasks 20 --db run.db
+      topasd gantt run.db -o gantt.html
+    """
+    from console.gantt import DEFAULT_MAX_BARS, export_gantt, figure_height, screenshot
+
+    g = export_gantt(db, output, run_id=run_id, view=view, window=_window(window),
+                     max_bars=max_bars or DEFAULT_MAX_BARS)
+    click.echo(f"wrote {output}: {g.run.label}, {len(g.lanes)} lanes, {g.bars} bars, "
+               f"{g.marks} preemption marks ({g.mode})", err=True)
+    for note in g.notes:
+        click.echo(f"  note: {note}", err=True)
+    if png:
+        screenshot(output, png, height=figure_height(g) + 20)
+        click.echo(f"wrote {png}", err=True)
+
+
+def _window(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise TopasError(f"--window: expected START:END in seconds, got {text!r}") from None
+    if not a < b:
+        raise TopasError(f"--window: START must be below END, got {text!r}")
+    return a, b
 
 
 _COLUMNS = (

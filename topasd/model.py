@@ -8,7 +8,7 @@ and the store writes that same `Decision` as its row.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -52,9 +52,10 @@ class Dist:
     def __post_init__(self) -> None:
         if self.kind not in DIST_KINDS:
             raise WorkflowError(f"unknown distribution kind {self.kind!r}; use one of {DIST_KINDS}")
-        if self.kind in ("uniform", "uniform_int"):
-            if self.low is None or self.high is None or self.low > self.high:
-                raise WorkflowError(f"{self.kind} needs low <= high, got {self.low}, {self.high}")
+        if self.kind in ("uniform", "uniform_int") and (
+            self.low is None or self.high is None or self.low > self.high
+        ):
+            raise WorkflowError(f"{self.kind} needs low <= high, got {self.low}, {self.high}")
         if self.kind == "lognormal" and (self.median is None or self.median <= 0 or not self.sigma):
             raise WorkflowError("lognormal needs median > 0 and sigma > 0")
         if self.kind == "choice" and not self.values:
@@ -199,6 +200,18 @@ class Workflow:
         for v in self.topo_order:
             depth[v] = max((depth[p] + 1 for p in self.preds[v]), default=0)
         return depth
+
+    @cached_property
+    def stage_index(self) -> Mapping[str, int]:
+        """Row of each stage in `topo_order`."""
+        return {v: i for i, v in enumerate(self.topo_order)}
+
+    @cached_property
+    def succ_rows(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(row, successor rows) in reverse topological order (longest paths)."""
+        idx = self.stage_index
+        return tuple((idx[v], tuple(idx[s] for s in self.succs[v]))
+                     for v in reversed(self.topo_order))
 
     @cached_property
     def entry_stages(self) -> tuple[str, ...]:
@@ -434,7 +447,7 @@ class Decision:
     reservation: Reservation = Reservation.FULL
     blocked: bool = False  # admission stopped at a request that did not fit (KV)
     retry: bool = False  # ask to decide again after the next engine step
-    candidates: tuple[Candidate, ...] = ()
+    candidates: Sequence[Candidate] = ()
     chosen: int | None = None
     wall_ms: float = 0.0
     seq: int = 0

@@ -4,9 +4,9 @@ scheduling event (architecture steps 1-5) together."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,11 +23,37 @@ class StalledRun(TopasError):
 
 
 class RunSink(Protocol):
-    """Where a run's decisions and events go (the store implements it)."""
+    """Where a run's decisions and events go (the store implements it).
+
+    A sink that also implements `RunHooks` is told when the run starts and ends.
+    """
 
     def decision(self, decision: Decision) -> None: ...
 
     def event(self, event: EngineEvent) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What a run is, told to a `RunHooks` sink before the first event."""
+
+    policy: str
+    backend: str
+    profile: str | None
+    params: Mapping[str, Any]  # {"profile": {...}, "policy": {...}, "backend": {...}}
+    workload: str | None
+    seed: int | None
+    trace_meta: Mapping[str, Any]
+
+
+@runtime_checkable
+class RunHooks(Protocol):
+    """Optional sink hooks around `Run.execute` (sinks without them still work)."""
+
+    def run_started(self, info: RunInfo) -> None: ...
+
+    def run_finished(self, result: RunResult | None, error: BaseException | None) -> None:
+        """After the run: its result, or the error that ended it (then re-raised)."""
 
 
 @dataclass
@@ -94,6 +120,41 @@ class Run:
         self.decision_ms: list[float] = []
 
     def execute(self) -> RunResult:
+        hooks = self.sink if isinstance(self.sink, RunHooks) else None
+        if hooks is not None:
+            hooks.run_started(self.info())
+        try:
+            result = self._execute()
+        except BaseException as exc:
+            if hooks is not None:
+                hooks.run_finished(None, exc)
+            raise
+        if hooks is not None:
+            hooks.run_finished(result, None)
+        return result
+
+    def info(self) -> RunInfo:
+        """The run's metadata: policy, backend, profile and parameters, workload."""
+        profile = getattr(self.backend, "profile", None)
+        params: dict[str, Any] = {
+            "profile": _plain(profile),
+            "policy": _plain(getattr(self.policy, "params", None)),
+            "backend": {k: getattr(self.backend, k) for k in _BACKEND_FLAGS
+                        if hasattr(self.backend, k)},
+        }
+        meta = dict(self.trace.meta)
+        seed = meta.get("seed")
+        return RunInfo(
+            policy=self.policy.name,
+            backend=str(getattr(self.backend, "name", type(self.backend).__name__)),
+            profile=getattr(profile, "name", None),
+            params=params,
+            workload=None if meta.get("workload") is None else str(meta["workload"]),
+            seed=seed if isinstance(seed, int) else None,
+            trace_meta=meta,
+        )
+
+    def _execute(self) -> RunResult:
         wall0 = time.perf_counter()
         tasks = self.trace.tasks
         i = 0
@@ -124,7 +185,8 @@ class Run:
     def _arrive(self, index: int) -> None:
         record = self.trace.tasks[index]
         self.book.arrive(record.id, record.workflow, record.arrival)
-        self._record(EngineEvent(record.arrival, EventKind.TASK_ARRIVE, task_id=record.id))
+        self._record(EngineEvent(record.arrival, EventKind.TASK_ARRIVE, task_id=record.id,
+                                 note=record.workflow))
         for req in self.driver.start(record, record.arrival):
             self.backend.submit(req)
 
@@ -171,3 +233,15 @@ class Run:
         self.policy.observe(ev)
         if self.sink is not None:
             self.sink.event(ev)
+
+
+_BACKEND_FLAGS = ("warm_host", "closed_form")  # backend settings recorded in RunInfo.params
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    """A dataclass or mapping as a plain dict (empty for anything else)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    return {}

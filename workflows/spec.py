@@ -84,11 +84,12 @@ class StageSpec(BaseModel):
     name: str = Field(min_length=1)
     agent: str = Field(min_length=1)
     after: list[str] = Field(default_factory=list)
-    rounds: DistSpec = 1
-    input_tokens: DistSpec = 256
-    output_tokens: DistSpec = 256
-    tool_wait_s: DistSpec = 0
-    observation_tokens: DistSpec = 0
+    # Distributions stay raw here: parse_dist validates them and names the place.
+    rounds: Any = 1
+    input_tokens: Any = 256
+    output_tokens: Any = 256
+    tool_wait_s: Any = 0
+    observation_tokens: Any = 0
     history: str = "none"
     carry_rounds: bool = True
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +41,7 @@ class TaskRecord:
     workflow: str
     arrival: float
     stages: Mapping[str, tuple[RoundSpec, ...]]
+    line: int | None = field(default=None, compare=False)  # where a trace file had it
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Trace:
     workflows: Mapping[str, Workflow]
     tasks: tuple[TaskRecord, ...]
     meta: Mapping[str, Any]
+    source: str = field(default="", compare=False)  # the file it was read from
 
     def check_fits(self, budget_tokens: int) -> None:
         """Every request (prefix + input + output) must fit the KV budget alone."""
@@ -58,11 +60,12 @@ class Trace:
                 for k, r in enumerate(rounds):
                     need = prefix + r.input_tokens + r.output_tokens
                     if need > budget_tokens:
+                        at = f"{self.source}:{task.line}: " if task.line is not None else ""
                         raise TraceError(
-                            f"task {task.id}, stage {stage!r}, round {k}: needs {need} KV tokens "
-                            f"(prefix {prefix} + input {r.input_tokens} + output {r.output_tokens})"
-                            f" but the KV budget is {budget_tokens}; use a profile with a larger "
-                            "budget (--budget) or shorten the request"
+                            f"{at}task {task.id}, stage {stage!r}, round {k}: needs {need} KV "
+                            f"tokens (prefix {prefix} + input {r.input_tokens} + output "
+                            f"{r.output_tokens}) but the KV budget is {budget_tokens}; use a "
+                            "profile with a larger budget (--budget) or shorten the request"
                         )
 
 
@@ -170,7 +173,7 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     """Parse a trace; every error names `name:line` and what is wrong."""
     workflows: dict[str, Workflow] = {}
     tasks: list[TaskRecord] = []
-    meta: dict[str, Any] = {}
+    meta: dict[str, Any] | None = None
     seen_ids: set[int] = set()
     for lineno, line in enumerate(lines, start=1):
         where = f"{name}:{lineno}"
@@ -190,10 +193,11 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
             try:
                 wf = workflow_from_dict(rec.get("spec"), where=where)
             except WorkflowError as exc:
-                raise TraceError(str(exc)) from None
+                msg = str(exc)
+                raise TraceError(msg if msg.startswith(where) else f"{where}: {msg}") from None
             workflows[wf.name] = wf
         elif kind == "task":
-            task = _task(rec, where, workflows)
+            task = _task(rec, where, workflows, lineno)
             if task.id in seen_ids:
                 raise TraceError(f"{where}: task id {task.id} appears twice")
             seen_ids.add(task.id)
@@ -201,12 +205,12 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
         else:
             raise TraceError(f"{where}: unknown record type {kind!r} "
                              "(expected header, workflow or task)")
-    if not meta:
+    if meta is None:
         raise TraceError(f"{name}: empty trace (no header line)")
     if not tasks:
         raise TraceError(f"{name}: the trace has no task records")
     tasks.sort(key=lambda tk: (tk.arrival, tk.id))
-    return Trace(workflows, tuple(tasks), meta)
+    return Trace(workflows, tuple(tasks), meta, source=name)
 
 
 def _header(rec: dict[str, Any], where: str, lineno: int) -> dict[str, Any]:
@@ -220,7 +224,8 @@ def _header(rec: dict[str, Any], where: str, lineno: int) -> dict[str, Any]:
     return {k: v for k, v in rec.items() if k not in ("type", "format", "version")}
 
 
-def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow]) -> TaskRecord:
+def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
+          lineno: int) -> TaskRecord:
     try:
         tid, wf_name, arrival, stages = rec["id"], rec["workflow"], rec["arrival"], rec["stages"]
     except KeyError as exc:
@@ -238,7 +243,7 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow]) ->
     parsed: dict[str, tuple[RoundSpec, ...]] = {}
     for v, rounds in stages.items():
         parsed[v] = _rounds(rounds, f"{where}: task {tid}, stage {v!r}")
-    return TaskRecord(tid, wf_name, float(arrival), parsed)
+    return TaskRecord(tid, wf_name, float(arrival), parsed, line=lineno)
 
 
 def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:

@@ -400,6 +400,9 @@ class SimBackend:
     def _prefill_step(self) -> None:
         """One chunked-prefill step over the FIFO (mixed: plus one decode token each)."""
         decoding = self._mixed_decoders() if self.profile.mixed_chunk else []
+        if decoding and (self.profile.budget_tokens - self._used_tokens()
+                         - self._first_tokens_due() < len(decoding)):
+            decoding = []  # no KV for the decode tokens: prefill alone this step
         budget = self.profile.chunk_tokens
         n_total, pairs, ctx = 0, 0.0, 0
         done: list[_Live] = []
@@ -461,10 +464,11 @@ class SimBackend:
     def _decode_run(self, decoding: list[_Live], stop: float, max_steps: int = 0) -> None:
         """Advance n identical decode steps in closed form (Sum of a + b*K_j)."""
         batch = len(decoding)
-        free = self.profile.budget_tokens - self._used_tokens()
-        if free < batch and not self._make_room(batch):
+        due = self._first_tokens_due()  # kept free for requests still in prefill
+        free = self.profile.budget_tokens - self._used_tokens() - due
+        if free < batch and not self._make_room(batch + due):
             return
-        free = self.profile.budget_tokens - self._used_tokens()
+        free = self.profile.budget_tokens - self._used_tokens() - due
         decoding = [lv for lv in decoding if lv.req.id in self._running]
         batch = len(decoding)
         k0 = sum(self._prefixes[lv.req.agent].tokens + lv.kv for lv in decoding)
@@ -497,6 +501,10 @@ class SimBackend:
         s.batch_token_steps += batch * n
         s.peak_batch = max(s.peak_batch, batch)
 
+    def _first_tokens_due(self) -> int:
+        """KV tokens that running requests still in prefill take when it ends."""
+        return sum(1 for lv in self._running.values() if lv.prefill_left)
+
     def _used_tokens(self) -> int:
         used = sum(p.tokens for p in self._prefixes.values() if p.location is Location.GPU)
         return used + sum(lv.kv for lv in self._running.values())
@@ -523,7 +531,7 @@ class SimBackend:
                        key=lambda lv: (lv.generated, -lv.req.input_tokens), reverse=True)
         first = True
         while len(order) > 1 and (first or self.profile.budget_tokens - self._used_tokens()
-                                  < sum(1 for lv in order if not lv.prefill_left)):
+                                  < len(order)):
             first = False
             live = order.pop()
             self.stats.retractions += 1

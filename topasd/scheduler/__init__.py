@@ -7,8 +7,10 @@ from typing import Any
 from topasd.model import TopasError
 from topasd.scheduler.base import Policy
 from topasd.scheduler.baselines import BASELINES, OrderPolicy
+from topasd.scheduler.topas import VARIANTS, TopasParams, TopasPolicy
 
-POLICY_NAMES: tuple[str, ...] = tuple(BASELINES)
+POLICY_NAMES: tuple[str, ...] = (*BASELINES, "topas")
+ALL_POLICY_NAMES: tuple[str, ...] = (*BASELINES, *VARIANTS)
 
 
 def make_policy(name: str, **params: Any) -> Policy:
@@ -17,4 +19,6 @@ def make_policy(name: str, **params: Any) -> Policy:
         if params:
             raise TopasError(f"policy {name!r} takes no parameters, got {sorted(params)}")
         return OrderPolicy(name, BASELINES[name])
-    raise TopasError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+    if name in VARIANTS:
+        return TopasPolicy(TopasParams(**{**VARIANTS[name], **params}), name=name)
+    raise TopasError(f"unknown policy {name!r}; choose one of {', '.join(ALL_POLICY_NAMES)}")

@@ -1,0 +1,471 @@
+"""The Gantt export: one run of a decision log as an offline Plotly chart.
+
+Reads only a store file, through `store.queries`. Horizontal bars with a base
+on a seconds axis (not the date-only timeline helper):
+
+- `agents` view: one lane per agent. Its top band shows the agent's prefix on
+  the GPU (light green; dark green while recomputed by prefill), the band
+  below it host transfers (blue: host -> GPU load, purple: GPU -> host
+  backup); below them one bar per admission of a request, stacked in as many
+  rows as ran at once: grey hatched from admission to its first prefill chunk
+  (waiting for its prefix or the prefill queue), crosshatched from start to
+  prefill end when the backend reports one, then solid (service), coloured by
+  task. Red x: preempted by the policy; orange triangle: retracted by the
+  engine. Hover shows task, stage, request and times.
+- `tasks` view: one lane per task (by arrival): the task's span, then its
+  requests coloured by agent.
+
+Large runs stay usable: past `max_bars` bars the requests are aggregated
+(agents: merged into busy spans per agent; tasks: one bar per task) and, if
+still too many, the chart shows the first window that fits. The title says
+which. The HTML embeds plotly.js, so it works offline.
+"""
+
+from __future__ import annotations
+
+import heapq
+import shutil
+import subprocess
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from store import Store
+from store import queries as q
+from topasd.model import TopasError
+
+View = Literal["agents", "tasks"]
+VIEWS: tuple[str, ...] = ("agents", "tasks")
+DEFAULT_MAX_BARS = 4000
+LABEL_BARS = 300  # request bars carry a "T<task>.<stage>" label up to this many bars
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--hide-scrollbars")
+
+TASK_COLOURS: tuple[str, ...] = tuple(qualitative.Dark24)
+AGENT_COLOURS: tuple[str, ...] = tuple(qualitative.Plotly) + tuple(qualitative.D3)
+STYLE = {  # legend name, colour, pattern
+    "waiting": ("waiting (prefix / prefill queue)", "#c8c8c8", "/"),
+    "prefill": ("prefill", None, "x"),
+    "service": ("request (colour = task)", None, ""),
+    "busy": ("requests running (merged)", "#4c78a8", ""),
+    "resident": ("prefix on GPU", "#b7e4c7", ""),
+    "compute": ("prefix recompute", "#2d6a4f", ""),
+    "load": ("host → GPU load", "#1f77b4", ""),
+    "offload": ("GPU → host backup", "#9467bd", ""),
+    "task": ("task (arrival → completion)", "#e6e6e6", ""),
+}
+# Bands of a lane [0, 1): (top, height)
+RESIDENT_BAND = (0.04, 0.13)
+TRANSFER_BAND = (0.19, 0.09)
+REQUEST_BAND = (0.32, 0.64)
+TASK_BAND = (0.04, 0.16)
+TASK_REQUEST_BAND = (0.26, 0.70)
+
+
+class GanttError(TopasError):
+    """The Gantt chart cannot be made; the message says why."""
+
+
+@dataclass(slots=True)
+class _Bar:
+    kind: str
+    y: float  # top of the bar, in lane units (lane i spans [i, i+1))
+    h: float
+    start: float
+    end: float
+    hover: str
+    colour: str | None = None
+    group: str = ""  # legend entry of its own (tasks view: the agent)
+    label: str = ""  # text inside the bar on small charts
+
+
+@dataclass(slots=True)
+class _Mark:
+    kind: str  # preempt | retract
+    y: float
+    t: float
+    hover: str
+
+
+@dataclass
+class Gantt:
+    """What was drawn: the figure and how it was reduced."""
+
+    figure: go.Figure
+    run: q.RunRow
+    view: str
+    lanes: list[str]
+    bars: int
+    marks: int
+    mode: str  # detailed | aggregated | windowed | aggregated+windowed
+    window: tuple[float, float]
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------- API
+
+
+def export_gantt(db_path: str | Path, out_html: str | Path, *, run_id: int | None = None,
+                 view: str = "agents", window: tuple[float, float] | None = None,
+                 max_bars: int = DEFAULT_MAX_BARS) -> Gantt:
+    """Write the Gantt chart of one run (default: the latest) to `out_html`."""
+    out = Path(out_html)
+    if not out.parent.is_dir():
+        raise GanttError(f"{out}: the folder {out.parent} does not exist")
+    store = Store(db_path, create=False)
+    try:
+        gantt = build_gantt(store, run_id=run_id, view=view, window=window, max_bars=max_bars)
+    finally:
+        store.close()
+    try:
+        gantt.figure.write_html(out, include_plotlyjs=True, full_html=True, div_id="gantt",
+                                config={"displaylogo": False, "responsive": True})
+    except OSError as exc:
+        raise GanttError(f"{out}: cannot write ({exc.strerror})") from None
+    return gantt
+
+
+def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents",
+                window: tuple[float, float] | None = None,
+                max_bars: int = DEFAULT_MAX_BARS) -> Gantt:
+    """The figure for one run of `store`."""
+    if view not in VIEWS:
+        raise GanttError(f"unknown view {view!r}; choose {' or '.join(VIEWS)}")
+    if max_bars < 1:
+        raise GanttError(f"--max-bars must be at least 1, got {max_bars}")
+    if window is not None and not window[0] < window[1]:
+        raise GanttError(f"--window must be START:END with START < END, got {window}")
+    run = q.get_run(store.db, run_id)
+    span = q.time_span(store.db, run.id)
+    if span == (0.0, 0.0) and not q.tasks(store.db, run.id):
+        raise GanttError(f"{run.label} has no events to draw")
+    if view == "agents":
+        lanes, bars, marks, agg = _agents_view(store, run.id)
+    else:
+        lanes, bars, marks, agg = _tasks_view(store, run.id)
+    mode, notes = "detailed", []
+    win = window or span
+    if window is not None:
+        bars, marks = _clip(bars, window), [m for m in marks if window[0] <= m.t <= window[1]]
+        agg = _clip(agg, window)
+        mode = "windowed"
+        notes.append(f"window {window[0]:g}–{window[1]:g} s of {span[0]:g}–{span[1]:g} s")
+    if len(bars) > max_bars:
+        notes.append(f"{len(bars)} bars exceed --max-bars {max_bars}: requests aggregated "
+                     f"({'busy spans per agent' if view == 'agents' else 'one bar per task'})")
+        bars, marks = agg, []
+        mode = "aggregated" if mode == "detailed" else f"{mode}+aggregated"
+    if len(bars) > max_bars:
+        bars, win = _first_window(bars, max_bars, win)
+        notes.append(f"still too many bars: showing {win[0]:g}–{win[1]:g} s of "
+                     f"{span[0]:g}–{span[1]:g} s (choose another with --window START:END)")
+        mode = f"{mode}+windowed" if "windowed" not in mode else mode
+    if len(marks) > max_bars:
+        notes.append(f"{len(marks)} preemption marks not drawn (more than --max-bars)")
+        marks = []
+    fig = _figure(run, view, lanes, bars, marks, win, notes)
+    return Gantt(fig, run, view, lanes, len(bars), len(marks), mode, win, notes)
+
+
+# ------------------------------------------------------------------ views
+
+
+def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[_Mark],
+                                                     list[_Bar]]:
+    db = store.db
+    lanes = q.agents(db, run_id)
+    row = {a: i for i, a in enumerate(lanes)}
+    bars: list[_Bar] = []
+    for s in q.prefix_spans(db, run_id):
+        if s.agent not in row:
+            continue
+        top, h = RESIDENT_BAND if s.kind in ("resident", "compute") else TRANSFER_BAND
+        what = {"resident": "prefix on GPU", "compute": "prefix recomputed by prefill",
+                "load": "prefix load host → GPU", "offload": "prefix backup GPU → host"}[s.kind]
+        extra = f"<br>{s.note}" if s.note else ""
+        bars.append(_Bar(s.kind, row[s.agent] + top, h, s.start, s.end,
+                         f"<b>{s.agent}</b>: {what}<br>{_span(s.start, s.end)}"
+                         f"<br>{s.tokens} tokens{extra}"))
+    prefix_bars = list(bars)
+    segs = [s for s in q.request_segments(db, run_id) if s.agent in row]
+    by_agent: dict[str, list[q.Segment]] = defaultdict(list)
+    for s in segs:
+        by_agent[s.agent].append(s)  # type: ignore[index]
+    marks: list[_Mark] = []
+    for agent, group in by_agent.items():
+        slots, n = _slots(group)
+        top, band = REQUEST_BAND
+        h = band / n
+        for s, k in zip(group, slots, strict=True):
+            y = row[agent] + top + k * h
+            colour = TASK_COLOURS[(s.task_id or 0) % len(TASK_COLOURS)]
+            bars.extend(_segment_bars(s, y, h * 0.9, colour))
+            if s.end_kind in ("preempt", "retract"):
+                marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s)))
+    agg = prefix_bars + _busy_spans(by_agent, row)
+    return lanes, bars, marks, agg
+
+
+def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[_Mark],
+                                                    list[_Bar]]:
+    db = store.db
+    tasks = q.tasks(db, run_id)
+    row = {t.task_id: i for i, t in enumerate(tasks)}
+    lanes = [f"task {t.task_id}" for t in tasks]
+    _, t_end = q.time_span(db, run_id)
+    bars: list[_Bar] = []
+    for t in tasks:
+        end = t.completion if t.completion is not None else t_end
+        start = t.arrival if t.arrival is not None else end
+        jct = f"JCT {end - start:.2f} s" if t.completion is not None else "unfinished"
+        bars.append(_Bar("task", row[t.task_id] + TASK_BAND[0], TASK_BAND[1], start, end,
+                         f"<b>task {t.task_id}</b> ({t.workflow or '?'})<br>"
+                         f"{_span(start, end)}<br>{jct}"))
+    task_bars = list(bars)
+    segs = [s for s in q.request_segments(db, run_id) if s.task_id in row]
+    agents = sorted({s.agent or "" for s in segs})
+    colour = {a: AGENT_COLOURS[i % len(AGENT_COLOURS)] for i, a in enumerate(agents)}
+    by_task: dict[int, list[q.Segment]] = defaultdict(list)
+    for s in segs:
+        by_task[s.task_id].append(s)  # type: ignore[index]
+    marks: list[_Mark] = []
+    for task_id, group in by_task.items():
+        slots, n = _slots(group)
+        top, band = TASK_REQUEST_BAND
+        h = band / n
+        for s, k in zip(group, slots, strict=True):
+            y = row[task_id] + top + k * h
+            bars.extend(_segment_bars(s, y, h * 0.9, colour[s.agent or ""],
+                                      f"agent {s.agent}"))
+            if s.end_kind in ("preempt", "retract"):
+                marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s)))
+    agg = [_Bar("task", b.y, TASK_BAND[1] + TASK_REQUEST_BAND[1], b.start, b.end, b.hover)
+           for b in task_bars]
+    return lanes, bars, marks, agg
+
+
+def _segment_bars(s: q.Segment, y: float, h: float, colour: str,
+                  group: str = "") -> list[_Bar]:
+    hover = _seg_hover(s)
+    out: list[_Bar] = []
+    start = s.started if s.started is not None else s.end
+    if start > s.admitted:
+        out.append(_Bar("waiting", y, h, s.admitted, start, hover))
+    if s.started is not None:
+        service_from = s.started
+        if s.prefill_end is not None and s.prefill_end > s.started:
+            out.append(_Bar("prefill", y, h, s.started, s.prefill_end, hover, colour))
+            service_from = s.prefill_end
+        if s.end > service_from or not out:
+            out.append(_Bar("service", y, h, service_from, s.end, hover, colour, group,
+                            f"T{s.task_id}.{s.stage}"))
+    return out
+
+
+def _seg_hover(s: q.Segment) -> str:
+    lines = [f"<b>request {s.request_id}</b> (admission {s.attempt})",
+             f"task {s.task_id}, stage {s.stage}, agent {s.agent}",
+             f"admitted {s.admitted:.3f} s"]
+    if s.started is not None:
+        lines.append(f"started {s.started:.3f} s")
+    if s.prefill_end is not None:
+        lines.append(f"prefill end {s.prefill_end:.3f} s")
+    ends = {"finish": "finished", "preempt": "preempted", "retract": "retracted",
+            "open": "still running at the end of the log"}
+    lines.append(f"{ends.get(s.end_kind, s.end_kind)} {s.end:.3f} s")
+    return "<br>".join(lines)
+
+
+def _slots(segs: Sequence[q.Segment]) -> tuple[list[int], int]:
+    """Rows for overlapping segments (sorted by admission): lowest free row first."""
+    free: list[int] = []
+    busy: list[tuple[float, int]] = []
+    out: list[int] = []
+    n = 0
+    for s in segs:
+        while busy and busy[0][0] <= s.admitted:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        k = heapq.heappop(free) if free else n
+        n = max(n, k + 1)
+        heapq.heappush(busy, (s.end, k))
+        out.append(k)
+    return out, max(n, 1)
+
+
+def _busy_spans(by_agent: dict[str, list[q.Segment]], row: dict[str, int]) -> list[_Bar]:
+    """Requests of each agent merged into spans where at least one was admitted."""
+    out: list[_Bar] = []
+    top, band = REQUEST_BAND
+    for agent, segs in by_agent.items():
+        cur: list[Any] | None = None
+        for s in sorted(segs, key=lambda s: s.admitted):
+            if cur is not None and s.admitted <= cur[1]:
+                cur[1] = max(cur[1], s.end)
+                cur[2] += 1
+                continue
+            if cur is not None:
+                out.append(_busy(agent, row, cur, top, band))
+            cur = [s.admitted, s.end, 1]
+        if cur is not None:
+            out.append(_busy(agent, row, cur, top, band))
+    return out
+
+
+def _busy(agent: str, row: dict[str, int], cur: list[Any], top: float, band: float) -> _Bar:
+    start, end, n = cur
+    return _Bar("busy", row[agent] + top, band * 0.95, start, end,
+                f"<b>{agent}</b>: {n} request admission(s)<br>{_span(start, end)}")
+
+
+def _clip(bars: list[_Bar], window: tuple[float, float]) -> list[_Bar]:
+    t0, t1 = window
+    return [_Bar(b.kind, b.y, b.h, max(b.start, t0), min(b.end, t1), b.hover, b.colour,
+                 b.group, b.label) for b in bars if b.end > t0 and b.start < t1]
+
+
+def _first_window(bars: list[_Bar], max_bars: int,
+                  span: tuple[float, float]) -> tuple[list[_Bar], tuple[float, float]]:
+    """The earliest window holding at most `max_bars` bars."""
+    starts = sorted(b.start for b in bars)
+    t1 = starts[max_bars] if len(starts) > max_bars else span[1]
+    t0 = span[0]
+    if t1 <= t0:
+        t1 = t0 + 1e-6
+    return [b for b in _clip(bars, (t0, t1)) if b.start < t1][:max_bars], (t0, t1)
+
+
+def _span(start: float, end: float) -> str:
+    return f"{start:.3f} → {end:.3f} s ({end - start:.3f} s)"
+
+
+# ----------------------------------------------------------------- figure
+
+
+def _figure(run: q.RunRow, view: str, lanes: list[str], bars: list[_Bar], marks: list[_Mark],
+            window: tuple[float, float], notes: list[str]) -> go.Figure:
+    fig = go.Figure()
+    by_kind: dict[str, list[_Bar]] = defaultdict(list)
+    for b in bars:
+        by_kind[b.kind].append(b)
+    for kind, (name, colour, pattern) in STYLE.items():
+        groups: dict[str, list[_Bar]] = defaultdict(list)
+        for b in by_kind.get(kind, ()):
+            groups[b.group].append(b)
+        for group_name, group in sorted(groups.items()):
+            trace = _bar_trace(kind, group_name or name, group, colour, pattern)
+            if kind == "service" and len(bars) <= LABEL_BARS:
+                trace.update(text=[b.label for b in group], textposition="inside",
+                             insidetextanchor="middle", textfont={"color": "white"})
+            fig.add_trace(trace)
+    for kind, symbol, colour, name in (("preempt", "x", "#d62728", "preempted (policy)"),
+                                       ("retract", "triangle-down", "#ff7f0e",
+                                        "retracted (engine)")):
+        group_m = [m for m in marks if m.kind == kind]
+        if group_m:
+            fig.add_trace(go.Scatter(
+                name=name, mode="markers", x=[m.t for m in group_m], y=[m.y for m in group_m],
+                marker={"symbol": symbol, "color": colour, "size": 10,
+                        "line": {"width": 1, "color": "#333333"}},
+                hovertext=[m.hover for m in group_m], hoverinfo="text", meta=kind,
+            ))
+    n = max(len(lanes), 1)
+    lane_px = 90 if view == "agents" else 28
+    title = (f"{run.label}: {run.workload or 'trace'}, profile {run.profile or '?'}, "
+             f"{view} view")
+    if run.summary and "mean_jct_s" in run.summary:
+        title += f", mean JCT {run.summary['mean_jct_s']:.3g} s"
+    if notes:
+        title += "<br><sup>" + "; ".join(notes) + "</sup>"
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "xanchor": "left"},
+        barmode="overlay", bargap=0, template="plotly_white",
+        height=min(180 + n * lane_px, 4000), hovermode="closest",
+        legend={"orientation": "h", "y": 1.0, "x": 0, "yanchor": "bottom"},
+        margin={"l": 90, "r": 20, "t": 120 if notes else 100, "b": 60},
+        xaxis={"title": {"text": "time (s)"}, "range": list(window), "zeroline": False,
+               "showgrid": True},
+        yaxis={"range": [n, 0], "tickmode": "array",
+               "tickvals": [i + 0.5 for i in range(len(lanes))], "ticktext": lanes,
+               "showgrid": False, "zeroline": False, "fixedrange": False},
+        shapes=[{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": i, "y1": i,
+                 "line": {"color": "#dddddd", "width": 1}} for i in range(1, len(lanes))],
+    )
+    return fig
+
+
+def _bar_trace(kind: str, name: str, group: list[_Bar], colour: str | None,
+               pattern: str) -> go.Bar:
+    marker: dict[str, Any] = {
+        "color": [b.colour or "#888888" for b in group] if colour is None else colour,
+        "line": {"width": 0},
+    }
+    if pattern:
+        marker["pattern"] = {"shape": pattern, "fillmode": "overlay", "size": 6,
+                             "solidity": 0.3, "fgcolor": "#555555"}
+    return go.Bar(
+        name=name, orientation="h", base=[b.start for b in group],
+        x=[max(b.end - b.start, 0.0) for b in group], y=[b.y + b.h / 2 for b in group],
+        width=[b.h for b in group], marker=marker, hovertext=[b.hover for b in group],
+        hoverinfo="text", meta=kind,
+    )
+
+
+# ---------------------------------------------------------------- browser
+
+
+def find_chromium() -> str | None:
+    """A headless-capable Chromium on PATH (Debian's `chromium` first)."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _chromium(args: list[str], chromium: str | None, timeout: float) -> str:
+    exe = chromium or find_chromium()
+    if exe is None:
+        raise GanttError("no Chromium found; install Debian's `chromium` package "
+                         "(apt-get install -y chromium)")
+    with tempfile.TemporaryDirectory(prefix="topasd-chromium-") as profile:
+        cmd = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+        try:
+            done = subprocess.run(cmd, capture_output=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise GanttError(f"chromium did not finish within {timeout:.0f} s") from None
+    if done.returncode != 0:
+        err = done.stderr.decode(errors="replace").strip().splitlines()
+        raise GanttError(f"chromium failed (status {done.returncode}): "
+                         f"{err[-1] if err else 'no message'}")
+    return done.stdout.decode(errors="replace")
+
+
+def dump_dom(html: str | Path, *, chromium: str | None = None, timeout: float = 120.0) -> str:
+    """The page's DOM after its scripts ran (headless Chromium `--dump-dom`)."""
+    url = Path(html).resolve().as_uri()
+    return _chromium(["--virtual-time-budget=10000", "--dump-dom", url], chromium, timeout)
+
+
+def screenshot(html: str | Path, png: str | Path, *, width: int = 1400, height: int = 800,
+               chromium: str | None = None, timeout: float = 120.0) -> Path:
+    """A PNG screenshot of the page (headless Chromium `--screenshot`)."""
+    out = Path(png).resolve()
+    url = Path(html).resolve().as_uri()
+    _chromium(["--virtual-time-budget=10000", f"--window-size={width},{height}",
+               f"--screenshot={out}", url], chromium, timeout)
+    if not out.is_file() or out.stat().st_size == 0:
+        raise GanttError(f"chromium wrote no screenshot to {out}")
+    return out
+
+
+def figure_height(gantt: Gantt) -> int:
+    """The chart's pixel height (for a screenshot that shows all of it)."""
+    return int(gantt.figure.layout.height or 600)
+

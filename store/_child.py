@@ -1,0 +1,187 @@
+"""The writer process of one recorded run (stdlib only: it starts in milliseconds).
+
+    python store/_child.py DB RUN_ID
+
+Reads frames from stdin, each a little-endian u32 length and a `marshal`
+payload `(events, decisions, candidates, params)` of plain tuples (layouts
+below, built by `store.writer`), and commits each frame as one transaction:
+the rows, the `tasks` and `requests` rows the frame's events touched, and the
+run's row counts. At end of input (the run closed it, or its process died)
+it exits; a partial last frame is dropped. On an error it prints one line to
+stderr and exits 3.
+
+A process of its own, because SQLite binding in a thread of the scheduling
+process would hold that process's GIL row by row.
+"""
+
+from __future__ import annotations
+
+import json
+import marshal
+import sqlite3
+import struct
+import sys
+from typing import Any, BinaryIO
+
+BUSY_TIMEOUT_MS = 10_000
+
+# event: (kind, t, request_id, task_id, agent, stage, tokens, value, note)
+EVENT_SQL = ("INSERT INTO engine_events (run_id, kind, t, request_id, task_id, agent, stage, "
+             "tokens, value, note) VALUES ({run}, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+# decision: (seq, t, wall_ms, wall_ts, reservation, blocked, retry, n_candidates) for a
+# compact no-op, else + (admit, preempt, load, evict, n_logged) and, when a candidate
+# was chosen, + (chosen, chosen_resident, j_admit, j_move, j_redo, j_revoke, v_reuse, total)
+DECISION_SQL = (
+    "INSERT INTO decisions (run_id, seq, t, wall_ms, wall_ts, reservation, blocked, retry, "
+    "n_candidates, noop, admit, preempt, load, evict, n_admit, n_preempt, n_load, n_evict, "
+    "n_logged, chosen, chosen_resident, j_admit, j_move, j_redo, j_revoke, v_reuse, total) "
+    "VALUES ({run}, " + ", ".join("?" * 26) + ")")
+# candidates come per decision: (seq, chosen, indices or None for all, rows), each row
+# (resident, admit, preempt, j_admit, j_move, j_redo, j_revoke, v_reuse); the SQL row is
+# (seq, idx, won, resident, admit, preempt, j_admit, ..., v_reuse, total)
+CANDIDATE_SQL = (
+    "INSERT INTO candidates (run_id, decision_seq, idx, won, resident, admit, preempt, "
+    "j_admit, j_move, j_redo, j_revoke, v_reuse, total) VALUES ({run}, "
+    + ", ".join("?" * 12) + ")")
+# param change: (t, wall_ts, name, old_json, new_json, source)
+PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source) "
+             "VALUES ({run}, ?, ?, ?, ?, ?, ?)")
+# The requests and tasks rows that one frame's events touched, folded in.
+REQUESTS_SQL = """
+INSERT INTO requests (run_id, request_id, task_id, stage, agent, ready, admitted, started,
+                      finished, input_tokens, output_tokens, service_s, preemptions, retractions)
+SELECT run_id, request_id, max(task_id), max(stage), max(agent),
+       min(CASE kind WHEN 'request_ready' THEN t END),
+       min(CASE kind WHEN 'request_admit' THEN t END),
+       min(CASE kind WHEN 'request_start' THEN t END),
+       max(CASE kind WHEN 'request_finish' THEN t END),
+       min(CASE kind WHEN 'request_admit' THEN tokens END),
+       max(CASE kind WHEN 'request_finish' THEN tokens END),
+       max(CASE kind WHEN 'request_finish' THEN value END),
+       sum(kind = 'preempt'), sum(kind = 'retract')
+FROM engine_events WHERE id > :lo AND run_id = :run AND request_id IS NOT NULL
+GROUP BY request_id
+ON CONFLICT (run_id, request_id) DO UPDATE SET
+    ready = coalesce(requests.ready, excluded.ready),
+    admitted = coalesce(requests.admitted, excluded.admitted),
+    started = coalesce(requests.started, excluded.started),
+    finished = coalesce(excluded.finished, requests.finished),
+    input_tokens = coalesce(requests.input_tokens, excluded.input_tokens),
+    output_tokens = coalesce(excluded.output_tokens, requests.output_tokens),
+    service_s = coalesce(excluded.service_s, requests.service_s),
+    preemptions = requests.preemptions + excluded.preemptions,
+    retractions = requests.retractions + excluded.retractions
+"""
+TASKS_SQL = """
+INSERT INTO tasks (run_id, task_id, workflow, arrival, completion, jct)
+SELECT run_id, task_id,
+       max(CASE kind WHEN 'task_arrive' THEN nullif(note, '') END),
+       min(CASE kind WHEN 'task_arrive' THEN t END),
+       max(CASE kind WHEN 'task_finish' THEN t END),
+       max(CASE kind WHEN 'task_finish' THEN value END)
+FROM engine_events
+WHERE id > :lo AND run_id = :run AND kind IN ('task_arrive', 'task_finish')
+GROUP BY task_id
+ON CONFLICT (run_id, task_id) DO UPDATE SET
+    workflow = coalesce(tasks.workflow, excluded.workflow),
+    arrival = coalesce(tasks.arrival, excluded.arrival),
+    completion = coalesce(excluded.completion, tasks.completion),
+    jct = coalesce(excluded.jct, tasks.jct)
+"""
+COUNTS_SQL = ("UPDATE runs SET decisions = decisions + ?, candidates = candidates + ?, "
+              "events = events + ? WHERE id = ?")
+
+_HEADER = struct.Struct("<I")
+_NO_TERMS = (None,) * 8
+
+
+_JSON: dict[tuple[Any, ...], str] = {}
+
+
+def _list(values: tuple[Any, ...]) -> str:
+    """JSON text of a tuple, memoised (resident sets and id lists repeat a lot)."""
+    text = _JSON.get(values)
+    if text is None:
+        if len(_JSON) > 200_000:
+            _JSON.clear()
+        text = _JSON[values] = json.dumps(values, separators=(",", ":"))
+    return text
+
+
+def _decision_row(d: tuple[Any, ...]) -> tuple[Any, ...]:
+    head = d[:8]
+    if len(d) == 8:
+        return (*head, 1, None, None, None, None, 0, 0, 0, 0, 0, *_NO_TERMS)
+    admit, preempt, load, evict, logged = d[8:13]
+    noop = int(not (admit or preempt or load or evict))
+    lists = (_list(admit), _list(preempt), _list(load), _list(evict))
+    sizes = (len(admit), len(preempt), len(load), len(evict))
+    if len(d) == 13:
+        return (*head, noop, *lists, *sizes, logged, *_NO_TERMS)
+    return (*head, noop, *lists, *sizes, logged, d[13], _list(d[14]), *d[15:21])
+
+
+def _candidate_rows(groups: list[tuple[Any, ...]]) -> Any:
+    for seq, chosen, indices, rows in groups:
+        for k, (resident, admit, preempt, ja, jm, jr, jv, vr) in enumerate(rows):
+            idx = k if indices is None else indices[k]
+            yield (seq, idx, idx == chosen, _list(resident), _list(admit), _list(preempt),
+                   ja, jm, jr, jv, vr, ja - jm - jr - jv + vr)
+
+
+def write_frame(conn: sqlite3.Connection, run: int, frame: tuple[Any, ...]) -> None:
+    """Commit one frame's rows (and the tasks/requests they touch) atomically."""
+    events, decisions, cands, params = frame
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        lo = conn.execute("SELECT coalesce(max(id), 0) FROM engine_events").fetchone()[0]
+        if events:
+            conn.executemany(EVENT_SQL.format(run=run), events)
+        if decisions:
+            conn.executemany(DECISION_SQL.format(run=run), map(_decision_row, decisions))
+        if cands:
+            conn.executemany(CANDIDATE_SQL.format(run=run), _candidate_rows(cands))
+        if params:
+            conn.executemany(PARAM_SQL.format(run=run), params)
+        if events:
+            conn.execute(REQUESTS_SQL, {"lo": lo, "run": run})
+            conn.execute(TASKS_SQL, {"lo": lo, "run": run})
+        conn.execute(COUNTS_SQL, [len(decisions), sum(len(g[3]) for g in cands), len(events),
+                                   run])
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def read_frames(stream: BinaryIO) -> Any:
+    """Complete frames until end of input (a cut-off last frame is dropped)."""
+    while True:
+        head = stream.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            return
+        (size,) = _HEADER.unpack(head)
+        body = stream.read(size)
+        if len(body) < size:
+            return
+        yield marshal.loads(body)
+
+
+def main(argv: list[str]) -> int:
+    path, run = argv[1], int(argv[2])
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        for frame in read_frames(sys.stdin.buffer):
+            write_frame(conn, run, frame)
+        conn.close()
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        print(f"{type(exc).__name__}: {text[0] if text else ''}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,116 @@
+"""Opening a decision log: WAL mode, migrations, and the `Store` handle."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlite_utils import Database
+
+from store.schema import MIGRATIONS_TABLE, migrate, unknown
+from topasd.model import TopasError
+
+if TYPE_CHECKING:
+    from store.writer import CandidateLog, StoreSink
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+class StoreError(TopasError):
+    """A decision log cannot be opened, read or written; the message says why."""
+
+
+def connect(path: str | Path, *, create: bool = True) -> Database:
+    """A connection to the log at `path`: WAL journal, NORMAL sync (a killed
+    process loses no committed batch), a busy timeout for concurrent writers.
+    Applies pending migrations; refuses a file that is not a topasd log."""
+    p = Path(path)
+    if not create and not p.is_file():
+        raise StoreError(f"{p}: no such decision log (write one with `topasd replay --db {p}`)")
+    if create and p.parent and not p.parent.is_dir():
+        raise StoreError(f"{p}: the folder {p.parent} does not exist")
+    try:
+        db = Database(sqlite3.connect(str(p), check_same_thread=False))
+        db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        tables = db.table_names()
+        if tables and MIGRATIONS_TABLE not in tables:
+            raise StoreError(f"{p}: a SQLite database, but not a topasd decision log "
+                             f"(it has tables {sorted(tables)[:5]} and no {MIGRATIONS_TABLE})")
+        newer = unknown(db)
+        if newer:
+            raise StoreError(f"{p}: written by a newer topasd (migrations {newer}); upgrade "
+                             "topasd to read it")
+        db.enable_wal()
+        db.execute("PRAGMA synchronous = NORMAL")
+        migrate(db)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{p}: cannot open as a decision log ({exc})") from None
+    return db
+
+
+class Store:
+    """A decision log file: runs, tasks, requests, decisions, candidates,
+    engine events and parameter changes (see `store.schema`).
+
+    `sink()` gives a `RunSink` that records one run through a writer thread;
+    read with the functions of `store.queries` on `store.db`.
+    """
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.db = connect(self.path, create=create)
+        self.mark_interrupted()
+
+    def sink(self, log_candidates: str | CandidateLog = "all", *, batch_rows: int = 2048,
+             flush_s: float = 0.05) -> StoreSink:
+        """A sink for one run (pass it to `topasd.runner.Run`)."""
+        from store.writer import CandidateLog, StoreSink
+
+        spec = (log_candidates if isinstance(log_candidates, CandidateLog)
+                else CandidateLog.parse(log_candidates))
+        return StoreSink(self, spec, batch_rows=batch_rows, flush_s=flush_s)
+
+    def mark_interrupted(self) -> int:
+        """Runs left `running` by a process of this host that no longer exists
+        (killed) become `interrupted`; returns how many."""
+        host = socket.gethostname()
+        stale = [r["id"] for r in self.db.query(
+            "SELECT id, pid FROM runs WHERE status = 'running' AND host = ?", [host])
+            if not _alive(r["pid"])]
+        try:
+            for run_id in stale:
+                self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?",
+                                [run_id])
+        except sqlite3.Error:  # a read-only file: leave the status as it is
+            return 0
+        return len(stale)
+
+    def integrity(self) -> str:
+        """`PRAGMA integrity_check`: 'ok' for a sound file."""
+        return str(self.db.execute("PRAGMA integrity_check").fetchone()[0])
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,158 @@
+"""The decision log's schema as an ordered list of migrations.
+
+Each migration is a function of a `sqlite_utils.Database`, applied once, in
+order, and recorded by name in `_topasd_migrations` (name, applied_at). A
+database holding a migration this code does not know was written by a newer
+topasd and is refused rather than guessed at.
+
+Tables (times `t` are seconds on the backend's clock, `*_ts` unix wall time):
+
+- `runs`: one row per run: policy, backend, profile, params (JSON), workload,
+  seed, trace meta (JSON), topasd version, `log_candidates`, status
+  (running | done | failed | interrupted), pid/host, summary (JSON: the
+  replay table's row), row counts.
+- `tasks`: (run_id, task_id): workflow, arrival, completion, jct.
+- `requests`: (run_id, request_id): task, stage, agent, input/output tokens,
+  ready, admitted (first admission), started (first prefill), finished,
+  service_s, preemptions, retractions.
+- `decisions`: (run_id, seq): t, wall_ms (policy time), wall_ts, noop, the
+  admit/preempt/load/evict lists (JSON) and their counts, reservation,
+  blocked, retry, n_candidates, n_logged, chosen (candidate index),
+  chosen_resident (JSON) and the chosen state's score terms.
+- `candidates`: (run_id, decision_seq, idx): resident/admit/preempt (JSON),
+  score terms, total, won.
+- `engine_events`: id, run_id, t, kind (`EventKind` value), request_id,
+  task_id, agent, stage, tokens, value, note: every event the run reported,
+  in the order reported (`tokens`/`value` as the backend defines them).
+- `param_changes`: id, run_id, t, wall_ts, name, old/new (JSON), source.
+
+Indexes (m002) serve `store.queries`: decisions by (run, t), requests by
+(run, agent, admitted) and (run, task), tasks by (run, arrival), parameter
+changes by (run, t), runs by status; events only by run (a run's events are
+one contiguous id range that readers scan once; wider event indexes doubled
+the writer's insert time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+
+from sqlite_utils import Database
+
+MIGRATIONS_TABLE = "_topasd_migrations"
+
+Migration = Callable[[Database], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+
+def migration(fn: Migration) -> Migration:
+    """Register `fn` as the next migration (order of definition is the order)."""
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_core_tables(db: Database) -> None:
+    db["runs"].create({
+        "id": int, "started_ts": float, "finished_ts": float, "status": str, "pid": int,
+        "host": str, "policy": str, "backend": str, "profile": str, "params": str,
+        "workload": str, "seed": int, "trace_meta": str, "version": str,
+        "log_candidates": str, "summary": str, "error": str, "decisions": int,
+        "candidates": int, "events": int,
+    }, pk="id", not_null=["status", "policy", "backend"])
+    db["tasks"].create({
+        "run_id": int, "task_id": int, "workflow": str, "arrival": float,
+        "completion": float, "jct": float,
+    }, pk=("run_id", "task_id"), foreign_keys=[("run_id", "runs", "id")])
+    db["requests"].create({
+        "run_id": int, "request_id": int, "task_id": int, "stage": str, "agent": str,
+        "input_tokens": int, "output_tokens": int, "ready": float, "admitted": float,
+        "started": float, "finished": float, "service_s": float, "preemptions": int,
+        "retractions": int,
+    }, pk=("run_id", "request_id"), foreign_keys=[("run_id", "runs", "id")],
+        defaults={"preemptions": 0, "retractions": 0})
+    db["decisions"].create({
+        "run_id": int, "seq": int, "t": float, "wall_ms": float, "wall_ts": float,
+        "noop": int, "admit": str, "preempt": str, "load": str, "evict": str,
+        "n_admit": int, "n_preempt": int, "n_load": int, "n_evict": int,
+        "reservation": str, "blocked": int, "retry": int, "n_candidates": int,
+        "n_logged": int, "chosen": int, "chosen_resident": str, "j_admit": float,
+        "j_move": float, "j_redo": float, "j_revoke": float, "v_reuse": float,
+        "total": float,
+    }, pk=("run_id", "seq"), foreign_keys=[("run_id", "runs", "id")])
+    db["candidates"].create({
+        "run_id": int, "decision_seq": int, "idx": int, "won": int, "resident": str,
+        "admit": str, "preempt": str, "j_admit": float, "j_move": float, "j_redo": float,
+        "j_revoke": float, "v_reuse": float, "total": float,
+    }, pk=("run_id", "decision_seq", "idx"), foreign_keys=[("run_id", "runs", "id")])
+    db["engine_events"].create({
+        "id": int, "run_id": int, "t": float, "kind": str, "request_id": int,
+        "task_id": int, "agent": str, "stage": str, "tokens": int, "value": float,
+        "note": str,
+    }, pk="id", not_null=["run_id", "t", "kind"], foreign_keys=[("run_id", "runs", "id")])
+    db["param_changes"].create({
+        "id": int, "run_id": int, "t": float, "wall_ts": float, "name": str, "old": str,
+        "new": str, "source": str,
+    }, pk="id", not_null=["run_id", "name"], foreign_keys=[("run_id", "runs", "id")])
+
+
+@migration
+def m002_query_indexes(db: Database) -> None:
+    """Indexes for the console and the Gantt export (queries in `store.queries`)."""
+    # One narrow index on the events: a run's events are a contiguous id range,
+    # which every reader scans once (a second, wider index doubled insert time).
+    db["engine_events"].create_index(["run_id"], index_name="ix_events_run")
+    db["decisions"].create_index(["run_id", "t"], index_name="ix_decisions_run_t")
+    db["requests"].create_index(["run_id", "agent", "admitted"],
+                                index_name="ix_requests_run_agent")
+    db["requests"].create_index(["run_id", "task_id"], index_name="ix_requests_run_task")
+    db["tasks"].create_index(["run_id", "arrival"], index_name="ix_tasks_run_arrival")
+    db["param_changes"].create_index(["run_id", "t"], index_name="ix_params_run_t")
+    db["runs"].create_index(["status"], index_name="ix_runs_status")
+
+
+def applied(db: Database) -> list[str]:
+    """Names of the migrations recorded in `db`, in the order applied."""
+    if MIGRATIONS_TABLE not in db.table_names():
+        return []
+    return [r["name"] for r in db.query(f"SELECT name FROM {MIGRATIONS_TABLE} ORDER BY rowid")]
+
+
+def pending(db: Database) -> list[str]:
+    """Names of the known migrations not yet applied to `db`."""
+    done = set(applied(db))
+    return [name for name, _ in MIGRATIONS if name not in done]
+
+
+def unknown(db: Database) -> list[str]:
+    """Recorded migrations this topasd does not know (a newer writer)."""
+    known = {name for name, _ in MIGRATIONS}
+    return [name for name in applied(db) if name not in known]
+
+
+def migrate(db: Database, upto: str | None = None) -> list[str]:
+    """Apply pending migrations in order (through `upto` if given), each in its
+    own write-locked transaction with its record; returns the names applied.
+    Two processes opening a new file at once apply each migration once."""
+    ran: list[str] = []
+    if MIGRATIONS_TABLE in db.table_names() and not pending(db):
+        return ran  # nothing to do: no write lock (a read-only file opens too)
+    for name, fn in MIGRATIONS:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(f"CREATE TABLE IF NOT EXISTS [{MIGRATIONS_TABLE}] "
+                       "([name] TEXT PRIMARY KEY, [applied_at] TEXT)")
+            if name not in applied(db):
+                fn(db)
+                now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+                db.execute(f"INSERT INTO [{MIGRATIONS_TABLE}] (name, applied_at) VALUES (?, ?)",
+                           [name, now])
+                ran.append(name)
+            db.execute("COMMIT")
+        except BaseException:
+            db.rollback()
+            raise
+        if name == upto:
+            break
+    return ran

@@ -1,0 +1,168 @@
+"""Shared test helpers for the simulator: a recording sink, an instrumented
+engine (`CheckedSim`) and hypothesis strategies for random workloads."""
+
+from __future__ import annotations
+
+import networkx as nx
+from hypothesis import strategies as st
+
+from backends.sim.engine import SimBackend
+from topasd.model import Decision, EngineEvent, EventKind, Location
+from topasd.profiles import get_profile
+from topasd.runner import Run
+from topasd.scheduler.baselines import BASELINES, OrderPolicy
+from workflows.spec import workflow_from_dict
+from workflows.trace import RoundSpec, TaskRecord, Trace
+
+
+class RecordingSink:
+    """A RunSink keeping every event and decision in order."""
+
+    def __init__(self) -> None:
+        self.events: list[EngineEvent] = []
+        self.decisions: list[Decision] = []
+
+    def event(self, event: EngineEvent) -> None:
+        self.events.append(event)
+
+    def decision(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+
+
+class CheckedSim(SimBackend):
+    """SimBackend asserting the KV and prefix invariants around every step."""
+
+    checks = 0
+    peak_used = 0
+
+    def _assert_within_budget(self, where: str) -> None:
+        used = self._used_tokens()
+        self.peak_used = max(self.peak_used, used)
+        assert used <= self.profile.budget_tokens, (
+            f"{where} at t={self._t}: {used} KV tokens held, budget {self.profile.budget_tokens}")
+        # the same sum, from first principles
+        prefixes = sum(p.tokens for p in self._prefixes.values() if p.location is Location.GPU)
+        requests = sum(lv.req.input_tokens + lv.generated for lv in self._running.values())
+        assert prefixes + requests == used
+        CheckedSim.checks += 1
+
+    def _snapshot_running(self) -> list[tuple[object, int, bool, bool]]:
+        out = []
+        for lv in self._running.values():
+            p = self._prefixes[lv.req.agent]
+            out.append((lv, lv.generated, p.location is Location.GPU, p.ready))
+        return out
+
+    def _assert_generated_on_ready_prefix(self, before, where: str, computed: set[str]) -> None:
+        for lv, gen, on_gpu_before, ready_before in before:
+            if lv.generated == gen:
+                continue
+            agent = lv.req.agent
+            p = self._prefixes[agent]
+            assert on_gpu_before and p.location is Location.GPU, (
+                f"{where} at t={self._t}: request {lv.req.id} generated tokens while prefix "
+                f"{agent} was not on the GPU")
+            assert p.ready and (ready_before or agent in computed), (
+                f"{where} at t={self._t}: request {lv.req.id} generated tokens while prefix "
+                f"{agent} was not ready")
+
+    def apply(self, decision: Decision) -> None:
+        super().apply(decision)
+        self._assert_within_budget(f"after {decision.policy} decision")
+
+    def _prefill_step(self) -> None:
+        before = self._snapshot_running()
+        n_events = len(self._events)
+        super()._prefill_step()
+        computed = {ev.agent for ev in self._events[n_events:]
+                    if ev.kind is EventKind.PREFIX_COMPUTE_END}
+        self._assert_generated_on_ready_prefix(before, "prefill step", computed)
+        self._assert_within_budget("prefill step")
+
+    def _decode_run(self, decoding, stop, max_steps=0) -> None:
+        before = self._snapshot_running()
+        super()._decode_run(decoding, stop, max_steps)
+        self._assert_generated_on_ready_prefix(before, "decode run", set())
+        self._assert_within_budget("decode run")
+
+
+# --------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------
+
+
+@st.composite
+def dags(draw) -> nx.DiGraph:
+    """A random DAG on 1-5 stages; names are shuffled so that topological order
+    is not alphabetical."""
+    n = draw(st.integers(1, 5))
+    names = draw(st.permutations([f"s{i}" for i in range(n)]))
+    g = nx.DiGraph()
+    g.add_nodes_from(names)
+    for i in range(n):
+        for j in range(i + 1, n):
+            if draw(st.booleans()):
+                g.add_edge(names[i], names[j])
+    assert nx.is_directed_acyclic_graph(g)
+    return g
+
+
+@st.composite
+def scenarios(draw):
+    """(trace, profile overrides, warm_host, closed_form): 1-2 random workflows
+    over 1-3 shared agents, 1-7 tasks of 1-3 rounds each, and a KV budget from
+    exactly the largest request up to three times it."""
+    n_agents = draw(st.integers(1, 3))
+    agents = {f"A{k}": draw(st.sampled_from([0, 16, 64, 200, 500]) | st.integers(0, 600))
+              for k in range(n_agents)}
+    workflows = []
+    for w in range(draw(st.integers(1, 2))):
+        g = draw(dags())
+        stages = [{"name": v, "agent": draw(st.sampled_from(sorted(agents))),
+                   "after": sorted(g.predecessors(v))} for v in g.nodes]
+        workflows.append(workflow_from_dict({
+            "name": f"w{w}",
+            "agents": {a: {"prefix_tokens": t} for a, t in agents.items()},
+            "stages": stages,
+        }))
+    n_tasks = draw(st.integers(1, 7))
+    arrivals = sorted(draw(st.lists(
+        st.sampled_from([0.0, 0.5]) | st.floats(0, 4, allow_nan=False).map(lambda x: round(x, 3)),
+        min_size=n_tasks, max_size=n_tasks)))
+    tasks = []
+    for i, t in enumerate(arrivals):
+        wf = workflows[i % len(workflows)]
+        stages = {}
+        for v in wf.stages:
+            n_rounds = draw(st.integers(1, 3))
+            stages[v] = tuple(
+                RoundSpec(draw(st.integers(0, 300)), draw(st.integers(1, 80)),
+                          draw(st.sampled_from([0.0, 0.0, 0.05, 0.4])))
+                for _ in range(n_rounds))
+        tasks.append(TaskRecord(i, wf.name, t, stages))
+    trace = Trace({wf.name: wf for wf in workflows}, tuple(tasks), {"workload": "random"})
+    need = max(wf.prefix_tokens(v) + r.input_tokens + r.output_tokens
+               for task in tasks for v, rounds in task.stages.items()
+               for r in rounds for wf in [trace.workflows[task.workflow]])
+    budget = need + draw(st.sampled_from([0, 1, 7]) | st.integers(0, 2 * need))
+    knobs = {  # overrides of the `small` profile
+        "budget_tokens": budget,
+        "host_cache": draw(st.booleans()),
+        "mixed_chunk": draw(st.booleans()),
+        # a slow host link keeps prefixes loading while other agents decode
+        "swap_bytes_per_s": draw(st.sampled_from([1e9, 1e9, 3e7])),
+    }
+    warm = draw(st.booleans())
+    closed_form = draw(st.booleans())
+    return trace, knobs, warm, closed_form
+
+
+def run_checked(trace: Trace, policy: str, knobs: dict, warm: bool, closed_form: bool,
+                profile: str = "small"):
+    """Run `trace` under a baseline on an instrumented engine; (result, sink, backend)."""
+    prof = get_profile(profile).with_overrides(**knobs)
+    trace.check_fits(prof.budget_tokens)
+    backend = CheckedSim(prof, warm_host=warm, closed_form=closed_form)
+    sink = RecordingSink()
+    result = Run(trace, OrderPolicy(policy, BASELINES[policy]), backend, sink=sink).execute()
+    return result, sink, backend

@@ -1,0 +1,299 @@
+"""The real command line: `topasd trace gen` and `topasd replay` on real files.
+
+Expected errors (bad input) must print one line `error: ...` on stderr, exit
+with code 2, and never show a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from topasd.cli import main
+from topasd.scheduler import POLICY_NAMES
+from workflows.builtin import BUILTIN, load_workload
+from workflows.trace import load_trace
+
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
+
+RUN_KEYS = {
+    "policy", "tasks", "mean_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s",
+    "throughput_req_s", "first_task_s", "mean_batch", "peak_batch", "prefix_loads",
+    "prefix_load_gb", "prefix_computes", "preemptions", "retractions", "recomputed_tokens",
+    "decisions", "decision_mean_ms", "decision_p99_ms",
+}
+
+SPEC = {
+    "name": "clitest",
+    "description": "plan -> {code, test} -> review",
+    "agents": {"P": {"prefix_tokens": 300}, "C": {"prefix_tokens": 500},
+               "R": {"prefix_tokens": 200}},
+    "stages": [
+        {"name": "plan", "agent": "P", "input_tokens": 100, "output_tokens": 60},
+        {"name": "code", "agent": "C", "after": ["plan"], "output_tokens": 80,
+         "rounds": {"uniform_int": [1, 3]}, "tool_wait_s": 0.5, "history": "parents"},
+        {"name": "test", "agent": "C", "after": ["plan"], "output_tokens": 40},
+        {"name": "review", "agent": "R", "after": ["code", "test"], "output_tokens": 30,
+         "history": "ancestors"},
+    ],
+    "operating_points": [0.5, 1.0, 2.0],
+}
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in a fresh interpreter, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "topasd.cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def assert_clean_error(code: int, stdout: str, stderr: str) -> str:
+    assert code == 2, (code, stdout, stderr)
+    assert "Traceback" not in stderr and "Traceback" not in stdout
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ")
+    assert stdout == ""
+    return lines[0]
+
+
+@pytest.fixture
+def spec_file(tmp_path: Path) -> Path:
+    path = tmp_path / "clitest.yaml"
+    path.write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path, spec_file: Path) -> Path:
+    out = tmp_path / "clitest.jsonl"
+    res = invoke("trace", "gen", "-w", str(spec_file), "-r", "1.0", "-n", "12", "-s", "4",
+                 "-o", str(out))
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def builtin_or_skip(name: str) -> None:
+    path = BUILTIN_DIR / f"{name}.yaml"
+    if not path.exists():
+        pytest.skip(f"built-in workload file {path} does not exist yet")
+
+
+# --------------------------------------------------------------------------
+# trace gen
+# --------------------------------------------------------------------------
+
+
+def test_trace_gen_writes_a_loadable_trace(tmp_path: Path, spec_file: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    res = invoke("trace", "gen", "-w", str(spec_file), "-r", "2", "-n", "30", "-o", str(out))
+    assert res.exit_code == 0
+    assert res.stdout == ""
+    assert res.stderr.startswith(f"wrote {out}: 30 tasks")
+    trace = load_trace(out)
+    assert len(trace.tasks) == 30 and set(trace.workflows) == {"clitest"}
+    assert trace.meta["rate"] == 2.0 and trace.meta["seed"] == 0
+    n_req = sum(len(r) for t in trace.tasks for r in t.stages.values())
+    assert f"{n_req} requests" in res.stderr
+
+
+def test_trace_gen_is_reproducible(tmp_path: Path, spec_file: Path) -> None:
+    a, b, c = (tmp_path / f"{x}.jsonl" for x in "abc")
+    for out, seed in ((a, "7"), (b, "7"), (c, "8")):
+        assert invoke("trace", "gen", "-w", str(spec_file), "-r", "1", "-n", "10", "-s", seed,
+                      "-o", str(out)).exit_code == 0
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["-w", "nonexistent", "-r", "1"], "unknown workload 'nonexistent'"),
+    (["-w", "chain3", "-r", "0"], "rate must be > 0"),
+])
+def test_trace_gen_errors(tmp_path: Path, args: list[str], says: str) -> None:
+    res = invoke("trace", "gen", *args, "-o", str(tmp_path / "x.jsonl"))
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert says in line
+
+
+# --------------------------------------------------------------------------
+# replay
+# --------------------------------------------------------------------------
+
+
+def replay_json(*args: str) -> dict:
+    res = invoke("replay", *args, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def check_runs(data: dict, policies: list[str], tasks: int) -> None:
+    runs = data["runs"]
+    assert [r["policy"] for r in runs] == policies
+    for row in runs:
+        assert set(row) >= RUN_KEYS, RUN_KEYS - set(row)
+        assert row["tasks"] == tasks
+        assert 0 < row["mean_jct_s"] <= row["makespan_s"] + 1e-9
+        assert row["p50_jct_s"] <= row["p99_jct_s"] <= row["makespan_s"] + 1e-9
+        assert 0 < row["first_task_s"] <= row["makespan_s"] + 1e-9
+        assert row["peak_batch"] >= 1 and row["decisions"] >= 1
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_replay_every_builtin_with_all_policies(name: str) -> None:
+    builtin_or_skip(name)
+    data = replay_json("--workload", name, "--policy", "all", "--tasks", "20")
+    check_runs(data, list(POLICY_NAMES), 20)
+    points = load_workload(name).operating_points
+    assert data["trace"]["rate"] == points[len(points) // 2]  # the middle operating point
+    assert data["trace"]["tasks"] == 20
+    assert data["profile"] == "qwen2.5-32b-a100"
+
+
+def test_replay_trace_file(trace_file: Path) -> None:
+    data = replay_json(str(trace_file), "-p", "fcfs", "-p", "spf", "-p", "fcfs",
+                       "--profile", "small")
+    check_runs(data, ["fcfs", "spf"], 12)  # a repeated policy runs once
+    assert data["profile"] == "small"
+    assert data["trace"]["workload"] == "clitest"
+
+
+def test_replay_is_deterministic(trace_file: Path) -> None:
+    def rows() -> list[dict]:
+        data = replay_json(str(trace_file), "-p", "lpm", "-p", "autellix-las")
+        for row in data["runs"]:  # wall-clock fields differ between runs
+            for key in [k for k in row if k.startswith("decision_") or k == "wall_s"]:
+                del row[key]
+        return data["runs"]
+
+    assert rows() == rows()
+
+
+def test_replay_table(trace_file: Path) -> None:
+    res = invoke("replay", str(trace_file), "-p", "fcfs", "-p", "lpm")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("workload clitest, rate 1.0 task/s, 12 tasks")
+    assert lines[1].split()[:2] == ["policy", "mean"]
+    assert [ln.split()[0] for ln in lines[2:]] == ["fcfs", "lpm"]
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["-p", "nope"], "unknown policy 'nope'"),
+    (["--workload", "chain3"], "not both"),
+])
+def test_replay_usage_errors(trace_file: Path, args: list[str], says: str) -> None:
+    res = invoke("replay", str(trace_file), *args)
+    assert says in assert_clean_error(res.exit_code, res.stdout, res.stderr)
+
+
+def test_replay_needs_a_trace_or_workload(tmp_path: Path) -> None:
+    res = invoke("replay")
+    assert "TRACE_FILE" in assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    res = invoke("replay", str(tmp_path / "missing.jsonl"))
+    assert "cannot read trace" in assert_clean_error(res.exit_code, res.stdout, res.stderr)
+
+
+# --------------------------------------------------------------------------
+# Malformed traces through the real CLI (a fresh interpreter)
+# --------------------------------------------------------------------------
+
+
+def largest_request(trace_file: Path) -> int:
+    trace = load_trace(trace_file)
+    return max(trace.workflows[t.workflow].prefix_tokens(v) + r.input_tokens + r.output_tokens
+               for t in trace.tasks for v, rounds in t.stages.items() for r in rounds)
+
+
+def rewrite(path: Path, lineno: int, change) -> None:
+    """Apply `change` to line `lineno` (1-based) of a trace file: to the parsed
+    record if `change` takes a dict, else to the raw text."""
+    lines = path.read_text().splitlines(keepends=True)
+    lines[lineno - 1] = change(lines[lineno - 1])
+    path.write_text("".join(lines))
+
+
+def edit(fn):
+    def apply(line: str) -> str:
+        rec = json.loads(line)
+        fn(rec)
+        return json.dumps(rec) + "\n"
+
+    return apply
+
+
+def _stage(rec: dict, name: str) -> dict:
+    return next(s for s in rec["spec"]["stages"] if s["name"] == name)
+
+
+# case -> (line to corrupt, change, extra replay args, what the message must say)
+MALFORMED = {
+    "truncated-json": (5, lambda line: line[: len(line) // 2], [], "not valid JSON"),
+    "missing-field": (4, edit(lambda r: r.pop("stages")), [], "lacks field 'stages'"),
+    "unknown-workflow": (6, edit(lambda r: r.update(workflow="ghostflow")), [],
+                         "'ghostflow'"),
+    "cyclic-dag": (2, edit(lambda r: _stage(r, "plan")["after"].append("review")), [],
+                   "cycle"),
+    "unknown-agent": (2, edit(lambda r: _stage(r, "test").update(agent="Ghost")), [],
+                      "unknown agent 'Ghost'"),
+    "over-budget": (None, None, ["--budget"], "KV budget"),
+}
+
+
+def malformed_trace(trace_file: Path, case: str) -> tuple[list[str], int | None]:
+    lineno, change, extra, _ = MALFORMED[case]
+    if change is not None:
+        rewrite(trace_file, lineno, change)
+    args = list(extra)
+    if args == ["--budget"]:
+        args.append(str(largest_request(trace_file) - 1))
+    return args, lineno
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_trace_is_one_clear_line(trace_file: Path, case: str) -> None:
+    args, _ = malformed_trace(trace_file, case)
+    proc = run_cli("replay", str(trace_file), "-p", "fcfs", *args)
+    line = assert_clean_error(proc.returncode, proc.stdout, proc.stderr)
+    assert MALFORMED[case][3] in line
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_trace_error_names_the_line(trace_file: Path, case: str) -> None:
+    args, lineno = malformed_trace(trace_file, case)
+    if lineno is None:  # the oversized request's task line
+        trace = load_trace(trace_file)
+        need = int(args[-1]) + 1
+        big = next(t for t in trace.tasks for v, rounds in t.stages.items() for r in rounds
+                   if trace.workflows[t.workflow].prefix_tokens(v) + r.input_tokens
+                   + r.output_tokens == need)
+        lineno = 1 + len(trace.workflows) + 1 + big.id  # task ids follow the file order
+    res = invoke("replay", str(trace_file), "-p", "fcfs", *args)
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert f"{trace_file}:{lineno}:" in line
+
+
+def test_over_budget_by_exactly_zero_is_fine(trace_file: Path) -> None:
+    data = replay_json(str(trace_file), "-p", "fcfs", "--budget", str(largest_request(trace_file)))
+    check_runs(data, ["fcfs"], 12)
+
+
+def test_doc_example_replays(tmp_path: Path) -> None:
+    """docs/trace-format.md's example runs with the command the doc gives."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "trace-format.md").read_text()
+    example = doc[doc.index("```jsonl\n") + len("```jsonl\n"):]
+    example = example[:example.index("```")]
+    path = tmp_path / "example.jsonl"
+    path.write_text(example)
+    assert "topasd replay example.jsonl --profile small --policy all" in doc
+    data = replay_json(str(path), "--profile", "small", "--policy", "all")
+    check_runs(data, list(POLICY_NAMES), 2)

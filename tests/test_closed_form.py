@@ -1,0 +1,141 @@
+"""The closed-form decode advance equals stepping one decode step at a time.
+
+`SimBackend(closed_form=True)` advances a run of identical decode steps in one
+go; `closed_form=False` steps one by one. Both must produce the same sequence
+of (kind, request id) events, the same times (to 1e-6 relative), the same
+task completions and the same engine counters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from backends.sim.engine import SimBackend
+from tests.simkit import RecordingSink, run_checked, scenarios
+from topasd.profiles import get_profile
+from topasd.runner import Run
+from topasd.scheduler.baselines import BASELINES, OrderPolicy
+from workflows.builtin import load_workload
+from workflows.spec import workflow_from_dict
+from workflows.trace import Trace, generate_trace
+
+COUNTERS = ("steps", "decode_steps", "prefill_steps", "batch_token_steps", "peak_batch",
+            "prefix_loads", "prefix_load_bytes", "prefix_computes", "preemptions",
+            "retractions", "recomputed_tokens")
+
+
+class CountingSim(SimBackend):
+    """Counts the engine's decode advances (one per closed-form run)."""
+
+    decode_calls = 0
+
+    def _decode_run(self, decoding, stop, max_steps=0) -> None:
+        self.decode_calls += 1
+        super()._decode_run(decoding, stop, max_steps)
+
+
+def replay(trace: Trace, policy: str, profile, closed_form: bool, warm: bool = False):
+    backend = CountingSim(profile, closed_form=closed_form, warm_host=warm)
+    sink = RecordingSink()
+    result = Run(trace, OrderPolicy(policy, BASELINES[policy]), backend, sink=sink).execute()
+    return result, sink, backend
+
+
+def assert_same_run(a, b) -> None:
+    (res_a, sink_a, be_a), (res_b, sink_b, be_b) = a, b
+    kinds_a = [(str(e.kind), e.request_id, e.task_id, e.agent) for e in sink_a.events]
+    kinds_b = [(str(e.kind), e.request_id, e.task_id, e.agent) for e in sink_b.events]
+    assert kinds_a == kinds_b
+    times_a = [e.t for e in sink_a.events]
+    times_b = [e.t for e in sink_b.events]
+    assert times_a == pytest.approx(times_b, rel=1e-6, abs=1e-9)
+    # event payloads: token counts exactly, durations to the same tolerance
+    assert [e.tokens for e in sink_a.events] == [e.tokens for e in sink_b.events]
+    assert [e.value for e in sink_a.events] == pytest.approx(
+        [e.value for e in sink_b.events], rel=1e-6, abs=1e-9)
+    # the same decisions at the same scheduling points
+    assert ([(d.admit, d.preempt, d.load, d.evict, d.blocked) for d in sink_a.decisions]
+            == [(d.admit, d.preempt, d.load, d.evict, d.blocked) for d in sink_b.decisions])
+    stats_a, stats_b = asdict(be_a.stats), asdict(be_b.stats)
+    assert {k: stats_a[k] for k in COUNTERS} == {k: stats_b[k] for k in COUNTERS}
+    assert stats_a["busy_s"] == pytest.approx(stats_b["busy_s"], rel=1e-6)
+    assert res_a.finishes.keys() == res_b.finishes.keys()
+    for tid in res_a.finishes:
+        assert res_a.finishes[tid] == pytest.approx(res_b.finishes[tid], rel=1e-6)
+
+
+def contention_trace(n_tasks: int, seed: int) -> Trace:
+    """Two agents, long and variable outputs, arrivals faster than service:
+    optimistic admission overcommits and decode steps run out of KV."""
+    wf = workflow_from_dict({
+        "name": "contention",
+        "agents": {"P": {"prefix_tokens": 300}, "Q": {"prefix_tokens": 500}},
+        "stages": [
+            {"name": "plan", "agent": "P", "input_tokens": {"uniform_int": [20, 200]},
+             "output_tokens": {"uniform_int": [100, 700]}},
+            {"name": "act", "agent": "Q", "after": ["plan"], "rounds": {"uniform_int": [1, 3]},
+             "input_tokens": 50, "output_tokens": {"uniform_int": [50, 400]},
+             "tool_wait_s": {"uniform": [0.0, 0.5]}, "history": "parents"},
+        ],
+    })
+    return generate_trace([wf], rate=4.0, n_tasks=n_tasks, seed=seed, name="contention")
+
+
+CASES = {
+    # (workload, tasks, rate index, policy, profile, budget override, warm host)
+    "chain3-fcfs-a100": ("chain3", 30, 1, "fcfs", "qwen2.5-32b-a100", None, False),
+    "chain3-lpm-a100-warm": ("chain3", 30, 2, "lpm", "qwen2.5-32b-a100", None, True),
+    "dag4-spf-a100": ("dag4", 25, 1, "spf", "qwen2.5-32b-a100", None, False),
+    "dag10wide-las-a100": ("dag10wide", 12, 1, "autellix-las", "qwen2.5-32b-a100", None, False),
+    "table1-parrot-a100": ("table1", 30, 2, "parrot-fcfs", "qwen2.5-32b-a100", None, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_builtin_workloads_closed_form_equals_stepwise(case: str) -> None:
+    name, n, point, policy, profile_name, budget, warm = CASES[case]
+    wl = load_workload(name)
+    rate = wl.operating_points[min(point, len(wl.operating_points) - 1)]
+    trace = generate_trace(wl.workflows, rate, n, seed=3, name=wl.name)
+    profile = get_profile(profile_name)
+    if budget is not None:
+        profile = profile.with_overrides(budget_tokens=budget)
+    fast = replay(trace, policy, profile, True, warm)
+    slow = replay(trace, policy, profile, False, warm)
+    assert_same_run(fast, slow)
+    # the closed form really folded decode steps; stepping took one call per step
+    assert fast[2].decode_calls * 5 < fast[2].stats.decode_steps
+    assert slow[2].decode_calls >= slow[2].stats.decode_steps
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm", "autellix-las"])
+@pytest.mark.parametrize("profile_name", ["small", "qwen2.5-32b-a100"])
+def test_retractions_closed_form_equals_stepwise(policy: str, profile_name: str) -> None:
+    """A tight budget: decode runs out of KV and the engine retracts requests.
+    The closed form must stop where stepping would run out, and retract the same."""
+    trace = contention_trace(25, seed=7)
+    profile = get_profile(profile_name).with_overrides(budget_tokens=2200)
+    trace.check_fits(profile.budget_tokens)
+    fast = replay(trace, policy, profile, True)
+    slow = replay(trace, policy, profile, False)
+    assert fast[2].stats.retractions > 0, "the case must exercise retraction"
+    assert_same_run(fast, slow)
+
+
+def test_mixed_chunk_closed_form_equals_stepwise() -> None:
+    trace = contention_trace(15, seed=2)
+    profile = get_profile("small").with_overrides(budget_tokens=2500, mixed_chunk=True)
+    assert_same_run(replay(trace, "fcfs", profile, True), replay(trace, "fcfs", profile, False))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=scenarios())
+def test_random_workloads_closed_form_equals_stepwise(scenario) -> None:
+    trace, knobs, warm, _ = scenario
+    for policy in ("fcfs", "lpm", "spf"):
+        fast = run_checked(trace, policy, knobs, warm, True)
+        slow = run_checked(trace, policy, knobs, warm, False)
+        assert_same_run(fast, slow)

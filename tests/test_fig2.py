@@ -1,0 +1,250 @@
+"""Fig. 2 of the paper, reproduced exactly on the `unit` profile.
+
+The abstract machine of Fig. 2's caption: every engine step costs 1 time unit
+(`t_weights_s=1`, everything else 0), so a request with 4 output tokens takes
+4 units (1 prefill step producing the first token + 3 decode steps), and a
+10-token prefix moves over the host link in 1 unit (1 byte/token at 10 B/unit).
+`SimBackend(..., warm_host=True)` gives every prefix a host copy from the
+start, so each prefix setup is a 1-unit host load.
+
+Workflow A -> B -> C (stages a, b, c on agents A, B, C), every prefix 10
+tokens, every request 1 input token + 4 output tokens (5 KV tokens).
+
+The timelines below were computed by hand from the engine's documented rules
+(before running the simulator):
+
+- The baselines' admission helper walks the waiting queue in policy order,
+  loads the prefix a request needs, evicts idle prefixes LRU when room is
+  needed, stops at the first request that does not fit (`blocked`, which then
+  holds further admission until a running request finishes).
+- A new request is charged input + output (5) at admission; a running one
+  input + generated + ratio * remaining with ratio in [0.098, 0.7].
+- A prefill step and decode steps never overlap (`mixed_chunk=False`): a
+  request admitted while another decodes delays it by its prefill step.
+- Task ids 0, 1, 2 are T0, T1, T2; "T0.a" is task 0's stage a.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from backends.sim.engine import SimBackend
+from tests.simkit import RecordingSink
+from topasd.model import EventKind
+from topasd.profiles import get_profile
+from topasd.runner import Run
+from topasd.scheduler import make_policy
+from workflows.spec import workflow_from_dict
+from workflows.trace import RoundSpec, TaskRecord, Trace
+
+PREFIX = 10  # tokens: 1 unit over the unit profile's host link
+INPUT, OUTPUT = 1, 4  # a request: 1 prefill step + 3 decode steps = 4 units
+
+
+def chain_abc():
+    return workflow_from_dict({
+        "name": "fig2",
+        "description": "A -> B -> C",
+        "agents": {a: {"prefix_tokens": PREFIX} for a in "ABC"},
+        "stages": [
+            {"name": "a", "agent": "A", "input_tokens": INPUT, "output_tokens": OUTPUT},
+            {"name": "b", "agent": "B", "after": ["a"], "input_tokens": INPUT,
+             "output_tokens": OUTPUT},
+            {"name": "c", "agent": "C", "after": ["b"], "input_tokens": INPUT,
+             "output_tokens": OUTPUT},
+        ],
+    })
+
+
+def fig2_trace(arrivals: list[float]) -> Trace:
+    wf = chain_abc()
+    one = (RoundSpec(INPUT, OUTPUT, 0.0),)
+    tasks = tuple(TaskRecord(i, wf.name, t, {"a": one, "b": one, "c": one})
+                  for i, t in enumerate(arrivals))
+    return Trace({wf.name: wf}, tasks, {"workload": "fig2"})
+
+
+def run_fig2(policy: str, arrivals: list[float], budget: int, closed_form: bool):
+    profile = get_profile("unit").with_overrides(budget_tokens=budget)
+    backend = SimBackend(profile, warm_host=True, closed_form=closed_form)
+    sink = RecordingSink()
+    result = Run(fig2_trace(arrivals), make_policy(policy), backend, sink=sink).execute()
+    return result, sink, backend
+
+
+def timeline(sink: RecordingSink):
+    """(task, stage) -> (start, finish); prefix loads as (agent, start, end);
+    task -> completion time; the largest number of prefixes on the GPU at once."""
+    spans: dict[tuple[int, str], list[float]] = defaultdict(list)
+    loads: list[list] = []
+    completion: dict[int, float] = {}
+    on_gpu: set[str] = set()
+    most_on_gpu = 0
+    for ev in sink.events:
+        if ev.kind is EventKind.REQUEST_START or ev.kind is EventKind.REQUEST_FINISH:
+            spans[(ev.task_id, ev.stage)].append(ev.t)
+        elif ev.kind is EventKind.PREFIX_LOAD_START:
+            loads.append([ev.agent, ev.t, None])
+            on_gpu.add(ev.agent)
+        elif ev.kind is EventKind.PREFIX_LOAD_END:
+            pending = [ld for ld in loads if ld[0] == ev.agent and ld[2] is None]
+            assert len(pending) == 1, f"load end of {ev.agent} without one open load"
+            pending[0][2] = ev.t
+        elif ev.kind in (EventKind.PREFIX_COMPUTE_START,):
+            on_gpu.add(ev.agent)
+        elif ev.kind is EventKind.PREFIX_EVICT:
+            on_gpu.discard(ev.agent)
+        elif ev.kind is EventKind.TASK_FINISH:
+            completion[ev.task_id] = ev.t
+        most_on_gpu = max(most_on_gpu, len(on_gpu))
+    return ({k: tuple(v) for k, v in spans.items()}, [tuple(ld) for ld in loads], completion,
+            most_on_gpu)
+
+
+# --------------------------------------------------------------------------
+# Scenario 1: Fig. 2 literally. Three tasks at t=0; the GPU holds one prefix
+# and one request: budget 15 = prefix 10 + request 5. A second request never
+# fits (10 + a running request's >= 1.39 + 5 > 15), nor a second prefix (20).
+#
+# LPM (longest resident prefix first; a non-resident agent's first request
+# keeps its FCFS place, its later ones go last):
+#   t=0   T0.a,T1.a,T2.a ready. Admit T0.a (needs 10+5=15), load A; T1.a blocked.
+#   0-1   load A.   1: T0.a prefill (start 1), decode 2-5, finish 5.
+#   t=5   T0.b ready. Queue T1.a(A resident), T2.a, T0.b -> admit T1.a: 5-9.
+#   t=9   T1.b ready. T2.a (resident) first: 9-13.
+#   t=13  T2.b ready; all waiting are B. Admit T0.b: evict idle A, load B 13-14.
+#         T0.b 14-18, then T1.b 18-22 and T2.b 22-26 (B resident, ahead of C).
+#   t=26  only C waits: evict B, load C 26-27; T0.c 27-31, T1.c 31-35, T2.c 35-39.
+#   Completion: T0 31, T1 35, T2 39 (mean JCT 35); 3 prefix loads.
+#
+# SRPT (`spf`, deepest stage first, FCFS inside a depth):
+#   0-1 load A; T0.a 1-5.
+#   t=5   T0.b (depth 1) before T1.a, T2.a: evict A, load B 5-6; T0.b 6-10.
+#   t=10  T0.c (depth 2) first: evict B, load C 10-11; T0.c 11-15.  T0 done 15.
+#   t=15  T1.a: evict C, load A 15-16; T1.a 16-20.
+#   t=20  T1.b: load B 20-21; 21-25.  t=25 T1.c: load C 25-26; 26-30.  T1 done 30.
+#   t=30  T2.a: load A 30-31; 31-35. T2.b: load B 35-36; 36-40.
+#         T2.c: load C 40-41; 41-45.  T2 done 45 (mean JCT 30); 9 prefix loads.
+# --------------------------------------------------------------------------
+
+S1_ARRIVALS = [0.0, 0.0, 0.0]
+S1_BUDGET = PREFIX + INPUT + OUTPUT
+
+S1_EXPECTED = {
+    "lpm": {
+        "spans": {
+            (0, "a"): (1, 5), (1, "a"): (5, 9), (2, "a"): (9, 13),
+            (0, "b"): (14, 18), (1, "b"): (18, 22), (2, "b"): (22, 26),
+            (0, "c"): (27, 31), (1, "c"): (31, 35), (2, "c"): (35, 39),
+        },
+        "loads": [("A", 0, 1), ("B", 13, 14), ("C", 26, 27)],
+        "completion": {0: 31, 1: 35, 2: 39},
+    },
+    "spf": {
+        "spans": {
+            (0, "a"): (1, 5), (0, "b"): (6, 10), (0, "c"): (11, 15),
+            (1, "a"): (16, 20), (1, "b"): (21, 25), (1, "c"): (26, 30),
+            (2, "a"): (31, 35), (2, "b"): (36, 40), (2, "c"): (41, 45),
+        },
+        "loads": [("A", 0, 1), ("B", 5, 6), ("C", 10, 11),
+                  ("A", 15, 16), ("B", 20, 21), ("C", 25, 26),
+                  ("A", 30, 31), ("B", 35, 36), ("C", 40, 41)],
+        "completion": {0: 15, 1: 30, 2: 45},
+    },
+}
+
+
+# --------------------------------------------------------------------------
+# Scenario 2: batching and a staggered arrival. Tasks at t=0, 0, 3; budget
+# 20 = one prefix + two requests. A third request never fits beside two
+# running ones (their optimistic charge is >= 3.6 each while ratio >= 0.65,
+# which holds for the few dozen steps here: 10 + 7.2 + 5 > 20), and two
+# prefixes never fit beside a request (10 + 10 + 5 > 20).
+#
+# LPM:
+#   t=0   admit T0.a, T1.a (15, then 20), load A 0-1. Both prefill at 1 (start 1).
+#   t=3   T2.a arrives mid-decode: 10 + 2 x (3 + 0.7 x 2) + 5 > 20 -> blocked.
+#   t=5   T0.a, T1.a finish; T0.b, T1.b ready. Queue: T2.a (A resident) first,
+#         admitted (15); T0.b needs 15 more and A is now in use -> blocked.
+#         T2.a 5-9 runs alone while both B requests wait.
+#   t=9   T2.b ready. Admit T0.b (evict idle A, load B 9-10) and T1.b (20);
+#         T2.b blocked. T0.b, T1.b 10-14.
+#   t=14  T0.c, T1.c ready; T2.b (B resident) first, alone: 14-18; C blocked.
+#   t=18  T2.c ready. Admit T0.c (evict B, load C 18-19), T1.c; T2.c blocked.
+#         T0.c, T1.c 19-23.   t=23: T2.c 23-27.
+#   Completion: T0 23, T1 23, T2 27 (JCT 23, 23, 24; mean 23.33); 3 loads.
+#
+# SRPT (`spf`):
+#   t=0-5 as LPM (T2.a blocked at 3).
+#   t=5   T0.b, T1.b (depth 1) before T2.a: evict A, load B 5-6; both 6-10.
+#   t=10  T0.c, T1.c: evict B, load C 10-11; both 11-15. T0, T1 done 15.
+#   t=15  T2.a: evict C, load A 15-16; 16-20. T2.b: load B 20-21; 21-25.
+#         T2.c: load C 25-26; 26-30. T2 done 30 (JCT 15, 15, 27; mean 19); 6 loads.
+# --------------------------------------------------------------------------
+
+S2_ARRIVALS = [0.0, 0.0, 3.0]
+S2_BUDGET = PREFIX + 2 * (INPUT + OUTPUT)
+
+S2_EXPECTED = {
+    "lpm": {
+        "spans": {
+            (0, "a"): (1, 5), (1, "a"): (1, 5), (2, "a"): (5, 9),
+            (0, "b"): (10, 14), (1, "b"): (10, 14), (2, "b"): (14, 18),
+            (0, "c"): (19, 23), (1, "c"): (19, 23), (2, "c"): (23, 27),
+        },
+        "loads": [("A", 0, 1), ("B", 9, 10), ("C", 18, 19)],
+        "completion": {0: 23, 1: 23, 2: 27},
+    },
+    "spf": {
+        "spans": {
+            (0, "a"): (1, 5), (1, "a"): (1, 5),
+            (0, "b"): (6, 10), (1, "b"): (6, 10),
+            (0, "c"): (11, 15), (1, "c"): (11, 15),
+            (2, "a"): (16, 20), (2, "b"): (21, 25), (2, "c"): (26, 30),
+        },
+        "loads": [("A", 0, 1), ("B", 5, 6), ("C", 10, 11),
+                  ("A", 15, 16), ("B", 20, 21), ("C", 25, 26)],
+        "completion": {0: 15, 1: 15, 2: 30},
+    },
+}
+
+SCENARIOS = {
+    "one-request": (S1_ARRIVALS, S1_BUDGET, S1_EXPECTED),
+    "batch-of-two": (S2_ARRIVALS, S2_BUDGET, S2_EXPECTED),
+}
+
+
+@pytest.mark.parametrize("closed_form", [True, False], ids=["closed-form", "stepwise"])
+@pytest.mark.parametrize("policy", ["lpm", "spf"])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_fig2_timeline(scenario: str, policy: str, closed_form: bool) -> None:
+    arrivals, budget, expected = SCENARIOS[scenario]
+    want = expected[policy]
+    result, sink, backend = run_fig2(policy, arrivals, budget, closed_form)
+    spans, loads, completion, most_on_gpu = timeline(sink)
+
+    assert spans == want["spans"]
+    assert loads == want["loads"]
+    assert completion == want["completion"]
+    assert result.finishes == want["completion"]
+    assert result.jct == {i: want["completion"][i] - arrivals[i] for i in want["completion"]}
+    # the Fig. 2 machine: one prefix on the GPU at a time, and nothing preempted
+    assert most_on_gpu == 1
+    assert backend.stats.prefix_loads == len(want["loads"])
+    assert backend.stats.prefix_computes == 0
+    assert backend.stats.preemptions == 0 and backend.stats.retractions == 0
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_fig2_conflict(scenario: str) -> None:
+    """The caption's point, on the hand-computed numbers: SRPT finishes the
+    first task sooner but pays a prefix setup at every stage transition;
+    LPM amortises setups over same-prefix requests and holds service upstream."""
+    arrivals, budget, _ = SCENARIOS[scenario]
+    lpm, _, lpm_backend = run_fig2("lpm", arrivals, budget, True)
+    spf, _, spf_backend = run_fig2("spf", arrivals, budget, True)
+    assert min(spf.finishes.values()) < min(lpm.finishes.values())
+    assert lpm_backend.stats.prefix_loads == 3  # one setup per agent
+    assert spf_backend.stats.prefix_loads > lpm_backend.stats.prefix_loads

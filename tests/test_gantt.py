@@ -1,0 +1,290 @@
+"""The Gantt export: store queries on a hand-made log, the chart's bars, large
+runs, the CLI, and the HTML rendered by headless Chromium (skipped only when
+no chromium is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import struct
+import zlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from click.testing import CliRunner
+
+from console.gantt import build_gantt, dump_dom, export_gantt, find_chromium, screenshot
+from store import Store
+from store import queries as q
+from topasd.cli import main
+from topasd.model import EngineEvent, EventKind
+from topasd.runner import RunInfo
+
+K = EventKind
+CHROMIUM = find_chromium()
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def req(t: float, kind: EventKind, rid: int, task: int, stage: str, agent: str,
+        tokens: int = 0, value: float = 0.0) -> EngineEvent:
+    return EngineEvent(t, kind, rid, task, agent, stage, tokens, value)
+
+
+def pre(t: float, kind: EventKind, agent: str, value: float = 0.0,
+        note: str = "") -> EngineEvent:
+    return EngineEvent(t, kind, agent=agent, tokens=10, value=value, note=note)
+
+
+# Two tasks, agents A then B. r0 is preempted once, r1 retracted once; r0's second
+# admission reports a prefill end; A's prefix is loaded and backed up, then evicted;
+# B's is recomputed by prefill.
+EVENTS = [
+    EngineEvent(0.0, K.TASK_ARRIVE, task_id=0, note="wf"),
+    EngineEvent(0.0, K.TASK_ARRIVE, task_id=1, note="wf"),
+    req(0.0, K.REQUEST_READY, 0, 0, "a", "A"),
+    req(0.0, K.REQUEST_READY, 1, 1, "a", "A"),
+    pre(0.0, K.PREFIX_LOAD_START, "A", value=1.0),
+    req(0.0, K.REQUEST_ADMIT, 0, 0, "a", "A", tokens=3),
+    req(0.0, K.REQUEST_ADMIT, 1, 1, "a", "A", tokens=3),
+    pre(1.0, K.PREFIX_LOAD_END, "A"),
+    pre(1.0, K.PREFIX_OFFLOAD_START, "A", value=1.0),
+    req(1.0, K.REQUEST_START, 0, 0, "a", "A"),
+    req(1.0, K.REQUEST_START, 1, 1, "a", "A"),
+    pre(2.0, K.PREFIX_OFFLOAD_END, "A"),
+    req(2.0, K.RETRACT, 1, 1, "a", "A", tokens=1),
+    req(3.0, K.PREEMPT, 0, 0, "a", "A", tokens=2),
+    req(4.0, K.REQUEST_ADMIT, 0, 0, "a", "A", tokens=5),
+    req(4.0, K.REQUEST_START, 0, 0, "a", "A"),
+    req(4.5, K.PREFILL_END, 0, 0, "a", "A"),
+    req(5.0, K.REQUEST_ADMIT, 1, 1, "a", "A", tokens=4),
+    req(5.0, K.REQUEST_START, 1, 1, "a", "A"),
+    req(8.0, K.REQUEST_FINISH, 0, 0, "a", "A", tokens=6, value=4.0),
+    req(8.0, K.REQUEST_READY, 2, 0, "b", "B"),
+    req(9.0, K.REQUEST_FINISH, 1, 1, "a", "A", tokens=6, value=4.0),
+    EngineEvent(9.0, K.TASK_FINISH, task_id=1, value=9.0),
+    pre(9.0, K.PREFIX_EVICT, "A", note="policy"),
+    pre(9.0, K.PREFIX_COMPUTE_START, "B"),
+    req(9.0, K.REQUEST_ADMIT, 2, 0, "b", "B", tokens=3),
+    pre(10.0, K.PREFIX_COMPUTE_END, "B"),
+    req(10.0, K.REQUEST_START, 2, 0, "b", "B"),
+    req(12.0, K.REQUEST_FINISH, 2, 0, "b", "B", tokens=6, value=2.0),
+    EngineEvent(12.0, K.TASK_FINISH, task_id=0, value=12.0),
+]
+
+
+def write_log(path: Path, events: list[EngineEvent], policy: str = "hand") -> int:
+    """A run of hand-made events, recorded through the store's own sink."""
+    with Store(path) as store:
+        sink = store.sink()
+        sink.run_started(RunInfo(policy, "sim", "unit", {}, "synthetic", 0, {}))
+        for ev in events:
+            sink.event(ev)
+        sink.run_finished(None, None)
+        assert sink.run_id is not None
+        return sink.run_id
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "hand.db"
+    write_log(path, EVENTS)
+    return path
+
+
+def load_bench(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def png_is_not_blank(path: Path) -> bool:
+    """Distinct byte values in the decompressed image data (a blank page has few)."""
+    data, pos, idat = path.read_bytes(), 8, b""
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        if data[pos + 4:pos + 8] == b"IDAT":
+            idat += data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+    return len(set(zlib.decompress(idat))) > 32
+
+
+# ------------------------------------------------------------ queries
+
+
+def test_queries_rebuild_admissions_prefix_spans_and_marks(log: Path) -> None:
+    with Store(log) as store:
+        db = store.db
+        assert q.agents(db, 1) == ["A", "B"]
+        assert q.time_span(db, 1) == (0.0, 12.0)
+        segs = [(s.request_id, s.attempt, s.admitted, s.started, s.prefill_end, s.end,
+                 s.end_kind) for s in q.request_segments(db, 1)]
+        assert segs == [(0, 1, 0.0, 1.0, None, 3.0, "preempt"),
+                        (1, 1, 0.0, 1.0, None, 2.0, "retract"),
+                        (0, 2, 4.0, 4.0, 4.5, 8.0, "finish"),
+                        (1, 2, 5.0, 5.0, None, 9.0, "finish"),
+                        (2, 1, 9.0, 10.0, None, 12.0, "finish")]
+        spans = [(s.agent, s.kind, s.start, s.end, s.note) for s in q.prefix_spans(db, 1)]
+        assert spans == [("A", "load", 0.0, 1.0, ""), ("A", "resident", 0.0, 9.0, "policy"),
+                         ("A", "offload", 1.0, 2.0, ""), ("B", "compute", 9.0, 10.0, ""),
+                         ("B", "resident", 9.0, 12.0, "still resident")]
+        assert [(m.t, m.kind, m.request_id) for m in q.preemptions(db, 1)] == [
+            (2.0, "retract", 1), (3.0, "preempt", 0)]
+        reqs = {r["request_id"]: r for r in db.query("SELECT * FROM requests")}
+        assert (reqs[0]["ready"], reqs[0]["admitted"], reqs[0]["started"],
+                reqs[0]["finished"]) == (0.0, 0.0, 1.0, 8.0)
+        assert (reqs[0]["preemptions"], reqs[1]["retractions"]) == (1, 1)
+        assert reqs[0]["input_tokens"] == 3 and reqs[0]["output_tokens"] == 6
+        assert [(t.task_id, t.workflow, t.jct) for t in q.tasks(db, 1)] == [
+            (0, "wf", 12.0), (1, "wf", 9.0)]
+
+
+def test_agents_view_bars_tell_waiting_prefill_and_service_apart(log: Path) -> None:
+    with Store(log) as store:
+        g = build_gantt(store, view="agents")
+    assert g.lanes == ["A", "B"] and g.mode == "detailed" and not g.notes
+    by_kind: dict[str, list[tuple[float, float]]] = {}
+    for trace in g.figure.data:
+        if trace.type == "bar":
+            spans = [(b, b + x) for b, x in zip(trace.base, trace.x, strict=True)]
+            by_kind.setdefault(trace.meta, []).extend(spans)
+            assert trace.orientation == "h" and len(trace.hovertext) == len(spans)
+    assert sorted(by_kind["waiting"]) == [(0.0, 1.0), (0.0, 1.0), (9.0, 10.0)]
+    assert by_kind["prefill"] == [(4.0, 4.5)]
+    assert sorted(by_kind["service"]) == [(1.0, 2.0), (1.0, 3.0), (4.5, 8.0), (5.0, 9.0),
+                                          (10.0, 12.0)]
+    assert sorted(by_kind["resident"]) == [(0.0, 9.0), (9.0, 12.0)]
+    assert by_kind["load"] == [(0.0, 1.0)] and by_kind["offload"] == [(1.0, 2.0)]
+    assert by_kind["compute"] == [(9.0, 10.0)]
+    assert g.bars == 14 and g.marks == 2
+    marks = {t.meta: list(t.x) for t in g.figure.data if t.type == "scatter"}
+    assert marks == {"preempt": [3.0], "retract": [2.0]}
+    hover = next(t for t in g.figure.data if t.meta == "prefill").hovertext[0]
+    assert "request 0" in hover and "task 0, stage a, agent A" in hover
+
+
+def test_tasks_view_has_one_lane_per_task(log: Path) -> None:
+    with Store(log) as store:
+        g = build_gantt(store, view="tasks")
+    assert g.lanes == ["task 0", "task 1"]
+    tasks = next(t for t in g.figure.data if t.meta == "task")
+    assert sorted(zip(tasks.base, tasks.x, strict=True)) == [(0.0, 9.0), (0.0, 12.0)]
+    names = {t.name for t in g.figure.data if t.meta == "service"}
+    assert names == {"agent A", "agent B"}  # coloured, and listed, by agent
+
+
+def test_a_large_run_is_aggregated_then_windowed_and_says_so(tmp_path: Path) -> None:
+    events: list[EngineEvent] = []
+    for i in range(3000):  # batches of 3 overlapping requests, 3 batches in a row
+        t0 = (i // 3) * 2.0 + (i % 3) * 0.1
+        agent = "A" if (i // 9) % 2 == 0 else "B"
+        events += [req(t0, K.REQUEST_ADMIT, i, i, "s", agent),
+                   req(t0 + 0.1, K.REQUEST_START, i, i, "s", agent),
+                   req(t0 + 1.5, K.REQUEST_FINISH, i, i, "s", agent)]
+    path = tmp_path / "big.db"
+    write_log(path, events)
+    with Store(path) as store:
+        g = build_gantt(store, max_bars=2000)
+        assert g.mode == "aggregated" and g.bars == 1000  # one busy span per batch
+        assert "aggregated" in g.figure.layout.title.text
+        g = build_gantt(store, max_bars=300)
+        assert g.mode == "aggregated+windowed" and g.bars <= 300
+        assert "showing 0–" in g.figure.layout.title.text
+        assert g.window[1] < 2000
+        g = build_gantt(store, window=(100.0, 120.0))
+        assert g.mode == "windowed" and g.bars == 60 and g.window == (100.0, 120.0)
+        assert list(g.figure.layout.xaxis.range) == [100.0, 120.0]
+
+
+# ------------------------------------------------------------ CLI
+
+
+def test_gantt_cli_writes_offline_html(log: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.html"
+    res = CliRunner().invoke(main, ["gantt", str(log), "-o", str(out), "--view", "tasks"])
+    assert res.exit_code == 0, res.output
+    assert "2 lanes" in res.output
+    html = out.read_text()
+    assert 'id="gantt"' in html and "<script src=\"http" not in html
+    assert len(html) > 1_000_000  # plotly.js itself is embedded
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.db"], "no such decision log"),
+    (["{log}", "--run", "9"], "no run 9 in the decision log; runs: 1 (hand)"),
+    (["{log}", "--window", "5:1"], "--window: START must be below END"),
+    (["{log}", "--window", "abc"], "--window: expected START:END"),
+])
+def test_gantt_cli_errors_are_one_line(log: Path, tmp_path: Path, args: list[str],
+                                       message: str) -> None:
+    argv = ["gantt", *(a.format(log=log) for a in args), "-o", str(tmp_path / "x.html")]
+    res = CliRunner().invoke(main, argv)
+    assert res.exit_code == 2
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+# ------------------------------------------------------------ in a browser
+
+
+@needs_chromium
+def test_the_chart_draws_in_headless_chromium(log: Path, tmp_path: Path) -> None:
+    html = tmp_path / "agents.html"
+    g = export_gantt(log, html, view="agents")
+    dom = dump_dom(html)
+    assert re.findall(r'class="ytick"><text[^>]*>([^<]*)<', dom) == ["A", "B"]
+    bars = re.findall(r'<g class="point"><path d="M[^"]+"', dom)
+    assert len(bars) == g.bars == 14
+    assert len(re.findall(r'<path class="point"', dom)) == 2  # the two marks
+    legend = re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom)
+    assert {"prefix on GPU", "prefill", "preempted (policy)", "retracted (engine)"} <= set(
+        legend)
+    png = screenshot(html, tmp_path / "agents.png", width=1000, height=600)
+    assert png_size(png) == (1000, 600) and png_is_not_blank(png)
+
+
+@needs_chromium
+def test_fig2_lpm_and_srpt_render_with_their_lanes(tmp_path: Path) -> None:
+    fig2 = load_bench("fig2_gantt")
+    db = tmp_path / "fig2.db"
+    runs = fig2.replay_fig2(db)
+    assert {p: s["mean_jct_s"] for p, (_, s) in runs.items()} == {"lpm": 35.0, "spf": 30.0}
+    loads = {}
+    for policy, (run_id, _) in runs.items():
+        html = tmp_path / f"{policy}.html"
+        g = export_gantt(db, html, run_id=run_id)
+        dom = dump_dom(html)
+        assert re.findall(r'class="ytick"><text[^>]*>([^<]*)<', dom) == ["A", "B", "C"]
+        assert len(re.findall(r'<g class="point"><path d="M[^"]+"', dom)) == g.bars
+        labels = set(re.findall(r'class="bartext[^"]*"[^>]*>(T\d\.[abc])<', dom))
+        assert labels == {f"T{i}.{s}" for i in range(3) for s in "abc"}
+        loads[policy] = sum(len(t.x) for t in g.figure.data if t.meta == "load")
+        png = screenshot(html, tmp_path / f"{policy}.png", height=500)
+        assert png_is_not_blank(png)
+    assert loads == {"lpm": 3, "spf": 9}  # SRPT pays a prefix setup at every stage
+
+
+@needs_chromium
+def test_gantt_cli_png_of_an_aggregated_chart(tmp_path: Path) -> None:
+    events = [e for i in range(400) for e in (
+        req(i * 0.5, K.REQUEST_ADMIT, i, i, "s", "A"),
+        req(i * 0.5 + 0.1, K.REQUEST_START, i, i, "s", "A"),
+        req(i * 0.5 + 1.0, K.REQUEST_FINISH, i, i, "s", "A"))]
+    path = tmp_path / "agg.db"
+    write_log(path, events)
+    out, png = tmp_path / "agg.html", tmp_path / "agg.png"
+    res = CliRunner().invoke(main, ["gantt", str(path), "-o", str(out), "--max-bars", "100",
+                                    "--png", str(png)])
+    assert res.exit_code == 0, res.output
+    assert "aggregated" in res.output and png_is_not_blank(png)
+    dom = dump_dom(out)
+    assert "requests aggregated" in dom  # the title says so on the page

@@ -1,0 +1,424 @@
+"""The decision log on real SQLite files: schema and migrations, a replay whose
+every decision, candidate and event is in the file and agrees with the run's
+own metrics, candidate volume options, and crash safety under SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from sqlite_utils import Database
+
+from backends.sim.engine import SimBackend
+from store import CandidateLog, Store, StoreError
+from store import queries as q
+from store.schema import MIGRATIONS, MIGRATIONS_TABLE, migrate
+from topasd.cli import main
+from topasd.model import (
+    Candidate,
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    ScoreTerms,
+)
+from topasd.profiles import get_profile
+from topasd.runner import Run, RunHooks, RunInfo, RunResult
+from topasd.scheduler import make_policy
+from workflows.builtin import load_workload
+from workflows.trace import Trace, generate_trace
+
+# ------------------------------------------------------------------ helpers
+
+
+class CandidatePolicy:
+    """A baseline (lpm) whose decisions carry synthetic candidates: the chosen
+    state (index 1) plus alternatives, one of them scoring higher than the
+    chosen one. Every other no-op decision keeps no candidates, as a baseline."""
+
+    def __init__(self, base: str = "lpm", alternatives: int = 3) -> None:
+        self.inner = make_policy(base)
+        self.name = f"{base}+candidates"
+        self.alternatives = alternatives
+        self.calls = 0
+
+    def decide(self, view: EngineView) -> Decision:
+        d = self.inner.decide(view)
+        self.calls += 1
+        if d.is_noop and self.calls % 2:
+            return d
+        resident = tuple(sorted((set(view.gpu_prefixes()) - set(d.evict)) | set(d.load)))
+        chosen = Candidate(resident, d.admit, d.preempt,
+                           ScoreTerms(j_admit=len(d.admit) + 1.0, j_move=0.5 * len(d.load),
+                                      v_reuse=0.25))
+        alts = [Candidate(resident[:i], d.admit[:i], (),
+                          ScoreTerms(j_admit=100.0 if i == 2 else float(i), j_redo=1.0 + i,
+                                     j_revoke=0.125 * i))
+                for i in range(self.alternatives)]
+        return replace(d, candidates=(alts[0], chosen, *alts[1:]), chosen=1)
+
+    def observe(self, event: EngineEvent) -> None:
+        self.inner.observe(event)
+
+
+class Tee:
+    """Forwards to a StoreSink and keeps every decision and event in memory."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.decisions: list[Decision] = []
+        self.events: list[EngineEvent] = []
+
+    def run_started(self, info: RunInfo) -> None:
+        self.sink.run_started(info)
+
+    def run_finished(self, result: RunResult | None, error: BaseException | None) -> None:
+        self.sink.run_finished(result, error)
+
+    def decision(self, decision: Decision) -> None:
+        self.decisions.append(decision)
+        self.sink.decision(decision)
+
+    def event(self, event: EngineEvent) -> None:
+        self.events.append(event)
+        self.sink.event(event)
+
+
+def small_trace(tasks: int = 12, workload: str = "dag4", rate: float | None = None) -> Trace:
+    wl = load_workload(workload)
+    return generate_trace(wl.workflows, rate or wl.operating_points[-1], tasks, seed=3,
+                          name=wl.name)
+
+
+def logged_run(path: Path, policy: Any, trace: Trace, spec: str = "all",
+               profile: str = "small") -> tuple[Tee, RunResult, int]:
+    store = Store(path)
+    try:
+        tee = Tee(store.sink(spec))
+        assert isinstance(tee, RunHooks)
+        result = Run(trace, policy, SimBackend(get_profile(profile)), sink=tee).execute()
+        run_id = tee.sink.run_id
+    finally:
+        store.close()
+    return tee, result, run_id
+
+
+def rows(path: Path, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    db = Database(path)
+    try:
+        return list(db.query(sql, args))
+    finally:
+        db.close()
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+# ------------------------------------------------------------ schema
+
+
+def test_a_new_file_gets_every_migration_in_order_wal_and_indexes(tmp_path: Path) -> None:
+    path = tmp_path / "log.db"
+    with Store(path) as store:
+        assert store.integrity() == "ok"
+        db = store.db
+        recorded = [r["name"] for r in db.query(f"SELECT name FROM {MIGRATIONS_TABLE} "
+                                                 "ORDER BY rowid")]
+        assert recorded == [name for name, _ in MIGRATIONS]
+        assert db.journal_mode == "wal"
+        assert {"runs", "tasks", "requests", "decisions", "candidates", "engine_events",
+                "param_changes"} <= set(db.table_names())
+        indexes = {ix.name for t in ("engine_events", "decisions", "requests", "tasks")
+                   for ix in db[t].indexes}
+        assert {"ix_events_run", "ix_decisions_run_t", "ix_requests_run_agent",
+                "ix_tasks_run_arrival"} <= indexes
+        assert db["decisions"].pks == ["run_id", "seq"]
+        assert db["candidates"].pks == ["run_id", "decision_seq", "idx"]
+    with Store(path) as again:  # reopening applies nothing and keeps the records
+        assert migrate(again.db) == []
+        assert len(list(again.db.query(f"SELECT * FROM {MIGRATIONS_TABLE}"))) == len(MIGRATIONS)
+
+
+def test_an_older_file_is_migrated_forward(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = Database(path)
+    first = MIGRATIONS[0][0]
+    assert migrate(db, upto=first) == [first]
+    db["runs"].insert({"policy": "fcfs", "backend": "sim", "status": "done"})
+    assert "ix_events_run" not in {ix.name for ix in db["engine_events"].indexes}
+    db.close()
+    with Store(path) as store:
+        names = [r["name"] for r in store.db.query(f"SELECT name FROM {MIGRATIONS_TABLE}")]
+        assert names == [name for name, _ in MIGRATIONS]
+        assert "ix_events_run" in {ix.name for ix in store.db["engine_events"].indexes}
+        assert [r.policy for r in q.runs(store.db)] == ["fcfs"]  # data kept
+
+
+def test_files_that_are_not_a_log_of_this_topasd_are_refused(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    with Store(newer) as store:
+        store.db.execute(f"INSERT INTO {MIGRATIONS_TABLE} VALUES ('m999_future', 'x')")
+    with pytest.raises(StoreError, match="newer topasd"):
+        Store(newer)
+    other = tmp_path / "other.db"
+    Database(other)["things"].insert({"a": 1})
+    with pytest.raises(StoreError, match="not a topasd decision log"):
+        Store(other)
+    text = tmp_path / "text.db"
+    text.write_text("hello, not sqlite\n" * 100)
+    with pytest.raises(StoreError, match="cannot open"):
+        Store(text)
+    with pytest.raises(StoreError, match="no such decision log"):
+        Store(tmp_path / "missing.db", create=False)
+    with pytest.raises(StoreError, match="expected all, none or top:N"):
+        CandidateLog.parse("top:0")
+
+
+# ------------------------------------------------------------ a replay
+
+
+def test_every_decision_candidate_and_event_is_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "run.db"
+    tee, result, run_id = logged_run(path, CandidatePolicy(), small_trace())
+    run = rows(path, "SELECT * FROM runs WHERE id = ?", (run_id,))[0]
+    assert run["status"] == "done" and run["policy"] == "lpm+candidates"
+    assert run["workload"] == "dag4" and run["seed"] == 3 and run["profile"] == "small"
+    assert _loads(run["params"])["profile"]["budget_tokens"] == 4096
+    assert _loads(run["summary"])["decisions"] == result.decisions
+
+    decisions = rows(path, "SELECT * FROM decisions WHERE run_id = ? ORDER BY seq", (run_id,))
+    assert len(decisions) == len(tee.decisions) == result.decisions == run["decisions"]
+    assert [d["seq"] for d in decisions] == list(range(1, len(decisions) + 1))
+    compact = with_candidates = 0
+    for row, d in zip(decisions, tee.decisions, strict=True):
+        assert row["t"] == d.t and row["wall_ms"] == pytest.approx(d.wall_ms)
+        assert row["noop"] == int(d.is_noop) and row["n_candidates"] == len(d.candidates)
+        assert row["blocked"] == int(d.blocked) and row["reservation"] == str(d.reservation)
+        if d.is_noop and not d.candidates:  # the compact form
+            compact += 1
+            assert row["admit"] is None and row["total"] is None and row["n_admit"] == 0
+            continue
+        assert _loads(row["admit"]) == list(d.admit) and row["n_admit"] == len(d.admit)
+        assert _loads(row["preempt"]) == list(d.preempt)
+        assert _loads(row["load"]) == list(d.load) and _loads(row["evict"]) == list(d.evict)
+        chosen = d.chosen_candidate
+        assert chosen is not None and row["chosen"] == d.chosen == 1
+        with_candidates += 1
+        assert _loads(row["chosen_resident"]) == list(chosen.resident)
+        for term in ("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse", "total"):
+            assert row[term] == pytest.approx(getattr(chosen.terms, term))
+    assert compact > 0 and with_candidates > 0
+
+    cands = rows(path, "SELECT * FROM candidates WHERE run_id = ? ORDER BY decision_seq, idx",
+                 (run_id,))
+    expected = [(seq, i, c) for seq, d in enumerate(tee.decisions, start=1)
+                for i, c in enumerate(d.candidates)]
+    assert len(cands) == len(expected) == run["candidates"]
+    for row, (seq, i, c) in zip(cands, expected, strict=True):
+        assert (row["decision_seq"], row["idx"]) == (seq, i)
+        assert row["won"] == int(i == 1)
+        assert _loads(row["resident"]) == list(c.resident)
+        assert _loads(row["admit"]) == list(c.admit)
+        assert row["total"] == pytest.approx(c.terms.total)
+
+    events = rows(path, "SELECT * FROM engine_events WHERE run_id = ? ORDER BY id", (run_id,))
+    assert len(events) == len(tee.events) == run["events"]
+    for row, ev in zip(events, tee.events, strict=True):
+        assert (row["t"], row["kind"], row["request_id"], row["task_id"], row["agent"],
+                row["stage"], row["tokens"]) == (ev.t, str(ev.kind), ev.request_id,
+                                                  ev.task_id, ev.agent, ev.stage, ev.tokens)
+
+    tasks = rows(path, "SELECT * FROM tasks WHERE run_id = ? ORDER BY task_id", (run_id,))
+    assert {t["task_id"]: t["completion"] - t["arrival"] for t in tasks} == pytest.approx(
+        result.jct)
+    assert all(t["workflow"] == "dag4" and t["jct"] == pytest.approx(result.jct[t["task_id"]])
+               for t in tasks)
+    with Store(path) as store:
+        stats = q.jct_stats(store.db, run_id)
+    summary = result.summary()
+    for key in ("mean_jct_s", "p50_jct_s", "p99_jct_s"):
+        assert stats[key] == pytest.approx(summary[key])
+
+    reqs = rows(path, "SELECT * FROM requests WHERE run_id = ?", (run_id,))
+    finishes = [ev for ev in tee.events if ev.kind is EventKind.REQUEST_FINISH]
+    assert len(reqs) == len(finishes) == result.requests_finished
+    by_id = {r["request_id"]: r for r in reqs}
+    for ev in finishes:
+        r = by_id[ev.request_id]
+        assert r["finished"] == ev.t and r["output_tokens"] == ev.tokens
+        assert r["task_id"] == ev.task_id and r["stage"] == ev.stage and r["agent"] == ev.agent
+        assert r["ready"] <= r["admitted"] <= r["started"] <= r["finished"]
+    pre = sum(1 for ev in tee.events if ev.kind in (EventKind.PREEMPT, EventKind.RETRACT))
+    assert sum(r["preemptions"] + r["retractions"] for r in reqs) == pre
+
+
+def test_top_n_keeps_the_best_and_the_chosen_and_none_keeps_counts(tmp_path: Path) -> None:
+    trace = small_trace(tasks=6)
+    top = tmp_path / "top.db"
+    tee, _, run_id = logged_run(top, CandidatePolicy(alternatives=4), trace, spec="top:1")
+    assert rows(top, "SELECT log_candidates FROM runs")[0]["log_candidates"] == "top:1"
+    for seq, d in enumerate(tee.decisions, start=1):
+        got = rows(top, "SELECT idx, won FROM candidates WHERE run_id = ? AND decision_seq = ? "
+                        "ORDER BY idx", (run_id, seq))
+        if not d.candidates:
+            assert got == []
+            continue
+        best = max(range(len(d.candidates)), key=lambda i: d.candidates[i].terms.total)
+        assert [g["idx"] for g in got] == sorted({best, 1})  # the best, plus the chosen
+        assert [g["won"] for g in got] == [int(g["idx"] == 1) for g in got]
+        n_logged = rows(top, "SELECT n_logged, n_candidates FROM decisions WHERE run_id = ? "
+                             "AND seq = ?", (run_id, seq))[0]
+        assert n_logged == {"n_logged": len(got), "n_candidates": len(d.candidates)}
+
+    none = tmp_path / "none.db"
+    tee, _, run_id = logged_run(none, CandidatePolicy(), trace, spec="none")
+    assert rows(none, "SELECT count(*) AS n FROM candidates")[0]["n"] == 0
+    generated = sum(len(d.candidates) for d in tee.decisions)
+    assert generated > 0
+    assert rows(none, "SELECT sum(n_candidates) AS n, sum(n_logged) AS l FROM decisions")[0] == {
+        "n": generated, "l": 0}
+
+
+def test_parameter_changes_and_a_failed_run_are_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "p.db"
+    store = Store(path)
+    sink = store.sink()
+    info = RunInfo("topas", "sim", "small", {"policy": {"beta": 1.0}}, "chain3", 1, {})
+    sink.run_started(info)
+    sink.event(EngineEvent(0.0, EventKind.TASK_ARRIVE, task_id=0, note="chain3"))
+    sink.param_change(1.5, "beta", 1.0, np.float64(2.5), source="test")
+    sink.run_finished(None, RuntimeError("the policy stopped admitting\nsecond line"))
+    changes = q.param_changes(store.db, sink.run_id)
+    assert [(c["t"], c["name"], c["old"], c["new"], c["source"]) for c in changes] == [
+        (1.5, "beta", 1.0, 2.5, "test")]
+    run = q.get_run(store.db, sink.run_id)
+    assert run.status == "failed" and run.error == "RuntimeError: the policy stopped admitting"
+    assert q.tasks(store.db, sink.run_id)[0].workflow == "chain3"
+    with pytest.raises(StoreError, match="run_started"):
+        sink.decision(Decision(0.0, "x"))
+    store.close()
+
+
+def test_replay_cli_writes_one_run_per_policy_matching_the_printed_metrics(
+        tmp_path: Path) -> None:
+    path = tmp_path / "cli.db"
+    args = ["replay", "--workload", "chain3", "--tasks", "15", "--policy", "lpm", "--policy",
+            "spf", "--db", str(path), "--json", "-q"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    printed = json.loads(res.stdout)["runs"]
+    assert [r["run_id"] for r in printed] == [1, 2]
+    with Store(path) as store:
+        runs = q.runs(store.db)
+        assert [(r.id, r.policy, r.status) for r in runs] == [(1, "lpm", "done"),
+                                                              (2, "spf", "done")]
+        for row, run in zip(printed, runs, strict=True):
+            stats = q.jct_stats(store.db, run.id)
+            assert stats["tasks"] == row["tasks"] == 15
+            for key in ("mean_jct_s", "p50_jct_s", "p99_jct_s"):
+                assert stats[key] == pytest.approx(row[key])
+            assert run.decisions == row["decisions"] == q.counts(store.db, run.id)["decisions"]
+            assert run.summary is not None and run.summary["mean_jct_s"] == row["mean_jct_s"]
+    # a second replay appends to the same file
+    res = CliRunner().invoke(main, [*args[:-4], "--db", str(path), "-q",
+                                    "--log-candidates", "top:2"])
+    assert res.exit_code == 0, res.output
+    with Store(path) as store:
+        assert [r.id for r in q.runs(store.db)] == [1, 2, 3, 4]
+        assert q.get_run(store.db, 4).log_candidates == "top:2"
+
+
+@pytest.mark.parametrize("spec", ["top:x", "most", "top:-1"])
+def test_replay_cli_rejects_a_bad_candidate_spec_in_one_line(tmp_path: Path, spec: str) -> None:
+    res = CliRunner().invoke(main, ["replay", "--workload", "chain3", "--tasks", "2", "--db",
+                                    str(tmp_path / "x.db"), "--log-candidates", spec])
+    assert res.exit_code == 2
+    assert res.output.strip().splitlines() == [
+        f"error: --log-candidates: expected all, none or top:N (N >= 1), got {spec!r}"]
+    res = CliRunner().invoke(main, ["replay", "--workload", "chain3", "--tasks", "2",
+                                    "--log-candidates", "all"])
+    assert res.exit_code == 2 and "needs --db" in res.output and "Traceback" not in res.output
+
+
+# ------------------------------------------------------------ crash safety
+
+
+def _poll(path: Path, deadline: float) -> Iterator[int]:
+    """Committed decisions of run 1, read through a separate connection."""
+    while time.monotonic() < deadline:
+        if path.exists():
+            try:
+                conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)
+                try:
+                    row = conn.execute("SELECT decisions FROM runs WHERE id = 1").fetchone()
+                finally:
+                    conn.close()
+                yield row[0] if row else 0
+            except sqlite3.Error:
+                yield 0
+        else:
+            yield 0
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("kill", ["process", "process-group"])
+def test_sigkill_mid_run_leaves_a_sound_file_that_the_next_run_appends_to(
+        tmp_path: Path, kill: str) -> None:
+    path = tmp_path / "crash.db"
+    cmd = [sys.executable, "-m", "topasd.cli", "replay", "--workload", "dag10wide", "--rate",
+           "0.1", "--tasks", "3000", "--policy", "fcfs", "--policy", "lpm", "--db", str(path),
+           "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        for committed in _poll(path, time.monotonic() + 120):
+            if committed >= 50 or proc.poll() is not None:
+                break
+        assert proc.poll() is None, f"the replay ended before the kill: {proc.stderr.read()!r}"
+        if kill == "process":
+            os.kill(proc.pid, signal.SIGKILL)  # the writer process sees end of input
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)  # the writer dies too, maybe mid-transaction
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+    time.sleep(0.5)  # let an orphaned writer finish its last frame
+    with Store(path) as store:
+        assert store.integrity() == "ok"
+        run = q.get_run(store.db, 1)
+        assert run.status == "interrupted" and run.policy == "fcfs"
+        seqs = [r[0] for r in store.db.execute(
+            "SELECT seq FROM decisions WHERE run_id = 1 ORDER BY seq")]
+        assert len(seqs) >= 50 and seqs == list(range(1, len(seqs) + 1))  # no gaps
+        assert len(seqs) == run.decisions  # rows and counts committed together
+        assert q.counts(store.db, 1)["engine_events"] == run.events
+        kept = q.counts(store.db, 1)
+
+    res = CliRunner().invoke(main, ["replay", "--workload", "chain3", "--tasks", "5",
+                                    "--policy", "lpm", "--db", str(path), "-q"])
+    assert res.exit_code == 0, res.output
+    with Store(path) as store:
+        assert store.integrity() == "ok"
+        assert [(r.id, r.status) for r in q.runs(store.db)] == [(1, "interrupted"),
+                                                                (2, "done")]
+        assert q.counts(store.db, 1) == kept
+        assert q.jct_stats(store.db, 2)["tasks"] == 5

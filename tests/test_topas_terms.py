@@ -1,0 +1,193 @@
+"""TOPAS's equations pinned on small hand-computed cases (paper section IV)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.topas_views import CHAIN, COSTS, FORK, request, task, view
+from topasd.model import EngineEvent, EventKind, Request, TopasError
+from topasd.scheduler.topas import TopasParams, TopasPolicy, _Search
+
+
+def policy(**params: object) -> TopasPolicy:
+    return TopasPolicy(TopasParams(reservation="full", **params))  # type: ignore[arg-type]
+
+
+def observe(pol: TopasPolicy, agent: str, stage: str, stage_services: list[float],
+            request_service: float | None = None) -> None:
+    for s in stage_services:
+        pol.model.observe_stage((agent, stage), s)
+    if request_service is not None:
+        pol.model.observe_request((agent, stage), request_service)
+
+
+def running_map(reqs: list[Request]) -> dict[str, Request]:
+    return {r.stage: r for r in reqs}
+
+
+# ----------------------------------------------------------------- Eqs. 4-7
+
+
+def test_chain_is_the_exact_sum_of_expected_residuals() -> None:
+    pol = policy()
+    observe(pol, "A", "a", [10, 20])
+    observe(pol, "B", "b", [5, 15], request_service=10)
+    observe(pol, "C", "c", [30])
+    # Task 1: stage a has run 4 s (started at t=0, now t=4); b, c unstarted.
+    ra = request(1, 1, CHAIN, "a", running=True, started_at=0.0)
+    t1 = task(1, CHAIN, a="active")
+    # Task 2: a done, its b request waits.
+    rb = request(2, 2, CHAIN, "b")
+    t2 = task(2, CHAIN, a="done", b="active")
+    s = _Search(pol, view(CHAIN, [t1, t2], [ra], [rb], t=4.0))
+    # Eq. 4: Z_a = X_a - 4 | X_a > 4 -> {6, 16}, mean 11; then E[X_b] + E[X_c] = 10 + 30.
+    assert s.paths.lhat(t1, running_map([ra])) == pytest.approx(11 + 10 + 30)
+    assert s.paths.lhat(t2, {}) == pytest.approx(10 + 30)
+    # Eq. 6: D_hat_b = 10, so Z_b -> [X_b - 10]_+ in {0, 5}: 40 - (2.5 + 30) = 7.5.
+    assert s.delta(rb, {}) == pytest.approx(7.5)
+
+
+def test_fork_join_takes_the_expectation_outside_the_longest_path() -> None:
+    pol = policy()
+    observe(pol, "A", "a", [1])
+    observe(pol, "B", "b", [0, 10], request_service=5)
+    observe(pol, "C", "c", [5], request_service=5)
+    observe(pol, "D", "d", [2])
+    rb, rc = request(1, 1, FORK, "b"), request(2, 1, FORK, "c")
+    t1 = task(1, FORK, a="done", b="active", c="active")
+    s = _Search(pol, view(FORK, [t1], [], [rb, rc]))
+    # The critical branch flips: B (0 or 10) vs C (5): E[max] = 7.5, not max(E) = 5.
+    assert s.paths.lhat(t1, {}) == pytest.approx(7.5 + 2)
+    # Eq. 6 alone: completing C leaves E[max(B, 0)] = 5; completing B leaves
+    # max([B-5]_+, 5) = 5: each reduces the path by 2.5.
+    assert s.delta(rc, {}) == pytest.approx(2.5)
+    assert s.delta(rb, {}) == pytest.approx(2.5)
+    # Eq. 7: after B, C's conditional progress is E[max([B-5]_+,5)] - E[[B-5]_+] = 2.5,
+    # and the sequential terms add up to the joint reduction 9.5 - 4.5 = 5.
+    b_idx = FORK.topo_order.index("b")
+    after_b = {b_idx: 5.0}
+    assert s.delta(rc, after_b) == pytest.approx(2.5)
+    assert s.delta(rb, {}) + s.delta(rc, after_b) == pytest.approx(9.5 - 4.5)
+
+
+def test_unobserved_pairs_fall_back_to_the_profiled_estimate() -> None:
+    pol = policy()
+    r = request(1, 1, CHAIN, "a", input_tokens=10, output_tokens=30)
+    s = _Search(pol, view(CHAIN, [task(1, CHAIN, a="active")], [], [r]))
+    # T_prefill(|input|) + T_decode * max_new = 0 + 0.1 * 30
+    assert pol.model.request_estimate(r, COSTS) == pytest.approx(3.0)
+    # The stage prior (256-token defaults of StageProfile) is a point mass.
+    assert s.paths.lhat(s.view.tasks[1], {}) == pytest.approx(3 * 0.1 * 256)
+
+
+# ------------------------------------------------------------ Eqs. 8-10
+
+
+def test_preemption_revokes_the_credit_stored_at_admission() -> None:
+    pol = policy()
+    observe(pol, "A", "a", [10], request_service=10)
+    observe(pol, "B", "b", [10], request_service=10)
+    r1 = request(1, 1, CHAIN, "a")
+    v1 = view(CHAIN, [task(1, CHAIN, a="active")], [], [r1])
+    d1 = pol.decide(v1)
+    assert d1.admit == (1,)
+    credit = pol.credits[1]
+    assert credit == pytest.approx(d1.chosen_candidate.terms.j_admit)
+    assert credit > 0
+    # Later r1 runs (3 tokens generated); an older task's b request competes and
+    # the budget holds one prefix only: preempting r1 costs its credit (Eq. 10)
+    # plus T_decode * y_r = 0.1 * 3 (Eq. 9).
+    running = request(1, 1, CHAIN, "a", running=True, generated=3, started_at=0.0)
+    rb = request(2, 2, CHAIN, "b")
+    v2 = view(CHAIN, [task(1, CHAIN, a="active"), task(2, CHAIN, a="done", b="active")],
+              [running], [rb], t=1.0, budget=130, gpu=("A",))
+    d2 = pol.decide(v2)
+    swap = [c for c in d2.candidates if c.preempt == (1,)]
+    assert swap, "a candidate preempting r1 must be generated"
+    for c in swap:
+        assert c.terms.j_revoke == pytest.approx(credit)
+        assert c.terms.j_redo == pytest.approx(0.1 * 3)
+    pol.observe(EngineEvent(2.0, EventKind.PREEMPT, request_id=1, task_id=1, agent="A",
+                            stage="a"))
+    assert 1 not in pol.credits
+
+
+def test_move_cost_is_charged_once_per_admitted_task_waiting_for_a_prefix() -> None:
+    pol = policy(beta=0.0)
+    # Two tasks each with b and c waiting; B and C are on host, A is resident and idle.
+    reqs = [request(1, 1, FORK, "b"), request(2, 1, FORK, "c"),
+            request(3, 2, FORK, "b"), request(4, 2, FORK, "c")]
+    tasks = [task(i, FORK, a="done", b="active", c="active") for i in (1, 2)]
+    d = pol.decide(view(FORK, tasks, [], reqs, gpu=("A",)))
+    # Eq. 8: T_move = mu/B_swap (l_A out + l_B in + l_C in) = 0.001 * 300.
+    t_move = 0.001 * 300
+    by_state = {(c.resident, frozenset(c.admit)): c.terms for c in d.candidates}
+    one_task = by_state[(("B", "C"), frozenset({1, 2}))]
+    two_tasks = by_state[(("B", "C"), frozenset({1, 2, 3, 4}))]
+    assert one_task.j_move == pytest.approx(t_move * 1)
+    assert two_tasks.j_move == pytest.approx(t_move * 2)
+
+
+# ----------------------------------------------------------------- Eq. 11
+
+
+def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished() -> None:
+    pol = policy(beta=2.0)
+    # Task 1: a running -> b and c (fork children) are about to become ready.
+    # Task 2: b running, c done -> the join d counts.
+    # Task 3: b and c running -> the join d does not count yet.
+    run = [request(1, 1, FORK, "a", running=True, started_at=0.0),
+           request(2, 2, FORK, "b", running=True, started_at=0.0),
+           request(3, 3, FORK, "b", running=True, started_at=0.0),
+           request(4, 3, FORK, "c", running=True, started_at=0.0)]
+    tasks = [task(1, FORK, a="active"), task(2, FORK, a="done", b="active", c="done"),
+             task(3, FORK, a="done", b="active", c="active")]
+    s = _Search(pol, view(FORK, tasks, run, [], gpu=("A", "B", "C")))
+    assert dict(s.n_reuse) == {"B": 1, "C": 1, "D": 1}
+    # V_reuse = beta * sum_{a in R'} n_a mu l_a / B_swap, over the resident set only.
+    state = s.pack(frozenset({"A", "B", "C"}))[0]
+    assert state.terms().v_reuse == pytest.approx(2.0 * (1 + 1) * 0.001 * 100)
+
+
+# ----------------------------------------------------------------- Eq. 12
+
+
+@pytest.mark.parametrize(("aging", "winner"), [(True, 1), (False, 2)])
+def test_aging_lets_an_old_task_overtake_a_new_one(aging: bool, winner: int) -> None:
+    pol = policy(rho=1.0, h_age=50.0, aging=aging)
+    observe(pol, "C", "c", [10], request_service=10)
+    observe(pol, "A", "a", [12], request_service=12)
+    old = request(1, 1, CHAIN, "c", arrival=0.0)
+    new = request(2, 2, CHAIN, "a", arrival=100.0)
+    tasks = [task(1, CHAIN, arrival=0.0, a="done", b="done", c="active"),
+             task(2, CHAIN, arrival=100.0, a="active")]
+    # Room for one prefix (100) and one request (20) only.
+    d = pol.decide(view(CHAIN, tasks, [], [old, new], t=100.0, budget=120))
+    assert d.admit == (winner,)
+    if aging:
+        g_old = 1 + math.log1p(100 / 50)
+        assert d.chosen_candidate.terms.j_admit == pytest.approx(g_old * 10)
+
+
+# ------------------------------------------------------------ parameters
+
+
+def test_parameters_are_validated_and_changeable_between_decisions() -> None:
+    pol = policy()
+    with pytest.raises(TopasError, match="beta"):
+        pol.set_params(beta=-1)
+    with pytest.raises(TopasError, match="unknown"):
+        pol.set_params(gamma=1)
+    pol.set_params(beta=3.5, k=2)
+    assert (pol.params.beta, pol.params.k) == (3.5, 2)
+
+
+def test_the_empty_incumbent_is_removed_when_a_nonempty_state_exists() -> None:
+    pol = policy()
+    r = request(1, 1, CHAIN, "a")
+    d = pol.decide(view(CHAIN, [task(1, CHAIN, a="active")], [], [r]))
+    assert all(c.resident for c in d.candidates)
+    assert d.admit == (1,) and d.load == ("A",)
+    assert d.chosen_candidate.resident == ("A",)

@@ -1,0 +1,442 @@
+"""Workflow specs and traces: validation errors name the place; traces round-trip."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topasd.model import TopasError, WorkflowError
+from workflows.builtin import BUILTIN, load_workload
+from workflows.spec import load_workflow, workflow_from_dict, workflow_to_dict
+from workflows.trace import (
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    RoundSpec,
+    TaskRecord,
+    Trace,
+    TraceError,
+    generate_trace,
+    load_trace,
+    poisson_arrivals,
+    read_trace,
+    sample_task,
+    save_trace,
+    write_trace,
+)
+
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
+
+
+def spec(*stages: dict, agents: dict | None = None, name: str = "wf") -> dict:
+    return {"name": name, "agents": agents or {"A": {"prefix_tokens": 100},
+                                               "B": {"prefix_tokens": 200}},
+            "stages": list(stages)}
+
+
+def builtin_or_skip(name: str) -> None:
+    path = BUILTIN_DIR / f"{name}.yaml"
+    if not path.exists():
+        pytest.skip(f"built-in workload file {path} does not exist yet")
+
+
+# --------------------------------------------------------------------------
+# Spec validation: every error names the offending place
+# --------------------------------------------------------------------------
+
+
+def test_cycle_is_named() -> None:
+    data = spec({"name": "plan", "agent": "A", "after": ["review"]},
+                {"name": "code", "agent": "B", "after": ["plan"]},
+                {"name": "review", "agent": "A", "after": ["code"]},
+                {"name": "ship", "agent": "B", "after": ["review"]})
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(data)
+    msg = str(err.value)
+    assert "'wf'" in msg and "cycle" in msg
+    cycle = msg[msg.index("(") + 1:msg.index(")")]
+    # the cycle's stages, each once, in edge order around the loop; not the exit
+    members = cycle.split(" -> ")
+    assert sorted(members) == ["code", "plan", "review"]
+    order = ["plan", "code", "review"]
+    start = order.index(members[0])
+    assert members == order[start:] + order[:start]
+    assert "ship" not in cycle
+
+
+def test_self_loop_is_a_cycle() -> None:
+    with pytest.raises(WorkflowError, match=r"cycle \(solo"):
+        workflow_from_dict(spec({"name": "solo", "agent": "A", "after": ["solo"]}))
+
+
+def test_unknown_agent_names_stage_and_agent() -> None:
+    data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "Ghost", "after": ["a"]})
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(data)
+    msg = str(err.value)
+    assert "stage 'b'" in msg and "'Ghost'" in msg and "'wf'" in msg
+    assert "['A', 'B']" in msg  # the known agents, to help the fix
+
+
+def test_unknown_predecessor_names_stage_and_predecessor() -> None:
+    data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "B", "after": ["a", "zz"]})
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(data)
+    assert "stage 'b'" in str(err.value) and "'zz'" in str(err.value)
+
+
+def test_duplicate_stage_is_named() -> None:
+    data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "B"},
+                {"name": "a", "agent": "B"})
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(data)
+    assert "stage 'a'" in str(err.value) and "twice" in str(err.value)
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("output_tokens", {"gaussian": [1, 2]}, "gaussian"),
+    ("input_tokens", {"uniform": [10, 5]}, "low <= high"),
+    ("tool_wait_s", {"lognormal": {"median": 1.0}}, "sigma"),
+    ("rounds", {"choice": []}, "non-empty"),
+    ("output_tokens", {"uniform": [1, 2], "choice": [3]}, "exactly one"),
+    ("observation_tokens", {"uniform_int": "ab"}, "malformed"),
+])
+def test_bad_distribution_names_stage_and_field(field: str, value, says: str) -> None:
+    data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "B", field: value})
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(data)
+    msg = str(err.value)
+    assert f"stage 'b', {field}" in msg
+    assert says in msg
+
+
+def test_boolean_is_not_a_distribution() -> None:
+    data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "B", "input_tokens": True})
+    with pytest.raises(WorkflowError, match=r"stage 'b', input_tokens.*boolean"):
+        workflow_from_dict(data)
+
+
+def test_zero_rounds_rejected() -> None:
+    with pytest.raises(WorkflowError, match=r"stage 'a'.*rounds must be at least 1"):
+        workflow_from_dict(spec({"name": "a", "agent": "A", "rounds": 0}))
+
+
+@pytest.mark.parametrize(("data", "where"), [
+    (spec({"name": "a", "agent": "A", "ouput_tokens": 3}), "stages.0.ouput_tokens"),
+    (spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": -5}}),
+     "agents.A.prefix_tokens"),
+    (spec({"name": "a", "agent": "A", "history": "everything"}), "stages.0.history"),
+    ({"name": "wf", "agents": {"A": {"prefix_tokens": 1}}, "stages": []}, "stages"),
+    ({"name": "wf", "stages": [{"name": "a", "agent": "A"}]}, "agents"),
+])
+def test_schema_errors_name_the_field(data: dict, where: str) -> None:
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(data, where="my.yaml")
+    msg = str(err.value)
+    assert msg.startswith("my.yaml: ")
+    assert where in msg
+
+
+def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: wf\nagents: {A: {prefix_tokens: 1}}\nstages:\n"
+                   "  - {name: a, agent: Nobody}\n")
+    with pytest.raises(WorkflowError, match="unknown agent 'Nobody'"):
+        load_workflow(bad)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(WorkflowError, match=r"broken\.yaml: not valid YAML"):
+        load_workflow(broken)
+    with pytest.raises(WorkflowError, match="cannot read workflow spec"):
+        load_workflow(tmp_path / "missing.yaml")
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(WorkflowError, match="must be a mapping"):
+        load_workflow(listing)
+
+
+def test_valid_spec_builds_the_dag(tmp_path: Path) -> None:
+    path = tmp_path / "fork.yaml"
+    path.write_text(
+        "name: fork\nagents: {A: {prefix_tokens: 10}, B: {prefix_tokens: 20}}\nstages:\n"
+        "  - {name: root, agent: A}\n"
+        "  - {name: left, agent: B, after: [root]}\n"
+        "  - {name: right, agent: B, after: [root]}\n"
+        "  - {name: join, agent: A, after: [left, right]}\n")
+    wf = load_workflow(path)
+    assert wf.entry_stages == ("root",)
+    assert wf.preds["join"] == ("left", "right")
+    assert wf.depth == {"root": 0, "left": 1, "right": 1, "join": 2}
+    assert not wf.is_chain
+    assert wf.prefix_tokens("left") == 20
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_builtin_workloads_load_and_round_trip(name: str) -> None:
+    builtin_or_skip(name)
+    wl = load_workload(name)
+    assert wl.workflows and wl.operating_points
+    for wf in wl.workflows:
+        assert workflow_from_dict(workflow_to_dict(wf)) == wf
+
+
+def test_unknown_workload_lists_the_builtins() -> None:
+    with pytest.raises(TopasError) as err:
+        load_workload("no-such-workload")
+    assert all(name in str(err.value) for name in BUILTIN)
+
+
+# --------------------------------------------------------------------------
+# Sampling
+# --------------------------------------------------------------------------
+
+
+def test_sampling_carries_history_and_rounds() -> None:
+    wf = workflow_from_dict(spec(
+        {"name": "a", "agent": "A", "input_tokens": 100, "output_tokens": 30},
+        {"name": "b", "agent": "B", "after": ["a"], "input_tokens": 50, "output_tokens": 20,
+         "rounds": 3, "tool_wait_s": 1.5, "observation_tokens": 7, "history": "parents"},
+        {"name": "c", "agent": "A", "after": ["b"], "input_tokens": 10, "output_tokens": 5,
+         "history": "ancestors", "carry_rounds": False, "rounds": 2},
+    ))
+    task = sample_task(wf, 4, 2.5, np.random.default_rng(0))
+    assert task.id == 4 and task.arrival == 2.5 and task.workflow == "wf"
+    assert task.stages["a"] == (RoundSpec(100, 30, 0.0),)
+    # b reads a's 30 output tokens; each later round carries 20 output + 7 observation
+    assert task.stages["b"] == (RoundSpec(80, 20, 1.5), RoundSpec(107, 20, 1.5),
+                                RoundSpec(134, 20, 0.0))
+    # c reads all ancestors' outputs (30 + 3 x 20) and does not carry its rounds
+    assert task.stages["c"] == (RoundSpec(100, 5, 0.0), RoundSpec(100, 5, 0.0))
+
+
+def test_poisson_arrivals() -> None:
+    t = poisson_arrivals(0.5, 400, np.random.default_rng(1))
+    assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
+    assert 400 / t[-1] == pytest.approx(0.5, rel=0.2)
+    with pytest.raises(TopasError, match="rate must be > 0"):
+        poisson_arrivals(0.0, 5, np.random.default_rng(1))
+
+
+def test_generated_trace_is_seeded() -> None:
+    wl = load_workload("chain3")
+    a = generate_trace(wl.workflows, 0.2, 30, seed=5)
+    b = generate_trace(wl.workflows, 0.2, 30, seed=5)
+    c = generate_trace(wl.workflows, 0.2, 30, seed=6)
+    assert a.tasks == b.tasks and a.tasks != c.tasks
+    with pytest.raises(TopasError, match="at least 1"):
+        generate_trace(wl.workflows, 0.2, 0, seed=5)
+
+
+# --------------------------------------------------------------------------
+# Trace round trip
+# --------------------------------------------------------------------------
+
+
+ALL_KINDS = spec(
+    {"name": "a", "agent": "A", "input_tokens": {"uniform_int": [10, 90]},
+     "output_tokens": {"lognormal": {"median": 40, "sigma": 0.5, "low": 5, "high": 200}}},
+    {"name": "b", "agent": "B", "after": ["a"], "rounds": {"choice": [1, 2, 3]},
+     "tool_wait_s": {"uniform": [0.1, 2.0]}, "observation_tokens": {"fixed": 12},
+     "output_tokens": 33.5, "history": "parents"},
+    {"name": "c", "agent": "A", "after": ["a", "b"], "history": "ancestors",
+     "carry_rounds": False},
+    name="kinds",
+)
+
+
+@pytest.mark.parametrize("name", [*BUILTIN, "all-kinds"])
+def test_trace_round_trip(tmp_path: Path, name: str) -> None:
+    if name == "all-kinds":
+        workflows = (workflow_from_dict(ALL_KINDS),)
+        meta_name = "kinds"
+    else:
+        builtin_or_skip(name)
+        workflows = load_workload(name).workflows
+        meta_name = name
+    trace = generate_trace(workflows, 0.3, 25, seed=11, name=meta_name)
+    path = tmp_path / "t.jsonl"
+    save_trace(trace, path)
+    back = load_trace(path)
+    assert back.tasks == trace.tasks
+    assert dict(back.workflows) == dict(trace.workflows)
+    assert dict(back.meta) == dict(trace.meta)
+    # writing the loaded trace again gives the same bytes
+    again = io.StringIO()
+    write_trace(back, again)
+    assert again.getvalue() == path.read_text()
+
+
+def test_trace_lines_follow_the_documented_shape(tmp_path: Path) -> None:
+    wf = workflow_from_dict(ALL_KINDS)
+    trace = generate_trace([wf], 1.0, 3, seed=0)
+    path = tmp_path / "t.jsonl"
+    save_trace(trace, path)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["type"] == "header"
+    assert lines[0]["format"] == TRACE_FORMAT and lines[0]["version"] == TRACE_VERSION
+    assert lines[0]["workload"] == "kinds" and lines[0]["tasks"] == 3
+    assert lines[1] == {"type": "workflow", "spec": workflow_to_dict(wf)}
+    for rec, task in zip(lines[2:], trace.tasks, strict=True):
+        assert rec["type"] == "task" and rec["id"] == task.id and rec["arrival"] == task.arrival
+        assert set(rec["stages"]) == {"a", "b", "c"}
+        for v, rounds in rec["stages"].items():
+            assert rounds == [[r.input_tokens, r.output_tokens, r.tool_wait_s]
+                              for r in task.stages[v]]
+
+
+def test_tasks_are_sorted_by_arrival_on_load() -> None:
+    wf = workflow_from_dict(spec({"name": "a", "agent": "A"}))
+    later = TaskRecord(0, "wf", 5.0, {"a": (RoundSpec(1, 1),)})
+    sooner = TaskRecord(1, "wf", 1.0, {"a": (RoundSpec(1, 1),)})
+    out = io.StringIO()
+    write_trace(Trace({"wf": wf}, (later, sooner), {"workload": "wf"}), out)
+    back = read_trace(out.getvalue().splitlines(keepends=True))
+    assert [t.id for t in back.tasks] == [1, 0]
+
+
+def test_trace_without_metadata_round_trips() -> None:
+    wf = workflow_from_dict(spec({"name": "a", "agent": "A"}))
+    out = io.StringIO()
+    write_trace(Trace({"wf": wf}, (TaskRecord(0, "wf", 0.0, {"a": (RoundSpec(1, 1),)}),), {}),
+                out)
+    assert read_trace(out.getvalue().splitlines(keepends=True)).tasks[0].id == 0
+
+
+# --------------------------------------------------------------------------
+# Malformed traces: each error names the line
+# --------------------------------------------------------------------------
+
+
+def good_lines() -> list[str]:
+    wf = workflow_from_dict(spec({"name": "a", "agent": "A"},
+                                 {"name": "b", "agent": "B", "after": ["a"]}))
+    trace = Trace({"wf": wf}, (
+        TaskRecord(0, "wf", 0.0, {"a": (RoundSpec(10, 5),), "b": (RoundSpec(3, 4, 0.5),
+                                                                RoundSpec(9, 4))}),
+        TaskRecord(1, "wf", 2.0, {"a": (RoundSpec(10, 5),), "b": (RoundSpec(3, 4),)}),
+    ), {"workload": "wf"})
+    out = io.StringIO()
+    write_trace(trace, out)
+    return out.getvalue().splitlines(keepends=True)
+
+
+def edit_task(lines: list[str], index: int, change) -> list[str]:
+    rec = json.loads(lines[index])
+    change(rec)
+    return [*lines[:index], json.dumps(rec) + "\n", *lines[index + 1:]]
+
+
+MALFORMED = {
+    "truncated": (lambda ls: [*ls[:3], ls[3][: len(ls[3]) // 2]], 4, "not valid JSON"),
+    "missing-field": (lambda ls: edit_task(ls, 2, lambda r: r.pop("arrival")), 3,
+                      "lacks field 'arrival'"),
+    "unknown-workflow": (lambda ls: edit_task(ls, 3, lambda r: r.update(workflow="nope")), 4,
+                         "'nope'"),
+    "duplicate-id": (lambda ls: edit_task(ls, 3, lambda r: r.update(id=0)), 4, "appears twice"),
+    "wrong-stages": (lambda ls: edit_task(ls, 2, lambda r: r["stages"].pop("b")), 3,
+                     "exactly the stages"),
+    "bad-round": (lambda ls: edit_task(ls, 3, lambda r: r["stages"]["b"].__setitem__(
+        0, [3, 0, 0])), 4, "stage 'b', round 0"),
+    "negative-arrival": (lambda ls: edit_task(ls, 3, lambda r: r.update(arrival=-1)), 4,
+                         "arrival a number >= 0"),
+    "unknown-type": (lambda ls: [*ls, '{"type": "comment"}\n'], 5, "unknown record type"),
+    "header-twice": (lambda ls: [*ls, ls[0]], 5, "header must be the first line"),
+    "header-missing": (lambda ls: ls[1:], 1, "header must be the first line"),
+    "wrong-version": (lambda ls: [ls[0].replace('"version": 1', '"version": 99'), *ls[1:]], 1,
+                      "version 99 is not supported"),
+    "not-a-trace": (lambda ls: [ls[0].replace(TRACE_FORMAT, "csv"), *ls[1:]], 1,
+                    "not a topasd trace"),
+    "not-an-object": (lambda ls: [*ls[:2], "[1, 2]\n", *ls[2:]], 3, "'type' field"),
+    "bad-spec": (lambda ls: [*ls[:1], ls[1].replace('"agent": "B"', '"agnt": "B"'), *ls[2:]], 2,
+                 "agnt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_trace_names_the_line(case: str) -> None:
+    mutate, lineno, says = MALFORMED[case]
+    lines = mutate(good_lines())
+    with pytest.raises(TraceError) as err:
+        read_trace(lines, "t.jsonl")
+    msg = str(err.value)
+    assert msg.startswith(f"t.jsonl:{lineno}:"), msg
+    assert says in msg
+    assert "\n" not in msg
+
+
+def test_empty_trace_and_trace_without_tasks() -> None:
+    with pytest.raises(TraceError, match="empty trace"):
+        read_trace([], "t.jsonl")
+    with pytest.raises(TraceError, match="no task records"):
+        read_trace(good_lines()[:2], "t.jsonl")
+
+
+def test_good_lines_parse() -> None:
+    trace = read_trace(good_lines(), "t.jsonl")
+    assert [t.id for t in trace.tasks] == [0, 1]
+    assert trace.tasks[0].stages["b"][0] == RoundSpec(3, 4, 0.5)
+
+
+def test_request_larger_than_budget_is_named() -> None:
+    trace = read_trace(good_lines(), "t.jsonl")
+    trace.check_fits(200 + 9 + 4)  # the largest request: prefix B 200 + 9 + 4
+    with pytest.raises(TraceError) as err:
+        trace.check_fits(200 + 9 + 4 - 1)
+    msg = str(err.value)
+    assert "task 0, stage 'b', round 1" in msg and "needs 213" in msg and "212" in msg
+
+
+# --------------------------------------------------------------------------
+# docs/trace-format.md stays true
+# --------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
+
+
+def doc_blocks(lang: str) -> list[str]:
+    text = DOC.read_text()
+    blocks, fence = [], f"```{lang}\n"
+    while fence in text:
+        text = text[text.index(fence) + len(fence):]
+        blocks.append(text[:text.index("```")])
+    return blocks
+
+
+def test_doc_example_is_a_valid_trace() -> None:
+    (example,) = doc_blocks("jsonl")
+    trace = read_trace(example.splitlines(keepends=True), "example.jsonl")
+    wf = trace.workflows["plan-act"]
+    assert [t.id for t in trace.tasks] == [0, 1]
+    # the example's rounds follow the sampler's rules the doc explains
+    p = wf.stages["act"].profile
+    for task in trace.tasks:
+        plan_out = sum(r.output_tokens for r in task.stages["plan"])
+        act = task.stages["act"]
+        assert act[0].input_tokens == p.input_tokens.value + plan_out
+        for prev, nxt in itertools.pairwise(act):
+            assert nxt.input_tokens == (prev.input_tokens + prev.output_tokens
+                                        + p.observation_tokens.value)
+        assert act[-1].tool_wait_s == 0.0
+    # written back, it is the same text
+    out = io.StringIO()
+    write_trace(trace, out)
+    assert out.getvalue() == example
+
+
+def test_doc_line_examples_parse() -> None:
+    blocks = doc_blocks("json")
+    header = json.loads(next(b for b in blocks if '"type": "header"' in b))
+    task = json.loads(next(b for b in blocks if '"type":"task"' in b))
+    assert header["format"] == TRACE_FORMAT and header["version"] == TRACE_VERSION
+    wf = workflow_from_dict(spec({"name": "a", "agent": "A"},
+                                 {"name": "b", "agent": "B", "after": ["a"]},
+                                 {"name": "c", "agent": "A", "after": ["b"]},
+                                 name=task["workflow"]))
+    lines = [json.dumps(header) + "\n",
+             json.dumps({"type": "workflow", "spec": workflow_to_dict(wf)}) + "\n",
+             json.dumps(task) + "\n"]
+    assert read_trace(lines).tasks[0].stages["a"] == (RoundSpec(200, 300, 0.0),)

@@ -1,0 +1,241 @@
+"""Service-time model and expected longest remaining path (paper section IV-B).
+
+`ServiceModel` keeps, per agent-stage pair (a, v), the empirical distribution
+F_{a,v} of total stage LLM service (all ReAct rounds, tool waits excluded) and
+the mean service of one request. Before a pair has observations, F_{a,v} is a
+point mass at the profiled stage service and a request's contribution falls
+back to T_prefill(|input|) + T_decode * max_new.
+
+`TaskPaths` evaluates Eq. 5, E[LP(G, Z_i(H, t))], with the expectation outside
+the longest path: on a chain it is the exact sum of expectations (Eq. 5
+reduces to it); on a general DAG it averages the longest path over S
+deterministic stratified samples with common random numbers (the same quantile
+rows for every candidate of a decision), so decisions are reproducible.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+
+import numpy as np
+
+from topasd.model import CostHints, Request, StageStatus, TaskView, Workflow
+
+Pair = tuple[str, str]  # (agent, stage)
+Cut = tuple[tuple[int, float], ...]  # hypothetical completions: (stage row, D_hat total)
+WINDOW = 512  # most recent observations kept per pair (F adapts to drift)
+
+
+class _Dist:
+    """One pair's observations as a sorted array, their mean, and the residual
+    of an unstarted stage (the whole distribution), shared by every task."""
+
+    __slots__ = ("mean", "unstarted", "values")
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = np.asarray(values)
+        self.mean = float(self.values.mean())
+        self.unstarted = _Residual(self.values, 0.0, self.mean)
+
+
+class ServiceModel:
+    """Empirical F_{a,v} per agent-stage pair, fed by completed work."""
+
+    def __init__(self) -> None:
+        self._stage: dict[Pair, list[float]] = {}  # sorted total stage services
+        self._recent: dict[Pair, list[float]] = {}  # arrival order, for the window
+        self._dist: dict[Pair, _Dist] = {}
+        self._req_sum: dict[Pair, float] = {}
+        self._req_n: dict[Pair, int] = {}
+
+    def observe_stage(self, pair: Pair, service_s: float) -> None:
+        """A stage finished with total LLM service `service_s` (updates F_{a,v})."""
+        recent = self._recent.setdefault(pair, [])
+        values = self._stage.setdefault(pair, [])
+        recent.append(service_s)
+        bisect.insort(values, service_s)
+        if len(recent) > WINDOW:
+            values.pop(bisect.bisect_left(values, recent.pop(0)))
+        self._dist.pop(pair, None)
+
+    def observe_request(self, pair: Pair, service_s: float) -> None:
+        """A request finished after `service_s` of LLM service."""
+        self._req_sum[pair] = self._req_sum.get(pair, 0.0) + service_s
+        self._req_n[pair] = self._req_n.get(pair, 0) + 1
+
+    def stage_values(self, pair: Pair) -> list[float]:
+        return self._stage.get(pair, [])
+
+    def dist(self, pair: Pair) -> _Dist | None:
+        """F_{a,v} as an array (None before the first observation)."""
+        d = self._dist.get(pair)
+        if d is None and self._stage.get(pair):
+            d = self._dist[pair] = _Dist(self._stage[pair])
+        return d
+
+    def request_estimate(self, req: Request, costs: CostHints) -> float:
+        """D_hat_r: mean observed request service of the pair, else the profile."""
+        n = self._req_n.get((req.agent, req.stage), 0)
+        if n:
+            return self._req_sum[(req.agent, req.stage)] / n
+        return costs.t_request(req.input_tokens, req.output_tokens)
+
+
+def stage_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
+    """Profiled total stage service: E[rounds] x T(E[input], E[output])."""
+    p = wf.stages[stage].profile
+    per_round = costs.t_request(round(p.input_tokens.mean()), round(p.output_tokens.mean()))
+    return max(1.0, p.rounds.mean()) * per_round
+
+
+class _Residual:
+    """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`."""
+
+    __slots__ = ("mean", "point", "tail")
+
+    def __init__(self, tail: np.ndarray | None, point: float, mean: float) -> None:
+        self.tail = tail
+        self.point = point
+        self.mean = mean
+
+    def cut_mean(self, d: float) -> float:
+        """E[[Z - d]_+]."""
+        if self.tail is None:
+            return max(self.point - d, 0.0)
+        return float(np.maximum(self.tail - d, 0.0).mean())
+
+
+class TaskPaths:
+    """L_hat_i(H, t) for the tasks of one decision (caches live for one view)."""
+
+    def __init__(self, model: ServiceModel, costs: CostHints, workflows: Mapping[str, Workflow],
+                 quantiles: np.ndarray, t: float) -> None:
+        self.model = model
+        self.costs = costs
+        self.workflows = workflows
+        self.u = quantiles  # (rows, S) stratified quantile rows, fixed by the seed
+        self.t = t
+        self._res: dict[int, list[_Residual]] = {}
+        self._priors: dict[tuple[str, str], _Residual] = {}
+        self._samples: dict[int, np.ndarray] = {}
+        self._lhat: dict[tuple[int, Cut], float] = {}
+
+    def lhat(self, task: TaskView, running: Mapping[str, Request], cut: Cut = ()) -> float:
+        """Eq. 5: expected longest remaining path after hypothetical completions."""
+        return self.lhat_many(task, running, [cut])[0]
+
+    def lhat_many(self, task: TaskView, running: Mapping[str, Request],
+                  cuts: list[Cut]) -> list[float]:
+        """Eq. 5 for several hypothetical completion sets of one task at once
+        (one vectorized longest-path pass; same quantiles: common random numbers)."""
+        out: list[float | None] = [self._lhat.get((task.id, c)) for c in cuts]
+        todo = [i for i, v in enumerate(out) if v is None]
+        if todo:
+            wf = self.workflows[task.workflow]
+            res = self._residuals(task, wf, running)
+            if wf.is_chain:  # LP is a sum: E[LP] = sum of E[Z_v], exactly
+                base = sum(r.mean for r in res)
+                values = [base + sum(res[row].cut_mean(d) - res[row].mean
+                                     for row, d in cuts[i]) for i in todo]
+            else:
+                samples = self._sampled(task, res)
+                z = np.repeat(samples[None, :, :], len(todo), axis=0)
+                for j, i in enumerate(todo):
+                    for row, d in cuts[i]:
+                        np.maximum(z[j, row] - d, 0.0, out=z[j, row])
+                values = _longest_path(wf, z).mean(axis=-1).tolist()
+            for i, v in zip(todo, values, strict=True):
+                self._lhat[(task.id, cuts[i])] = out[i] = v
+        return out  # type: ignore[return-value]
+
+    def _residuals(self, task: TaskView, wf: Workflow,
+                   running: Mapping[str, Request]) -> list[_Residual]:
+        res = self._res.get(task.id)
+        if res is None:
+            res = self._res[task.id] = [self._residual(task, wf, v, running)
+                                        for v in wf.topo_order]
+        return res
+
+    def _residual(self, task: TaskView, wf: Workflow, v: str,
+                  running: Mapping[str, Request]) -> _Residual:
+        """Eq. 4: Z_{i,v} = X - e | X > e for a started stage; X unstarted; 0 done."""
+        prog = task.stages[v]
+        if prog.status is StageStatus.DONE:
+            return _ZERO
+        dist = self.model.dist((wf.stages[v].agent, v))
+        e = prog.service_s
+        req = running.get(v)
+        started = e > 0.0 or (req is not None and req.started_at is not None)
+        if req is not None and req.started_at is not None:
+            e += max(0.0, self.t - req.started_at)
+        if dist is None:
+            if not started:
+                return self._prior(wf, v)
+            point = max(self._prior(wf, v).point - e, self._floor(req))
+            return _Residual(None, point, point)
+        if not started:  # an unstarted stage keeps its whole distribution X
+            return dist.unstarted
+        tail = dist.values[int(np.searchsorted(dist.values, e, side="right")):] - e
+        if not tail.size:
+            floor = self._floor(req)
+            return _Residual(None, floor, floor)
+        return _Residual(tail, 0.0, float(tail.mean()))
+
+    def _prior(self, wf: Workflow, v: str) -> _Residual:
+        """Before observations F_{a,v} is a point mass at the profiled service."""
+        key = (wf.name, v)
+        hit = self._priors.get(key)
+        if hit is None:
+            prior = stage_prior(wf, v, self.costs)
+            hit = self._priors[key] = _Residual(None, prior, prior)
+        return hit
+
+    def _floor(self, req: Request | None) -> float:
+        """Residual once service exceeds every observation: what the current
+        request still needs, at least 1% of its estimate."""
+        if req is None:
+            return 1e-3
+        est = self.model.request_estimate(req, self.costs)
+        elapsed = max(0.0, self.t - req.started_at) if req.started_at is not None else 0.0
+        return max(est - elapsed, 0.01 * est)
+
+    def _sampled(self, task: TaskView, res: list[_Residual]) -> np.ndarray:
+        """S stratified samples of every Z_{i,v} (row v uses quantile row v)."""
+        s = self._samples.get(task.id)
+        if s is None:
+            n_rows = self.u.shape[0]
+            rows = []
+            for i, r in enumerate(res):
+                u = self.u[i % n_rows]
+                if r.tail is None:
+                    rows.append(np.full(u.shape, r.point))
+                else:
+                    rows.append(r.tail[(u * r.tail.size).astype(np.int64)])
+            s = self._samples[task.id] = np.vstack(rows)
+        return s
+
+
+_ZERO = _Residual(None, 0.0, 0.0)
+
+
+def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:
+    """LP(G, z) per sample, in reverse topological order; z is (..., stage, S)."""
+    best = z.copy()
+    for i, succ in wf.succ_rows:
+        if len(succ) == 1:
+            best[..., i, :] += best[..., succ[0], :]
+        elif succ:
+            best[..., i, :] += best[..., list(succ), :].max(axis=-2)
+    entries = [wf.stage_index[v] for v in wf.entry_stages]
+    if len(entries) == 1:
+        return best[..., entries[0], :]
+    return best[..., entries, :].max(axis=-2)
+
+
+def quantile_rows(n_rows: int, samples: int, seed: int) -> np.ndarray:
+    """Stratified (Latin-hypercube) quantiles: row k is a fixed permutation of
+    (j + 0.5)/S, independent across rows; deterministic given the seed."""
+    rng = np.random.default_rng(seed)
+    strata = (np.arange(samples) + 0.5) / samples
+    return np.vstack([rng.permutation(strata) for _ in range(n_rows)])
