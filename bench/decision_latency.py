@@ -11,6 +11,7 @@ simulated time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from typing import Any
@@ -60,10 +61,8 @@ def measure(trace: Trace, label: str, max_decisions: int | None = None) -> dict[
 
     policy.decide = timed  # type: ignore[method-assign]
     backend = SimBackend(get_profile(DEFAULT_PROFILE))
-    try:
+    with contextlib.suppress(_Enough):
         Run(trace, policy, backend).execute()
-    except _Enough:
-        pass
     ms = np.array(times)
     sim_s = backend.t
     return {

@@ -2,10 +2,12 @@
 replayed without a log, then with `--log-candidates none` and `all`.
 
 Each repeat runs the three variants back to back (same trace, fresh policy and
-backend), so machine noise hits them alike; the table shows medians. A logged
-run's time spans `Run.execute()` through the sink's `run_finished`, which
-waits until the writer has committed every row. Rows per second = rows
-written / that time. Budget: `all` at most 15% above no log.
+backend), so machine noise hits them alike; the table shows the median and
+the best of the repeats. A logged run's time spans `Run.execute()` through
+the sink's `run_finished`, which waits until the writer process has
+committed every row. CPU: this process (scheduler + feeder thread) and the
+store's writer process, apart. Rows per second = rows written / median wall
+time. Budget: `all` at most 15% above no log.
 
     python bench/log_overhead.py [--policy topas] [--tasks 200] [--repeats 5]
 """
@@ -13,6 +15,7 @@ written / that time. Budget: `all` at most 15% above no log.
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -40,18 +43,31 @@ def heaviest_trace(tasks: int, seed: int) -> Trace:
 
 def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime
+
+
+def _writer_cpu(store: Store | None) -> float:
+    """CPU seconds of the store's writer process so far (Linux /proc)."""
+    writer = None if store is None else store._writer
+    if writer is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{writer.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(trace: Trace, policy: str, variant: str, store: Store | None) -> dict[str, float]:
-    """Wall and CPU seconds (this process and the writer) of one replay."""
+    """Wall and CPU seconds (this process, the writer) of one replay."""
     sink = None if variant == "off" or store is None else store.sink(variant)
     backend = SimBackend(get_profile(DEFAULT_PROFILE))
-    cpu0, t0 = _cpu(), time.perf_counter()
+    if sink is not None:
+        store.writer()  # started once per store file, before the clock (as by earlier runs)
+    w0, cpu0, t0 = _writer_cpu(store), _cpu(), time.perf_counter()
     Run(trace, make_policy(policy), backend, sink=sink).execute()
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "cpu_s": _cpu() - cpu0,
+    return {"wall_s": wall, "cpu_s": _cpu() - cpu0, "writer_cpu_s": _writer_cpu(store) - w0,
             "rows": float(sink.rows_written if sink is not None else 0)}
 
 
@@ -70,11 +86,12 @@ def measure(policy: str, tasks: int, repeats: int, seed: int) -> dict[str, Any]:
         store.close()
     med = {v: {k: statistics.median(s[k] for s in samples[v]) for k in samples[v][0]}
            for v in VARIANTS}
-    base = med["off"]["wall_s"]
+    best = {v: min(s["wall_s"] for s in samples[v]) for v in VARIANTS}
     return {
         "policy": policy, "tasks": tasks, "rate": trace.meta["rate"], "repeats": repeats,
-        "store_open_s": open_s, "db_mb": db_mb, "median": med,
-        "overhead": {v: med[v]["wall_s"] / base - 1.0 for v in VARIANTS},
+        "store_open_s": open_s, "db_mb": db_mb, "median": med, "best": best,
+        "overhead": {v: med[v]["wall_s"] / med["off"]["wall_s"] - 1.0 for v in VARIANTS},
+        "overhead_best": {v: best[v] / best["off"] - 1.0 for v in VARIANTS},
         "walls": {v: [s["wall_s"] for s in samples[v]] for v in VARIANTS},
     }
 
@@ -83,8 +100,9 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
     lines = [f"Decision-log overhead, DAG-10-Wide at {results[0]['rate']} task/s "
              f"({results[0]['tasks']} tasks, profile {DEFAULT_PROFILE}, median of "
              f"{results[0]['repeats']}):", "",
-             "| policy | log | wall s | vs no log | CPU s (incl. writer) | rows | rows/s |",
-             "|---|---|---|---|---|---|---|"]
+             "| policy | log | wall s (median) | vs no log | wall s (best) | vs no log "
+             "| CPU s scheduler proc. | CPU s writer proc. | rows | rows/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for v in VARIANTS:
             m = r["median"][v]
@@ -92,8 +110,9 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
             label = {"off": "off", "none": "`--log-candidates none`",
                      "all": "`--log-candidates all`"}[v]
             lines.append(f"| {r['policy']} | {label} | {m['wall_s']:.3f} "
-                         f"| {r['overhead'][v]:+.1%} | {m['cpu_s']:.3f} | {m['rows']:,.0f} "
-                         f"| {rate} |")
+                         f"| {r['overhead'][v]:+.1%} | {r['best'][v]:.3f} "
+                         f"| {r['overhead_best'][v]:+.1%} | {m['cpu_s']:.3f} "
+                         f"| {m['writer_cpu_s']:.3f} | {m['rows']:,.0f} | {rate} |")
     lines += ["", f"Command: `{command}`"]
     return "\n".join(lines)
 
@@ -117,9 +136,11 @@ def main() -> int:
     command = "python " + " ".join(["bench/log_overhead.py", *sys.argv[1:]])
     print(markdown(results, command))
     worst = max(r["overhead"]["all"] for r in results)
+    worst_best = max(r["overhead_best"]["all"] for r in results)
     verdict = "within" if worst <= BUDGET else "OVER"
-    print(f"\nlogging `all` costs at most {worst:+.1%} wall time: {verdict} the "
-          f"{BUDGET:.0%} budget", file=sys.stderr)
+    print(f"\nlogging `all` costs at most {worst:+.1%} median wall time ({worst_best:+.1%} "
+          f"best of {args.repeats}): {verdict} the {BUDGET:.0%} budget; load average "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", file=sys.stderr)
     return 0
 
 

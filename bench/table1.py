@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.sim.engine import SimBackend
 from topasd.profiles import DEFAULT_PROFILE, get_profile
@@ -44,10 +48,58 @@ def run(n: int, grouped: bool, profile: str) -> dict[str, float]:
             "peak_batch": s["peak_batch"], "retractions": s["retractions"]}
 
 
+def checks(rows: list[dict]) -> list[tuple[str, bool]]:
+    """The acceptance criteria of the foundation issue, one line each."""
+    out = []
+    for r in rows:
+        g, a, p = r["grouped"], r["alternating"], r["paper"]
+        n = r["n"]
+        mk_ok = all(abs(sim / ref - 1) <= 0.20 for sim, ref in
+                    ((g["makespan"], p["makespan"][0]), (a["makespan"], p["makespan"][1])))
+        ratio = a["makespan"] / g["makespan"]
+        batch_ratio = g["mean_batch"] / a["mean_batch"]
+        peaks = ((g["peak_batch"], p["peak_batch"][0]), (a["peak_batch"], p["peak_batch"][1]))
+        peak_ok = all(abs(sim / ref - 1) <= 0.25 for sim, ref in peaks)
+        above = g["peak_batch"] > g["mean_batch"] and a["peak_batch"] > a["mean_batch"]
+        out += [(f"n={n}: makespans within 20% of the paper", mk_ok),
+                (f"n={n}: makespan ratio {ratio:.2f} in [1.7, 2.1]", 1.7 <= ratio <= 2.1),
+                (f"n={n}: mean-batch ratio {batch_ratio:.2f} in [1.7, 2.3]",
+                 1.7 <= batch_ratio <= 2.3),
+                (f"n={n}: peak batches within 25% of the paper's", peak_ok),
+                (f"n={n}: peak above mean (both orders)", above)]
+    return out
+
+
+def render(rows: list[dict], profile: str) -> str:
+    lines = [f"## Table I: Grouped vs Alternating under FCFS (profile `{profile}`)", "",
+             f"Command: `python bench/table1.py --profile {profile}`. Two agents with "
+             "6,000-token prefixes, n requests each (256-token suffix, 850 output tokens), "
+             "all present at t = 0; slash-separated values are Grouped / Alternating.", "",
+             "| n | makespan s (sim) | makespan s (paper) | ratio sim / paper "
+             "| mean batch (sim) | mean batch (paper) | peak batch (sim) | peak batch (paper) "
+             "| retractions (sim) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g, a, p = r["grouped"], r["alternating"], r["paper"]
+        lines.append(
+            f"| {r['n']} | {g['makespan']:.1f} / {a['makespan']:.1f} "
+            f"| {p['makespan'][0]} / {p['makespan'][1]} "
+            f"| {a['makespan'] / g['makespan']:.2f} / {p['makespan'][1] / p['makespan'][0]:.2f} "
+            f"| {g['mean_batch']:.1f} / {a['mean_batch']:.1f} "
+            f"| {p['mean_batch'][0]} / {p['mean_batch'][1]} "
+            f"| {g['peak_batch']} / {a['peak_batch']} "
+            f"| {p['peak_batch'][0]} / {p['peak_batch'][1]} "
+            f"| {g['retractions']} / {a['retractions']} |")
+    lines += ["", "Checks:", ""]
+    lines += [f"- {'pass' if ok else 'FAIL'}: {text}" for text, ok in checks(rows)]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
     rows = []
     for n, (mk, mb, pk) in PAPER.items():
@@ -57,18 +109,12 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"Table I on profile {args.profile} (FCFS; sim | paper; G/A)")
-    print("| n | makespan s | ratio | mean batch | ratio | peak batch | retractions |")
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        g, a, p = r["grouped"], r["alternating"], r["paper"]
-        print(f"| {r['n']} "
-              f"| {g['makespan']:.1f} / {a['makespan']:.1f} | {p['makespan'][0]} / {p['makespan'][1]} "
-              f"| {a['makespan'] / g['makespan']:.2f} | {p['makespan'][1] / p['makespan'][0]:.2f} "
-              f"| {g['mean_batch']:.1f} / {a['mean_batch']:.1f} | {p['mean_batch'][0]} / {p['mean_batch'][1]} "
-              f"| {g['mean_batch'] / a['mean_batch']:.2f} "
-              f"| {g['peak_batch']} / {a['peak_batch']} | {p['peak_batch'][0]} / {p['peak_batch'][1]} "
-              f"| {g['retractions']} / {a['retractions']} |")
+    text = render(rows, args.profile)
+    print(text)
+    if args.write:
+        from bench._results import update_section
+
+        update_section(f"table1-{args.profile}", text)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,15 @@
-"""The writer process of one recorded run (stdlib only: it starts in milliseconds).
+"""The writer process of one decision log (stdlib only: it starts in milliseconds).
 
-    python store/_child.py DB RUN_ID
+    python store/_child.py DB
 
 Reads frames from stdin, each a little-endian u32 length and a `marshal`
-payload `(events, decisions, candidates, params)` of plain tuples (layouts
-below, built by `store.writer`), and commits each frame as one transaction:
-the rows, the `tasks` and `requests` rows the frame's events touched, and the
-run's row counts. At end of input (the run closed it, or its process died)
-it exits; a partial last frame is dropped. On an error it prints one line to
+payload `(run_id, events, decisions, candidates, params)` of plain tuples
+(layouts below, built by `store.writer`), and commits each frame as one
+transaction: the rows, the `tasks` and `requests` rows the frame's events
+touched, and the run's row counts. A frame of length 0 is a barrier: a u64
+token follows, which the writer prints on stdout once everything before it
+is committed. At end of input (the store closed it, or its process died) it
+exits; a partial last frame is dropped. On an error it prints one line to
 stderr and exits 3.
 
 A process of its own, because SQLite binding in a thread of the scheduling
@@ -92,6 +94,7 @@ COUNTS_SQL = ("UPDATE runs SET decisions = decisions + ?, candidates = candidate
               "events = events + ? WHERE id = ?")
 
 _HEADER = struct.Struct("<I")
+_TOKEN = struct.Struct("<Q")
 _NO_TERMS = (None,) * 8
 
 
@@ -129,9 +132,10 @@ def _candidate_rows(groups: list[tuple[Any, ...]]) -> Any:
                    ja, jm, jr, jv, vr, ja - jm - jr - jv + vr)
 
 
-def write_frame(conn: sqlite3.Connection, run: int, frame: tuple[Any, ...]) -> None:
+def write_frame(conn: sqlite3.Connection, frame: tuple[Any, ...]) -> None:
     """Commit one frame's rows (and the tasks/requests they touch) atomically."""
-    events, decisions, cands, params = frame
+    run, events, decisions, cands, params = frame
+    run = int(run)
     conn.execute("BEGIN IMMEDIATE")
     try:
         lo = conn.execute("SELECT coalesce(max(id), 0) FROM engine_events").fetchone()[0]
@@ -155,12 +159,19 @@ def write_frame(conn: sqlite3.Connection, run: int, frame: tuple[Any, ...]) -> N
 
 
 def read_frames(stream: BinaryIO) -> Any:
-    """Complete frames until end of input (a cut-off last frame is dropped)."""
+    """Complete frames until end of input (a cut-off last frame is dropped);
+    a barrier comes out as its int token."""
     while True:
         head = stream.read(_HEADER.size)
         if len(head) < _HEADER.size:
             return
         (size,) = _HEADER.unpack(head)
+        if size == 0:
+            token = stream.read(_TOKEN.size)
+            if len(token) < _TOKEN.size:
+                return
+            yield _TOKEN.unpack(token)[0]
+            continue
         body = stream.read(size)
         if len(body) < size:
             return
@@ -168,13 +179,17 @@ def read_frames(stream: BinaryIO) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    path, run = argv[1], int(argv[2])
+    path = argv[1]
     try:
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = NORMAL")
         for frame in read_frames(sys.stdin.buffer):
-            write_frame(conn, run, frame)
+            if isinstance(frame, int):
+                sys.stdout.write(f"{frame}\n")
+                sys.stdout.flush()
+            else:
+                write_frame(conn, frame)
         conn.close()
     except Exception as exc:
         text = str(exc).strip().splitlines()

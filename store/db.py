@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +15,7 @@ from store.schema import MIGRATIONS_TABLE, migrate, unknown
 from topasd.model import TopasError
 
 if TYPE_CHECKING:
-    from store.writer import CandidateLog, StoreSink
+    from store.writer import CandidateLog, StoreSink, WriterProcess
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -55,13 +56,16 @@ class Store:
     """A decision log file: runs, tasks, requests, decisions, candidates,
     engine events and parameter changes (see `store.schema`).
 
-    `sink()` gives a `RunSink` that records one run through a writer thread;
-    read with the functions of `store.queries` on `store.db`.
+    `sink()` gives a `RunSink` that records one run (a feeder thread, and the
+    file's writer process shared by its runs: `store.writer`); read with the
+    functions of `store.queries` on `store.db`. `close()` waits for the writer.
     """
 
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
         self.db = connect(self.path, create=create)
+        self._writer: WriterProcess | None = None
+        self._lock = threading.Lock()
         self.mark_interrupted()
 
     def sink(self, log_candidates: str | CandidateLog = "all", *, batch_rows: int = 2048,
@@ -72,6 +76,18 @@ class Store:
         spec = (log_candidates if isinstance(log_candidates, CandidateLog)
                 else CandidateLog.parse(log_candidates))
         return StoreSink(self, spec, batch_rows=batch_rows, flush_s=flush_s)
+
+    def writer(self) -> WriterProcess:
+        """The file's writer process, started on first use, shared by its sinks."""
+        from store.writer import WriterProcess
+
+        with self._lock:
+            if self._writer is not None and not self._writer.alive():
+                self._writer.close()  # reap a writer that died
+                self._writer = None
+            if self._writer is None:
+                self._writer = WriterProcess(self.path)
+            return self._writer
 
     def mark_interrupted(self) -> int:
         """Runs left `running` by a process of this host that no longer exists
@@ -93,6 +109,11 @@ class Store:
         return str(self.db.execute("PRAGMA integrity_check").fetchone()[0])
 
     def close(self) -> None:
+        """Wait for the writer to commit everything sent, then close the file."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
         self.db.close()
 
     def __enter__(self) -> Store:

@@ -7,10 +7,12 @@ Three steps, so the scheduling thread pays almost nothing:
 2. A feeder thread wakes every `flush_s` seconds, or once `batch_rows` events
    are pending, turns what is pending into plain tuples (mostly in C:
    `attrgetter`, `marshal`) and sends it as one frame down a pipe.
-3. A writer process (`store/_child.py`, stdlib only) commits each frame as
-   one transaction: events, decisions, candidates, parameter changes, the
-   `tasks` and `requests` rows the frame's events touched, and the run's
-   counts. SQLite runs there, beside the scheduler, not under its GIL.
+3. A writer process (`store/_child.py`, stdlib only; one per `Store`, shared
+   by its runs) commits each frame as one transaction: events, decisions,
+   candidates, parameter changes, the `tasks` and `requests` rows the frame's
+   events touched, and the run's counts. SQLite runs there, beside the
+   scheduler, not under its GIL. `run_finished` waits for the writer's
+   acknowledgement that every frame of the run is committed.
 
 Crash safety: the file is in WAL mode, so a process killed at any instant
 leaves a sound database holding every frame committed before; when the
@@ -66,6 +68,78 @@ _RESERVATION = {r: r.value for r in Reservation}
 _CAND_LISTS = attrgetter("resident", "admit", "preempt")
 _CAND_TERMS = attrgetter("terms")
 _TERMS = attrgetter("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse")
+
+
+class WriterProcess:
+    """The writer process of one store file; frames in on stdin, acks out on stdout."""
+
+    def __init__(self, path: Path) -> None:
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(CHILD), str(path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            raise StoreError(f"cannot start the decision-log writer ({exc})") from None
+        self._send_lock = threading.Lock()
+        self._ack_lock = threading.Lock()
+        self._tokens = 0
+        self.error: str | None = None
+
+    def send(self, run_id: int, frame: tuple[Any, ...]) -> None:
+        """Queue one frame of rows of run `run_id` (BrokenPipeError if the writer died)."""
+        try:
+            body = marshal.dumps((run_id, *frame), 2)  # version 2: no refs, fastest
+        except ValueError:  # numpy scalars or enums inside: convert, then retry
+            body = marshal.dumps(_plain((run_id, *frame)), 2)
+        self._write(_HEADER.pack(len(body)) + body)
+
+    def barrier(self) -> None:
+        """Return once every frame sent before is committed (StoreError if not)."""
+        with self._ack_lock:
+            self._tokens += 1
+            token = self._tokens
+            try:
+                self._write(_HEADER.pack(0) + struct.pack("<Q", token))
+                assert self.proc.stdout is not None
+                while True:
+                    line = self.proc.stdout.readline()
+                    if not line:
+                        raise BrokenPipeError
+                    if int(line) == token:
+                        return
+            except (BrokenPipeError, ValueError):
+                raise StoreError(f"decision log writer failed ({self._reap()})") from None
+
+    def close(self) -> None:
+        """End of input: the writer commits what it holds and exits."""
+        err = self._reap()
+        if err and self.error is None:
+            self.error = err
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        with self._send_lock:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+
+    def _reap(self) -> str:
+        proc = self.proc
+        try:
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+        except OSError:
+            pass
+        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+        code = proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        if code != 0:
+            return err.splitlines()[-1] if err else f"writer exited with status {code}"
+        return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +203,7 @@ class StoreSink:
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._writer: WriterProcess | None = None
         self._error: str | None = None
         self._seq = 0
         self._sent = 0
@@ -153,13 +227,7 @@ class StoreSink:
             self.run_id = int(self.store.db["runs"].insert(row).last_pk)  # type: ignore[arg-type]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.store.path}: cannot start a run ({exc})") from None
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(CHILD), str(self.store.path),
-                 str(self.run_id)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        except OSError as exc:
-            raise StoreError(f"cannot start the decision-log writer ({exc})") from None
+        self._writer = self.store.writer()
         self._thread = threading.Thread(target=self._feed, name=f"topasd-store-{self.run_id}",
                                         daemon=True)
         self._thread.start()
@@ -210,20 +278,14 @@ class StoreSink:
             self._wake.set()
             self._thread.join()
             self._thread = None
-        proc, self._proc = self._proc, None
-        if proc is None:
+        writer, self._writer = self._writer, None
+        if writer is None:
             return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-        except OSError:
-            pass
-        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-        code = proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
-        if code != 0 and self._error is None:
-            self._error = err.splitlines()[-1] if err else f"writer exited with status {code}"
+        if self._error is None:
+            try:
+                writer.barrier()
+            except StoreError as exc:
+                self._error = str(exc)
         if self._error is None:
             self.rows_written = self._sent
 
@@ -247,6 +309,8 @@ class StoreSink:
                     return
         except BrokenPipeError:
             self._error = "the writer process ended early"
+        except StoreError as exc:
+            self._error = str(exc)
         except Exception as exc:
             self._error = _one_line(exc)
 
@@ -263,14 +327,8 @@ class StoreSink:
                   for p in (pq.popleft() for _ in range(len(pq)))]
         rows = list(map(add, map(_KIND1.__getitem__, map(_KIND, events)),
                         map(_EVENT_REST, events)))
-        frame = (rows, decisions, cands, params)
-        try:
-            body = marshal.dumps(frame, 2)  # version 2: no refs, fastest
-        except ValueError:  # numpy scalars or enums inside: convert, then retry
-            body = marshal.dumps(_plain(frame), 2)
-        assert self._proc is not None and self._proc.stdin is not None
-        self._proc.stdin.write(_HEADER.pack(len(body)) + body)
-        self._proc.stdin.flush()
+        assert self._writer is not None and self.run_id is not None
+        self._writer.send(self.run_id, (rows, decisions, cands, params))
         self._sent += len(rows) + len(decisions) + len(params) + sum(len(c[3]) for c in cands)
 
     def _decision_rows(self, d: Decision, wall_ts: float, out: list[tuple[Any, ...]],

@@ -422,3 +422,34 @@ def test_sigkill_mid_run_leaves_a_sound_file_that_the_next_run_appends_to(
                                                                 (2, "done")]
         assert q.counts(store.db, 1) == kept
         assert q.jct_stats(store.db, 2)["tasks"] == 5
+
+
+def test_runs_of_one_store_share_one_writer_and_a_dead_writer_is_an_error(
+        tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    trace = small_trace(tasks=3)
+    store = Store(path)
+    pids = []
+    for _ in range(2):
+        sink = store.sink()
+        Run(trace, make_policy("fcfs"), SimBackend(get_profile("small")), sink=sink).execute()
+        pids.append(store.writer().proc.pid)
+    assert pids[0] == pids[1]  # started once, shared by both runs
+    writer = store.writer()
+    sink = store.sink()
+    sink.run_started(RunInfo("fcfs", "sim", "small", {}, "dag4", 0, {}))
+    os.kill(writer.proc.pid, signal.SIGKILL)
+    writer.proc.wait()
+    with pytest.raises(StoreError, match="decision log") as failure:
+        for i in range(5000):  # the error surfaces in event() or at the end
+            sink.event(EngineEvent(float(i), EventKind.TASK_ARRIVE, task_id=i))
+        sink.run_finished(None, None)
+    if q.get_run(store.db, sink.run_id).status == "running":  # raised by event(): the
+        sink.run_finished(None, failure.value)  # runner closes the run with its error
+    assert q.get_run(store.db, sink.run_id).status == "failed"
+    store.close()
+    with Store(path) as again:  # the file is sound, and a new writer starts
+        assert again.integrity() == "ok"
+        sink = again.sink()
+        Run(trace, make_policy("fcfs"), SimBackend(get_profile("small")), sink=sink).execute()
+        assert q.get_run(again.db, sink.run_id).status == "done"

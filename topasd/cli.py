@@ -35,6 +35,7 @@ def main() -> None:
 
     \b
     Try:
+      topasd start --workload chain3 --rate 0.3
       topasd replay --workload chain3 --rate 0.2 --policy all
       topasd trace gen --workload dag4 --rate 0.12 --tasks 200 -o dag4.jsonl
       topasd replay dag4.jsonl --policy lpm --policy spf --json
@@ -205,6 +206,239 @@ def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, i
             bar.update(done - bar.pos)
 
         yield tick
+
+
+# ----------------------------------------------------------------- daemon
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML settings file (default: $TOPAS_CONFIG, else ./topasd.toml if present).")
+@click.option("--backend", "-b", type=click.Choice(BACKENDS), default=None,
+              help="Engine backend [default: sim].")
+@click.option("--profile", default=None, metavar="NAME",
+              help=f"Hardware profile of the simulator [default: {DEFAULT_PROFILE}].")
+@click.option("--budget", type=click.IntRange(min=1), default=None,
+              help="Override the profile's KV budget (tokens).")
+@click.option("--policy", "-p", default=None, metavar="NAME",
+              help="Scheduling policy [default: topas].")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="A policy parameter, repeatable (beta=10, rho=1, H_age=30, M=6, K=0, ...).")
+@click.option("--db", "db_path", default=None, metavar="FILE",
+              help="SQLite decision log [default: topasd.db].")
+@click.option("--log-candidates", default=None, metavar="all|top:N|none",
+              help="Candidates per decision written to the log [default: top:8].")
+@click.option("--host", default=None, help="Address to listen on [default: 127.0.0.1].")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port [default: 8470]; 0 picks a free one.")
+@click.option("--token", default=None,
+              help="Bearer token for mutating endpoints (required off loopback).")
+@click.option("--speed", default=None, metavar="X|max",
+              help="Sim clock: engine seconds per wall second, or 'max' (unpaced) "
+                   "[default: 1].")
+@click.option("--workload", "-w", default=None, metavar="NAME|SPEC",
+              help="Feed tasks of this workload with the built-in driver.")
+@click.option("--rate", "-r", type=float, default=None,
+              help="Driver arrival rate, task/s (default: the workload's middle operating "
+                   "point).")
+@click.option("--tasks", "-n", type=click.IntRange(min=1), default=None,
+              help="Stop the driver after this many tasks (default: unbounded).")
+@click.option("--seed", "-s", type=int, default=None, help="Sampling seed [default: 0].")
+@click.option("--workflow", "workflows", multiple=True, metavar="SPEC",
+              help="Register a workflow spec file for /v1/tasks and OpenAI calls, repeatable.")
+@click.option("--grace", type=float, default=None,
+              help="Seconds running work may finish after SIGTERM [default: 30].")
+@click.option("--runtime-file", default=None, metavar="FILE",
+              help="Where the bound address is recorded for status/stop/console.")
+@click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning",
+                                                              "error"]),
+              help="Log level (logs go to stderr) [default: info].")
+@click.option("--log-file", default=None, metavar="FILE",
+              help="With --detach: the log file [default: beside the runtime file].")
+@click.option("--detach", is_flag=True, help="Start in the background and return.")
+@click.option("--print-config", is_flag=True, help="Print the merged settings and exit.")
+def start(config_path: str | None, backend: str | None, profile: str | None,
+          budget: int | None, policy: str | None, params: tuple[str, ...],
+          db_path: str | None, log_candidates: str | None, host: str | None,
+          port: int | None, token: str | None, speed: str | None, workload: str | None,
+          rate: float | None, tasks: int | None, seed: int | None,
+          workflows: tuple[str, ...], grace: float | None, runtime_file: str | None,
+          log_level: str | None, log_file: str | None, detach: bool,
+          print_config: bool) -> None:
+    """Run the daemon: the engine, the TOPAS scheduler and the HTTP API.
+
+    Settings: flag > TOPAS_* environment variable > topasd.toml > default.
+    Runs in the foreground (logs on stderr) until SIGTERM/SIGINT, which stop
+    admitting tasks, let running work finish (--grace), flush the store and
+    exit 0.
+
+    \b
+    Try:
+      topasd start --workload chain3 --rate 0.3
+      topasd start --port 0 --speed max --print-config
+    """
+    from topasd.config import load_settings, render
+
+    flags: dict[str, Any] = {
+        "backend": backend, "profile": profile, "budget": budget, "policy": policy,
+        "params": _param_flags(params) if params else None, "db": db_path,
+        "log_candidates": log_candidates, "host": host, "port": port, "token": token,
+        "speed": speed, "workload": workload, "rate": rate, "tasks": tasks, "seed": seed,
+        "workflows": list(workflows) or None, "grace": grace, "runtime_file": runtime_file,
+        "log_level": log_level, "log_file": log_file,
+    }
+    loaded = load_settings(flags, config=config_path)
+    if print_config:
+        click.echo(render(loaded))
+        return
+    if detach:
+        _detach(loaded.settings)
+        return
+    from topasd.api import serve
+
+    _setup_logging(loaded.settings.log_level)
+    code = serve(loaded.settings, on_ready=lambda info: click.echo(
+        f"topasd listening on {info['url']} (pid {info['pid']}, runtime file "
+        f"{loaded.settings.runtime_file})", nl=True))
+    sys.exit(code)
+
+
+def _param_flags(items: tuple[str, ...]) -> dict[str, Any]:
+    from topasd.config import parse_value
+
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise TopasError(f"--param: expected NAME=VALUE, got {item!r}")
+        out[name.strip()] = parse_value(value.strip())
+    return out
+
+
+def _setup_logging(level: str) -> None:
+    import logging
+
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _detach(settings: Any) -> None:
+    """Start this command again without --detach in a new session; wait until it listens."""
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from topasd.api import read_runtime
+
+    runtime = Path(settings.runtime_file)
+    other = read_runtime(runtime)
+    if other is not None:
+        raise TopasError(f"a daemon already runs (pid {other.get('pid')}, {other.get('url')}); "
+                         "stop it with `topasd stop` or give another --runtime-file")
+    log_path = Path(settings.log_file or runtime.with_suffix(".log"))
+    args = [a for a in sys.argv[1:] if a != "--detach"]  # the same command, in the foreground
+    with open(log_path, "ab") as log_fh:
+        proc = subprocess.Popen([sys.executable, "-m", "topasd.cli", *args],
+                                stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
+                                start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        info = read_runtime(runtime)
+        if info is not None and info.get("pid") == proc.pid:
+            click.echo(f"topasd started in the background: {info['url']} (pid {proc.pid}, "
+                       f"log {log_path})")
+            return
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["?"]
+            raise TopasError(f"the daemon exited with status {proc.returncode}: {tail[0]} "
+                             f"(log {log_path})")
+        time.sleep(0.05)
+    raise TopasError(f"the daemon did not start listening within 60 s (pid {proc.pid}, log "
+                     f"{log_path})")
+
+
+def _runtime_info(runtime_file: str | None, config_path: str | None) -> tuple[Any, Any]:
+    from topasd.api import read_runtime
+    from topasd.config import raw_setting
+
+    path = str(raw_setting("runtime_file", {"runtime_file": runtime_file}, config=config_path))
+    return path, read_runtime(path)
+
+
+@main.command()
+@click.option("--runtime-file", default=None, metavar="FILE",
+              help="The daemon's runtime file (default: as `topasd start`).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML settings file naming runtime_file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the daemon's state as JSON.")
+def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> None:
+    """Show whether a daemon runs, where, and what it is doing."""
+    import json
+
+    import httpx
+
+    path, info = _runtime_info(runtime_file, config_path)
+    if info is None:
+        raise TopasError(f"no daemon running (no live runtime file at {path}); start one with "
+                         "`topasd start`")
+    try:
+        state = httpx.get(f"{info['url']}/v1/state", params={"limit": 1}, timeout=10).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise TopasError(f"daemon pid {info['pid']} at {info['url']} does not answer ({exc})"
+                         ) from None
+    if as_json:
+        click.echo(json.dumps({"daemon": info, "state": state}, indent=2))
+        return
+    c = state.get("counts", {})
+    click.echo(f"topasd {info.get('version', '?')} running: {info['url']} (pid {info['pid']})\n"
+               f"  policy {state.get('policy')}, engine t={state.get('t', 0):.1f}s, speed "
+               f"{state.get('speed')}{', draining' if state.get('draining') else ''}\n"
+               f"  tasks: {c.get('tasks_in_flight', 0)} in flight, {c.get('tasks_finished', 0)} "
+               f"finished; requests: {c.get('requests_running', 0)} running, "
+               f"{c.get('requests_waiting', 0)} waiting; decisions {c.get('decisions', 0)}\n"
+               f"  store: {info.get('db')} (run {info.get('run_id')})")
+
+
+@main.command()
+@click.option("--runtime-file", default=None, metavar="FILE",
+              help="The daemon's runtime file (default: as `topasd start`).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML settings file naming runtime_file.")
+@click.option("--timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the daemon to exit.")
+def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> None:
+    """Stop the daemon (SIGTERM: running work finishes within its grace period)."""
+    import os
+    import signal
+    import time
+
+    from topasd.api import read_runtime
+
+    path, info = _runtime_info(runtime_file, config_path)
+    if info is None:
+        raise TopasError(f"no daemon running (no live runtime file at {path})")
+    pid = int(info["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_runtime(path) is None or not _alive(pid):
+            click.echo(f"topasd (pid {pid}) stopped")
+            return
+        time.sleep(0.1)
+    raise TopasError(f"topasd (pid {pid}) did not exit within {timeout:.0f} s; it may still be "
+                     "finishing work (see its log), or send SIGKILL")
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ----------------------------------------------------------------- gantt

@@ -214,6 +214,22 @@ class Workflow:
                      for v in reversed(self.topo_order))
 
     @cached_property
+    def lp_groups(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+        """Longest-path plan: (rows, their common successor rows) by height from
+        the sinks; rows in one group share successors and never depend on each
+        other, so each group is one vectorized step."""
+        idx = self.stage_index
+        height: dict[str, int] = {}
+        for v in reversed(self.topo_order):
+            height[v] = 1 + max((height[s] for s in self.succs[v]), default=-1)
+        groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for v in reversed(self.topo_order):
+            succ = tuple(idx[s] for s in self.succs[v])
+            if succ:
+                groups.setdefault((height[v], succ), []).append(idx[v])
+        return tuple((tuple(rows), succ) for (_, succ), rows in sorted(groups.items()))
+
+    @cached_property
     def entry_stages(self) -> tuple[str, ...]:
         return tuple(v for v in self.topo_order if not self.preds[v])
 
@@ -357,13 +373,21 @@ class TaskView:
 
 @dataclass(frozen=True, slots=True)
 class CostHints:
-    """The profiled costs a policy may use (from the backend's hardware profile)."""
+    """The profiled costs a policy may use (from the backend's hardware profile).
 
-    t_decode_s: float
+    A decode step of B requests reading K context tokens takes
+    max(weights_s, lin_per_token_s * B) + kv_read_per_token_s * K + overhead_s.
+    """
+
+    t_decode_s: float  # one decode step at batch 1 (the profile's T_decode floor)
     prefill_s_per_token: float
     prefill_base_s: float
     kv_bytes_per_token: float
     swap_bytes_per_s: float
+    weights_s: float = 0.0
+    lin_per_token_s: float = 0.0
+    kv_read_per_token_s: float = 0.0
+    overhead_s: float = 0.0
 
     def t_prefill(self, tokens: int) -> float:
         """T_prefill(|input|): profiled prefill time of `tokens` on a cached prefix."""
@@ -376,6 +400,15 @@ class CostHints:
     def t_request(self, input_tokens: int, output_tokens: int) -> float:
         """Profiled request service: T_prefill(|input|) + T_decode * max_new."""
         return self.t_prefill(input_tokens) + self.t_decode_s * output_tokens
+
+    def t_decode_step(self, batch: int, context_tokens: int) -> float:
+        """Profiled decode step time for `batch` requests reading `context_tokens`
+        (at least the batch-1 step time `t_decode_s`)."""
+        if not self.weights_s:
+            return self.t_decode_s
+        step = (max(self.weights_s, self.lin_per_token_s * batch)
+                + self.kv_read_per_token_s * context_tokens + self.overhead_s)
+        return max(step, self.t_decode_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,19 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from backends.base import Backend
-from topasd.model import Decision, EngineEvent, EventKind, TopasError
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EventKind,
+    Request,
+    TaskView,
+    TopasError,
+    Workflow,
+)
 from topasd.scheduler.base import Policy
 from topasd.tasks import TaskBook
-from workflows.driver import TaskDriver
-from workflows.trace import Trace
+from workflows.driver import DriverStep, TaskDriver
+from workflows.trace import TaskRecord, Trace
 
 
 class StalledRun(TopasError):
@@ -103,6 +111,104 @@ class RunResult:
 Progress = Callable[[int, int, float], None]
 
 
+class RequestOwner(Protocol):
+    """Who turns a finished request into the next step of its task (a
+    `TaskDriver` for trace tasks; the daemon's external-call book for requests
+    an application drives itself)."""
+
+    def on_finish(self, request_id: int, t: float) -> DriverStep: ...
+
+
+class EventLoop:
+    """The event handling a replay `Run` and the daemon share (architecture
+    steps 1-5): pump the backend, decide at each SCHEDULE event, record every
+    event, and turn finished requests into stage/task completions and the next
+    requests. Single-threaded: the owner calls it from one thread.
+
+    `workflows` may grow between calls (the daemon adds workflows as they are
+    first used); `on_task_done(task, t)` runs after each TASK_FINISH with the
+    task's last view (its stage histories).
+    """
+
+    def __init__(self, workflows: Mapping[str, Workflow], policy: Policy, backend: Backend,
+                 sink: RunSink | None = None, driver: TaskDriver | None = None) -> None:
+        self.workflows = workflows
+        self.policy = policy
+        self.backend = backend
+        self.sink = sink
+        self.book = TaskBook(workflows)
+        self.driver = driver if driver is not None else TaskDriver(workflows)
+        self.owners: dict[int, RequestOwner] = {}  # requests not owned by `driver`
+        self.requests_finished = 0
+        self.decision_ms: list[float] = []
+        self.on_task_done: Callable[[TaskView, float], None] | None = None
+
+    def arrive(self, record: TaskRecord, t: float | None = None) -> None:
+        """A trace task arrives (at `t`, default its recorded arrival): book it,
+        record TASK_ARRIVE, submit its entry requests."""
+        at = record.arrival if t is None else t
+        self.book.arrive(record.id, record.workflow, at)
+        self.record(EngineEvent(at, EventKind.TASK_ARRIVE, task_id=record.id,
+                                note=record.workflow))
+        for req in self.driver.start(record, at):
+            self.backend.submit(req)
+
+    def submit(self, request: Request, owner: RequestOwner) -> None:
+        """Submit a request whose completion `owner` handles (not the driver)."""
+        self.owners[request.id] = owner
+        self.backend.submit(request)
+
+    def pump(self, t_stop: float | None) -> None:
+        """Run the backend to `t_stop` (None: until idle), deciding and recording."""
+        for ev in self.backend.run_until(t_stop):
+            if ev.kind is EventKind.SCHEDULE:
+                self.decide()
+                continue
+            self.record(ev)
+            if ev.kind is EventKind.REQUEST_FINISH:
+                self.finished(ev)
+
+    def decide(self) -> None:
+        view = self.backend.view(self.book.tasks, self.workflows)
+        t0 = time.perf_counter()
+        decision = self.policy.decide(view)
+        wall_ms = (time.perf_counter() - t0) * 1e3
+        self.decision_ms.append(wall_ms)
+        decision = replace(decision, wall_ms=wall_ms, seq=len(self.decision_ms))
+        self.backend.apply(decision)
+        if self.sink is not None:
+            self.sink.decision(decision)
+
+    def finished(self, ev: EngineEvent) -> None:
+        self.requests_finished += 1
+        owner = self.owners.pop(ev.request_id, None)  # type: ignore[arg-type]
+        if owner is None:
+            step = self.driver.on_finish(ev.request_id, ev.t)  # type: ignore[arg-type]
+        else:
+            step = owner.on_finish(ev.request_id, ev.t)  # type: ignore[arg-type]
+        for stage in step.stages_done:
+            self.book.stage_done(ev.task_id, stage, ev.t)  # type: ignore[arg-type]
+            wf = self.workflows[self.book.tasks[ev.task_id].workflow]  # type: ignore[index]
+            service = self.book.tasks[ev.task_id].stages[stage].service_s  # type: ignore[index]
+            self.record(EngineEvent(ev.t, EventKind.STAGE_FINISH, task_id=ev.task_id,
+                                    agent=wf.stages[stage].agent, stage=stage, value=service))
+        if step.task_done:
+            task = self.book.tasks[ev.task_id]  # type: ignore[index]
+            self.book.task_done(ev.task_id, ev.t)  # type: ignore[arg-type]
+            jct = ev.t - self.book.arrivals[ev.task_id]  # type: ignore[index]
+            self.record(EngineEvent(ev.t, EventKind.TASK_FINISH, task_id=ev.task_id, value=jct))
+            if self.on_task_done is not None:
+                self.on_task_done(task, ev.t)
+        for req in step.requests:
+            self.backend.submit(req)
+
+    def record(self, ev: EngineEvent) -> None:
+        self.book.on_event(ev)
+        self.policy.observe(ev)
+        if self.sink is not None:
+            self.sink.event(ev)
+
+
 class Run:
     """One run: a driver plays the trace's tasks, the policy decides at each
     SCHEDULE event, the backend executes, a sink records."""
@@ -114,10 +220,25 @@ class Run:
         self.backend = backend
         self.sink = sink
         self.progress = progress
-        self.book = TaskBook(trace.workflows)
-        self.driver = TaskDriver(trace.workflows)
-        self.requests_finished = 0
-        self.decision_ms: list[float] = []
+        self.loop = EventLoop(trace.workflows, policy, backend, sink)
+        if progress is not None:
+            self.loop.on_task_done = self._tick
+
+    @property
+    def book(self) -> TaskBook:
+        return self.loop.book
+
+    @property
+    def driver(self) -> TaskDriver:
+        return self.loop.driver
+
+    @property
+    def requests_finished(self) -> int:
+        return self.loop.requests_finished
+
+    @property
+    def decision_ms(self) -> list[float]:
+        return self.loop.decision_ms
 
     def execute(self) -> RunResult:
         hooks = self.sink if isinstance(self.sink, RunHooks) else None
@@ -135,104 +256,61 @@ class Run:
 
     def info(self) -> RunInfo:
         """The run's metadata: policy, backend, profile and parameters, workload."""
-        profile = getattr(self.backend, "profile", None)
-        params: dict[str, Any] = {
-            "profile": _plain(profile),
-            "policy": _plain(getattr(self.policy, "params", None)),
-            "backend": {k: getattr(self.backend, k) for k in _BACKEND_FLAGS
-                        if hasattr(self.backend, k)},
-        }
-        meta = dict(self.trace.meta)
-        seed = meta.get("seed")
-        return RunInfo(
-            policy=self.policy.name,
-            backend=str(getattr(self.backend, "name", type(self.backend).__name__)),
-            profile=getattr(profile, "name", None),
-            params=params,
-            workload=None if meta.get("workload") is None else str(meta["workload"]),
-            seed=seed if isinstance(seed, int) else None,
-            trace_meta=meta,
-        )
+        return run_info(self.policy, self.backend, self.trace.meta)
 
     def _execute(self) -> RunResult:
         wall0 = time.perf_counter()
+        loop = self.loop
         tasks = self.trace.tasks
         i = 0
         while i < len(tasks):
-            self._pump(tasks[i].arrival)
+            loop.pump(tasks[i].arrival)
             while i < len(tasks) and tasks[i].arrival <= self.backend.t:
-                self._arrive(i)
+                loop.arrive(tasks[i])
                 i += 1
-        self._pump(None)
-        if self.book.tasks:
-            left = len(self.book.tasks)
+        loop.pump(None)
+        if loop.book.tasks:
+            left = len(loop.book.tasks)
             raise StalledRun(
                 f"{self.policy.name}: the engine went idle at t={self.backend.t:.1f}s with "
                 f"{left} task(s) unfinished; the policy stopped admitting waiting requests"
             )
         return RunResult(
             policy=self.policy.name,
-            jct=self.book.jct(),
-            arrivals=dict(self.book.arrivals),
-            finishes=dict(self.book.finishes),
-            requests_finished=self.requests_finished,
-            decisions=len(self.decision_ms),
-            decision_ms=self.decision_ms,
+            jct=loop.book.jct(),
+            arrivals=dict(loop.book.arrivals),
+            finishes=dict(loop.book.finishes),
+            requests_finished=loop.requests_finished,
+            decisions=len(loop.decision_ms),
+            decision_ms=loop.decision_ms,
             stats=getattr(self.backend, "stats", None),
             wall_s=time.perf_counter() - wall0,
         )
 
-    def _arrive(self, index: int) -> None:
-        record = self.trace.tasks[index]
-        self.book.arrive(record.id, record.workflow, record.arrival)
-        self._record(EngineEvent(record.arrival, EventKind.TASK_ARRIVE, task_id=record.id,
-                                 note=record.workflow))
-        for req in self.driver.start(record, record.arrival):
-            self.backend.submit(req)
+    def _tick(self, task: TaskView, t: float) -> None:
+        assert self.progress is not None
+        self.progress(len(self.loop.book.finishes), len(self.trace.tasks), t)
 
-    def _pump(self, t_stop: float | None) -> None:
-        for ev in self.backend.run_until(t_stop):
-            if ev.kind is EventKind.SCHEDULE:
-                self._decide()
-                continue
-            self._record(ev)
-            if ev.kind is EventKind.REQUEST_FINISH:
-                self._finished(ev)
 
-    def _decide(self) -> None:
-        view = self.backend.view(self.book.tasks, self.trace.workflows)
-        t0 = time.perf_counter()
-        decision = self.policy.decide(view)
-        wall_ms = (time.perf_counter() - t0) * 1e3
-        self.decision_ms.append(wall_ms)
-        decision = replace(decision, wall_ms=wall_ms, seq=len(self.decision_ms))
-        self.backend.apply(decision)
-        if self.sink is not None:
-            self.sink.decision(decision)
-
-    def _finished(self, ev: EngineEvent) -> None:
-        self.requests_finished += 1
-        step = self.driver.on_finish(ev.request_id, ev.t)  # type: ignore[arg-type]
-        for stage in step.stages_done:
-            self.book.stage_done(ev.task_id, stage, ev.t)  # type: ignore[arg-type]
-            wf = self.trace.workflows[self.book.tasks[ev.task_id].workflow]  # type: ignore[index]
-            service = self.book.tasks[ev.task_id].stages[stage].service_s  # type: ignore[index]
-            self._record(EngineEvent(ev.t, EventKind.STAGE_FINISH, task_id=ev.task_id,
-                                     agent=wf.stages[stage].agent, stage=stage, value=service))
-        if step.task_done:
-            self.book.task_done(ev.task_id, ev.t)  # type: ignore[arg-type]
-            jct = ev.t - self.book.arrivals[ev.task_id]  # type: ignore[index]
-            self._record(EngineEvent(ev.t, EventKind.TASK_FINISH, task_id=ev.task_id, value=jct))
-            if self.progress is not None:
-                self.progress(len(self.book.finishes), len(self.trace.tasks), ev.t)
-        for req in step.requests:
-            self.backend.submit(req)
-
-    def _record(self, ev: EngineEvent) -> None:
-        self.book.on_event(ev)
-        self.policy.observe(ev)
-        if self.sink is not None:
-            self.sink.event(ev)
+def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunInfo:
+    """A run's metadata from its policy, backend and trace/daemon meta."""
+    profile = getattr(backend, "profile", None)
+    params: dict[str, Any] = {
+        "profile": _plain(profile),
+        "policy": _plain(getattr(policy, "params", None)),
+        "backend": {k: getattr(backend, k) for k in _BACKEND_FLAGS if hasattr(backend, k)},
+    }
+    meta = dict(meta)
+    seed = meta.get("seed")
+    return RunInfo(
+        policy=policy.name,
+        backend=str(getattr(backend, "name", type(backend).__name__)),
+        profile=getattr(profile, "name", None),
+        params=params,
+        workload=None if meta.get("workload") is None else str(meta["workload"]),
+        seed=seed if isinstance(seed, int) else None,
+        trace_meta=meta,
+    )
 
 
 _BACKEND_FLAGS = ("warm_host", "closed_form")  # backend settings recorded in RunInfo.params

@@ -269,7 +269,8 @@ class SimBackend:
 
     def _preempt(self, rid: int, kind: EventKind) -> None:
         live = self._running.pop(rid)
-        req = replace(live.req, generated=live.generated, preemptions=live.req.preemptions + 1,
+        kept = 0 if self.profile.redo_by_decode else live.generated
+        req = replace(live.req, generated=kept, preemptions=live.req.preemptions + 1,
                       state=RequestState.WAITING, queued_at=self._t)
         self._waiting[rid] = req
         if live.prefill_left:
@@ -329,6 +330,8 @@ class SimBackend:
         req = live.req
         del self._running[req.id]
         self.batch_is_full = False
+        if not self._running and self.profile.reset_ratio_when_empty:
+            self.ratio = self.profile.init_new_token_ratio
         started = live.started_at if live.started_at is not None else live.admitted_at
         self._prefixes[req.agent].last_used = self._t
         self._emit(self._t, EventKind.REQUEST_FINISH, req, tokens=live.generated,
@@ -547,9 +550,11 @@ class SimBackend:
     # ------------------------------------------------------------- views
 
     def _snapshot(self, live: _Live) -> Request:
-        return replace(live.req, generated=live.generated, state=RequestState.RUNNING,
-                       admitted_at=live.admitted_at, started_at=live.started_at,
-                       reservation=live.reservation)
+        r = live.req  # the constructor is several times cheaper than dataclasses.replace
+        return Request(r.id, r.task_id, r.workflow, r.stage, r.agent, r.round, r.input_tokens,
+                       r.output_tokens, r.ready_at, r.task_arrival, r.prefix_tokens, r.queued_at,
+                       live.generated, RequestState.RUNNING, live.admitted_at, live.started_at,
+                       live.reservation, r.preemptions)
 
     def _prefix_states(self) -> dict[str, PrefixState]:
         if self._prefix_view is None:

@@ -140,10 +140,11 @@ class TaskPaths:
                                      for row, d in cuts[i]) for i in todo]
             else:
                 samples = self._sampled(task, res)
-                z = np.repeat(samples[None, :, :], len(todo), axis=0)
+                cut = np.zeros((len(todo), samples.shape[0], 1))
                 for j, i in enumerate(todo):
                     for row, d in cuts[i]:
-                        np.maximum(z[j, row] - d, 0.0, out=z[j, row])
+                        cut[j, row, 0] = d
+                z = np.maximum(samples[None, :, :] - cut, 0.0)  # [Z - D_hat]_+ (Eq. 6)
                 values = _longest_path(wf, z).mean(axis=-1).tolist()
             for i, v in zip(todo, values, strict=True):
                 self._lhat[(task.id, cuts[i])] = out[i] = v
@@ -220,13 +221,16 @@ _ZERO = _Residual(None, 0.0, 0.0)
 
 
 def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:
-    """LP(G, z) per sample, in reverse topological order; z is (..., stage, S)."""
-    best = z.copy()
-    for i, succ in wf.succ_rows:
-        if len(succ) == 1:
-            best[..., i, :] += best[..., succ[0], :]
-        elif succ:
-            best[..., i, :] += best[..., list(succ), :].max(axis=-2)
+    """LP(G, z) per sample, from the sinks up; z is (..., stage, S) and is
+    overwritten with each stage's longest path to a sink."""
+    best = z
+    for rows, succ in wf.lp_groups:
+        tail = best[..., succ[0]:succ[0] + 1, :] if len(succ) == 1 else best[
+            ..., list(succ), :].max(axis=-2, keepdims=True)
+        if len(rows) == 1:
+            best[..., rows[0]:rows[0] + 1, :] += tail
+        else:
+            best[..., list(rows), :] += tail
     entries = [wf.stage_index[v] for v in wf.entry_stages]
     if len(entries) == 1:
         return best[..., entries[0], :]

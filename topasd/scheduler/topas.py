@@ -46,7 +46,7 @@ from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 class TopasParams:
     """TOPAS parameters; every one may change between decisions."""
 
-    beta: float = 1.0  # V_reuse pressure (Eq. 11)
+    beta: float = 20.0  # V_reuse pressure (Eq. 11)
     rho: float = 1.0  # aging strength (Eq. 12)
     h_age: float | None = None  # age scale H_age in s; None: observed (see `age_scale`)
     m: int = 6  # enumerate every prefix set when |A_t| <= M
@@ -235,6 +235,12 @@ class _State:
     def candidate(self) -> Candidate:
         return Candidate(tuple(sorted(self.resident)), self.admit, self.preempt, self.terms())
 
+    def row(self) -> tuple[Any, ...]:
+        """(resident, admit, preempt, j_admit, j_move, j_redo, j_revoke, v_reuse)."""
+        p = self.pack
+        return (tuple(sorted(p.resident)), self.admit, p.preempt, self.j_admit,
+                p.t_move * self.tasks_in, p.j_redo, p.j_revoke, p.v_reuse)
+
 
 def _best(states: list[_State]) -> int:
     """Eq. 14 with deterministic ties: the highest score, then fewer
@@ -276,7 +282,16 @@ class CandidateLog(Sequence[Candidate]):
         return len(self._states) if self._states is not None else len(self._all())
 
     def __getitem__(self, index: Any) -> Any:
+        if self._states is not None and isinstance(index, int):
+            return self._states[index].candidate()  # one row, without building all
         return self._all()[index]
+
+    def as_rows(self) -> list[tuple[Any, ...]]:
+        """Every state as a store row, without building `Candidate` objects."""
+        if self._states is not None:
+            return [s.row() for s in self._states]
+        return [(c.resident, c.admit, c.preempt, c.terms.j_admit, c.terms.j_move,
+                 c.terms.j_redo, c.terms.j_revoke, c.terms.v_reuse) for c in self._built or ()]
 
     def __iter__(self) -> Iterator[Candidate]:
         return iter(self._all())
@@ -322,6 +337,8 @@ class _Search:
         self._index_running(view)
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
         self.n_reuse = self._reuse_counts() if p.reuse else {}
+        self.reuse_value = {a: p.beta * n * self.sec_per_token * self.ell[a]  # Eq. 11 terms
+                            for a, n in self.n_reuse.items() if a in self.ell}
         self.g = self._aging()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.best_total = -math.inf  # best non-empty state so far (pruning)
@@ -330,7 +347,7 @@ class _Search:
 
     def _index_running(self, view: EngineView) -> None:
         """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
-        t_dec = view.costs.t_decode_s
+        t_dec = _t_decode(view)
         self.run_ids: dict[str, list[int]] = defaultdict(list)
         self.run_kv: dict[str, float] = defaultdict(float)
         self.run_redo: dict[str, float] = defaultdict(float)
@@ -453,8 +470,9 @@ class _Search:
         room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in resident)
         if room < sum(self.min_d.get(a, math.inf) for a in resident - self.running_agents):
             return -math.inf
-        p = self._new_pack(resident, ())
-        return p.v_reuse - p.j_redo - p.j_revoke + self._knapsack(resident, room)
+        lost = sum(self.run_redo[a] + self.run_revoke[a] for a in self.running_agents - resident)
+        reuse = sum(self.reuse_value.get(a, 0.0) for a in resident)
+        return reuse - lost + self._knapsack(resident, room)
 
     def _knapsack(self, resident: frozenset[str], room: float) -> float:
         items = self._items()
@@ -579,8 +597,7 @@ class _Search:
         t_move += sum(self.move_in[a] for a in resident - self.gpu)
         j_redo = sum(self.run_redo[a] for a in out_running)
         j_revoke = sum(self.run_revoke[a] for a in out_running)
-        v_reuse = self.params.beta * self.sec_per_token * sum(
-            self.n_reuse.get(a, 0) * self.ell[a] for a in resident)
+        v_reuse = sum(self.reuse_value.get(a, 0.0) for a in resident)
         return _Pack(resident, preempt, t_move, j_redo, j_revoke, v_reuse, [], [])
 
     def _reuse_counts(self) -> dict[str, int]:
@@ -658,6 +675,12 @@ class _Search:
 
     def _row(self, r: Request) -> int:
         return self.view.workflows[r.workflow].stage_index[r.stage]
+
+
+def _t_decode(view: EngineView) -> float:
+    """T_decode: the profiled decode step time at the current running batch."""
+    context = sum(r.prefix_tokens + r.input_tokens + r.generated for r in view.running)
+    return view.costs.t_decode_step(len(view.running), context)
 
 
 def _add_cut(cut: tuple[tuple[int, float], ...], row: int,

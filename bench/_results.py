@@ -1,0 +1,30 @@
+"""Write one benchmark's section of docs/RESULTS.md, keeping the others.
+
+Each bench owns the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`;
+a missing section is appended.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
+HEADER = """# Results
+
+Every number on this page comes from a script in `bench/`; each section names
+the command that produced it. Rerun the command to refresh the section.
+"""
+
+
+def update_section(name: str, body: str, path: Path = RESULTS) -> Path:
+    """Replace (or append) the section `name` of the results page with `body`."""
+    start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{start}\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else HEADER
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
+        text.rstrip() + "\n\n" + block + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

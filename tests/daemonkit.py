@@ -1,0 +1,110 @@
+"""Test helper: the real `topasd start` as a subprocess on 127.0.0.1 (a free port)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from store import Store
+
+START_TIMEOUT_S = 60.0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without TOPAS_* settings (a developer's own must not leak in)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOPAS_")}
+    env.update(extra)
+    return env
+
+
+class Daemon:
+    """`topasd start --port 0 ...` in `workdir`; found through its runtime file."""
+
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None,
+                 speed: str = "max", token: str | None = None) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.runtime = workdir / "daemon.json"
+        self.db = workdir / "topasd.db"
+        self.log = workdir / "daemon.log"
+        self.token = token
+        cmd = [sys.executable, "-m", "topasd.cli", "start", "--port", "0",
+               "--runtime-file", str(self.runtime), "--db", str(self.db), "--speed", speed,
+               "--log-level", "warning", *args]
+        self._log_fh = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(cmd, cwd=workdir, env=env or clean_env(),
+                                     stdout=self._log_fh, stderr=subprocess.STDOUT)
+        self.info = self._wait_started()
+        self.url: str = self.info["url"]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, timeout=60, headers=headers)
+
+    def _wait_started(self) -> dict[str, Any]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"topasd exited with {self.proc.returncode}:\n"
+                                   f"{self.log.read_text(errors='replace')}")
+            try:
+                info = json.loads(self.runtime.read_text())
+            except (OSError, ValueError):
+                info = None
+            if (info is not None and info.get("pid") == self.proc.pid
+                    and httpx.get(f"{info['url']}/ready", timeout=10).status_code == 200):
+                return info
+            time.sleep(0.05)
+        self.proc.kill()
+        raise RuntimeError(f"topasd did not start:\n{self.log.read_text(errors='replace')}")
+
+    def state(self, limit: int = 50) -> dict[str, Any]:
+        r = self.http.get("/v1/state", params={"limit": limit})
+        r.raise_for_status()
+        return r.json()
+
+    def wait_for(self, predicate: Any, timeout: float = 60.0) -> dict[str, Any]:
+        """Poll /v1/state until predicate(state) holds (the engine runs unpaced)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.state(limit=1)
+            if predicate(st):
+                return st
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting; last state counts {st['counts']}")
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Signal the daemon and wait for its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"topasd did not exit after {sig}:\n"
+                                 f"{self.log.read_text(errors='replace')}") from None
+        finally:
+            self.http.close()
+            self._log_fh.close()
+        return code
+
+    def store(self) -> Store:
+        return Store(self.db, create=False)
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.http.close()
+        self._log_fh.close()

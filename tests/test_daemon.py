@@ -1,0 +1,424 @@
+"""The daemon end to end: `topasd start` as a real server subprocess on
+127.0.0.1 (a free port), driven over HTTP and with the official `openai`
+client; the decision log it writes is checked after SIGTERM flushed it.
+
+Every daemon runs the sim unpaced (`--speed max`) unless a test is about the
+paced clock, so nothing depends on wall-clock timings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from store import Store
+from store import queries as q
+from tests.daemonkit import Daemon, clean_env
+from topasd.service import agent_key, count_tokens
+
+SYSTEM = "You are agent {0}. Follow the plan and answer tersely. " * 6
+
+
+def openai_client(d: Daemon, api_key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{d.url}/v1", api_key=api_key, max_retries=0, timeout=60)
+
+
+def test_openai_client_drives_a_three_stage_workflow(tmp_path: Path) -> None:
+    replies: dict[str, list[tuple[str, Any]]] = {}
+    with Daemon(tmp_path) as d:
+        client = openai_client(d)
+
+        def run_task(task: str) -> None:
+            text = f"Build feature {task} and report back."
+            out = []
+            for stage, agent in (("a", "A"), ("b", "B"), ("c", "C")):
+                r = client.chat.completions.create(
+                    model="topasd-sim", max_tokens=40,
+                    messages=[{"role": "system", "content": SYSTEM.format(agent)},
+                              {"role": "user", "content": text}],
+                    extra_body={"topasd": {"task_id": task, "workflow": "chain3",
+                                           "stage": stage}})
+                out.append((text, r))
+                text = r.choices[0].message.content  # the next agent reads this answer
+            replies[task] = out
+
+        threads = [threading.Thread(target=run_task, args=(f"job-{i}",)) for i in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+        plain = client.chat.completions.create(
+            model="gpt-anything", max_tokens=12,
+            messages=[{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "What is TOPAS?"}])
+        final = d.state()
+        assert d.stop() == 0
+
+    assert sorted(replies) == ["job-0", "job-1", "job-2"]
+    task_ids = {}
+    for task, rs in replies.items():
+        metas = [r.model_extra["topasd"] for _, r in rs]
+        assert [m["stage"] for m in metas] == ["a", "b", "c"]
+        assert [m["agent"] for m in metas] == ["A", "B", "C"]
+        assert [m["task_done"] for m in metas] == [False, False, True]
+        assert len({m["task_id"] for m in metas}) == 1  # one daemon task per application task
+        assert {m["client_task_id"] for m in metas} == {task}
+        task_ids[task] = metas[0]["task_id"]
+        for text, r in rs:
+            assert r.usage.completion_tokens == 40
+            assert count_tokens(r.choices[0].message.content) == 40
+            # chain3's agents have 4000-token prefixes; the request's input is the user text
+            assert r.usage.prompt_tokens == 4000 + count_tokens(text)
+        # each stage starts after the previous one finished (the application drives it)
+        assert all(metas[i]["t_finish"] <= metas[i + 1]["t_ready"] for i in range(2))
+    assert len(set(task_ids.values())) == 3
+    pmeta = plain.model_extra["topasd"]
+    assert pmeta["agent"] == agent_key("Be brief.")
+    assert pmeta["workflow"] == f"agent:{agent_key('Be brief.')}" and pmeta["task_done"]
+    assert plain.usage.prompt_tokens == count_tokens("Be brief.") + count_tokens("What is TOPAS?")
+    assert plain.usage.completion_tokens == 12
+
+    with Store(d.db, create=False) as store:
+        run = q.get_run(store.db)
+        assert (run.status, run.backend, run.policy) == ("done", "sim", "topas")
+        reqs = {r["request_id"]: r for r in store.db.query(
+            "SELECT * FROM requests WHERE run_id = ?", [run.id])}
+        assert len(reqs) == 10 == final["counts"]["requests_finished"]
+        for task, rs in replies.items():
+            for _, r in rs:
+                meta = r.model_extra["topasd"]
+                row = reqs[meta["request_id"]]
+                assert (row["task_id"], row["stage"], row["agent"]) == (
+                    task_ids[task], meta["stage"], meta["agent"])
+                assert row["output_tokens"] == 40
+                assert row["finished"] == pytest.approx(meta["t_finish"])
+        tasks = {t.task_id: t for t in q.tasks(store.db, run.id)}
+        for task_id in task_ids.values():
+            assert tasks[task_id].workflow == "chain3" and tasks[task_id].completion is not None
+        assert tasks[pmeta["task_id"]].workflow == pmeta["workflow"]
+        decisions = q.decisions(store.db, run.id)
+        assert len(decisions) == run.decisions == final["counts"]["decisions"]
+        admitted = {rid for dec in decisions for rid in (dec["admit"] or [])}
+        assert set(reqs) <= admitted  # every request ran because a decision admitted it
+
+
+def test_200_concurrent_tasks_all_complete_and_the_store_agrees(tmp_path: Path) -> None:
+    with Daemon(tmp_path) as d:
+        def submit(i: int) -> dict[str, Any]:
+            wf = ("chain3", "dag4")[i % 2]
+            r = httpx.post(f"{d.url}/v1/tasks", timeout=60,
+                           json={"workflow": wf, "stages": {"a": {"output_tokens": 20 + i % 7}}})
+            assert r.status_code == 201, r.text
+            assert r.headers["location"] == f"/v1/tasks/{r.json()['id']}"
+            return r.json()
+
+        with ThreadPoolExecutor(32) as pool:
+            submitted = list(pool.map(submit, range(200)))
+        ids = [s["id"] for s in submitted]
+        assert len(set(ids)) == 200
+        st = d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 200)
+        assert st["counts"]["tasks_in_flight"] == 0 and st["counts"]["tasks_arrived"] == 200
+        infos = [d.http.get(f"/v1/tasks/{i}").json() for i in ids]
+        final = d.state()
+        assert d.stop() == 0
+
+    assert all(info["status"] == "done" and info["source"] == "api" for info in infos)
+    assert all(info["stages_done"] == info["stages_total"] == len(info["stages"])
+               for info in infos)
+    by_id = {info["id"]: info for info in infos}
+    with Store(d.db, create=False) as store:
+        run = q.get_run(store.db)
+        rows = q.tasks(store.db, run.id)
+        assert sorted(r.task_id for r in rows) == sorted(ids)  # none lost, none duplicated
+        for row in rows:
+            info = by_id[row.task_id]
+            assert row.workflow == info["workflow"]
+            assert row.completion == pytest.approx(info["finished"])
+            assert row.jct == pytest.approx(info["jct"])
+        counts = q.counts(store.db, run.id)
+        c = final["counts"]
+        assert counts["tasks"] == c["tasks_finished"] == 200
+        assert counts["requests"] == c["requests_finished"]
+        assert counts["decisions"] == run.decisions == c["decisions"]
+        assert counts["engine_events"] == run.events == c["events"]
+        unfinished = store.db.execute("SELECT count(*) FROM requests WHERE run_id = ? AND "
+                                      "finished IS NULL", [run.id]).fetchone()[0]
+        assert unfinished == 0
+        # the per-stage override reached the engine
+        outs = {r["task_id"]: r["output_tokens"] for r in store.db.query(
+            "SELECT task_id, output_tokens FROM requests WHERE run_id = ? AND stage = 'a'",
+            [run.id])}
+        assert all(outs[s["id"]] == 20 + i % 7 for i, s in enumerate(submitted))
+
+
+def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--workflow", str(_spec(tmp_path))) as d:
+        def wave(n: int) -> None:
+            for _ in range(n):
+                r = d.http.post("/v1/tasks", json={"workflow": "fanout"})
+                assert r.status_code == 201, r.text
+
+        assert d.http.get("/v1/params").json()["params"]["beta"] == 20.0
+        wave(12)
+        d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 12)
+        r = d.http.patch("/v1/params", json={"beta": 0})
+        assert r.status_code == 200, r.text
+        change = r.json()
+        assert change["params"]["beta"] == 0.0 and change["changed"] == ["beta"]
+        first_after = change["effective_from_decision"]
+        bad = d.http.patch("/v1/params", json={"beta": 1e6})
+        assert bad.status_code == 422 and "beta" in bad.json()["error"]["message"]
+        assert d.http.patch("/v1/params", json={"zeta": 1}).status_code == 422
+        assert d.http.get("/v1/params").json()["params"]["beta"] == 0.0  # 422 changed nothing
+        wave(12)
+        d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 24)
+        assert d.stop() == 0
+
+    with Store(d.db, create=False) as store:
+        run = q.get_run(store.db)
+        changes = q.param_changes(store.db, run.id)
+        assert [(c["name"], c["old"], c["new"], c["source"]) for c in changes] == [
+            ("beta", 20.0, 0.0, "api")]
+        assert changes[0]["t"] == pytest.approx(change["t"])
+        decisions = q.decisions(store.db, run.id)
+        before = [x for x in decisions if x["seq"] < first_after and x["v_reuse"] is not None]
+        after = [x for x in decisions if x["seq"] >= first_after and x["v_reuse"] is not None]
+        assert before and after
+        assert any(x["v_reuse"] > 0 for x in before)  # beta = 20 valued reuse
+        assert all(x["v_reuse"] == 0 for x in after)  # beta = 0 from the next decision on
+        cands = store.db.execute(
+            "SELECT count(*), sum(v_reuse != 0) FROM candidates WHERE run_id = ? AND "
+            "decision_seq >= ?", [run.id, first_after]).fetchone()
+        assert cands[0] > 0 and cands[1] == 0
+
+
+def _spec(tmp_path: Path) -> Path:
+    """A fan-out workflow: the planner's successors share agent W, so TOPAS sees
+    upcoming reuse of W's prefix (V_reuse > 0) while plans are running."""
+    spec = {
+        "name": "fanout",
+        "agents": {"P": {"prefix_tokens": 2000}, "W": {"prefix_tokens": 3000}},
+        "stages": [
+            {"name": "plan", "agent": "P", "input_tokens": 200,
+             "output_tokens": {"uniform_int": [20, 240]}},
+            {"name": "w1", "agent": "W", "after": ["plan"], "output_tokens": 120},
+            {"name": "w2", "agent": "W", "after": ["plan"], "output_tokens": 120},
+        ],
+    }
+    path = tmp_path / "fanout.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
+        tmp_path: Path) -> None:
+    with Daemon(tmp_path) as d:
+        h = d.http
+
+        def err(r: httpx.Response, status: int, *words: str) -> None:
+            assert r.status_code == status, (r.status_code, r.text)
+            msg = r.json()["error"]["message"]
+            for w in words:
+                assert w in msg, msg
+
+        err(h.post("/v1/tasks", content=b'{"workflow": "chain3"',
+                   headers={"content-type": "application/json"}), 400, "not valid JSON")
+        err(h.post("/v1/tasks", content=b"workflow=chain3"), 400, "JSON")
+        err(h.post("/v1/tasks", json={"workflow": 3}), 422, "workflow")
+        err(h.post("/v1/tasks", json={"workflow": "nope"}), 422, "nope", "chain3")
+        err(h.post("/v1/tasks", json={"workflow": "chain3", "stages": {"zz": {}}}), 422, "zz")
+        err(h.post("/v1/tasks", json={"workflow": "chain3",
+                                      "stages": {"a": {"output_tokens": 90_000}}}),
+            422, "KV budget")
+        err(h.get("/v1/tasks/424242"), 404, "no task 424242")
+        err(h.get("/v1/tasks/abc"), 422, "task_id")
+        err(h.get("/no/such/path"), 404, "/docs")
+        err(h.post("/v1/chat/completions", json={"model": "m", "messages": []}), 422, "messages")
+        err(h.post("/v1/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "max_tokens": 50_000}), 422, "max_tokens")
+        err(h.post("/v1/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "topasd": {"workflow": "chain3", "stage": "b"}}), 422, "task_id")
+        err(h.post("/v1/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "topasd": {"workflow": "chain3", "stage": "q", "task_id": 1}}),
+            422, "no stage 'q'")
+        call = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                "topasd": {"workflow": "chain3", "stage": "a", "task_id": "t1"}}
+        assert h.post("/v1/chat/completions", json=call).status_code == 200
+        err(h.post("/v1/chat/completions", json=call), 409, "already finished stage 'a'")
+        err(h.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"]}), 422, "one prompt")
+        err(h.get("/v1/events", params={"kinds": "nonsense"}), 422, "nonsense")
+        err(h.patch("/v1/params", json={"policy": "fcfs", "beta": 3}), 422, "no parameters")
+        assert h.get("/health").json() == {"status": "ok", "engine": True}
+        r = h.post("/v1/completions", json={"model": "m", "prompt": "still here?", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        assert d.stop() == 0
+
+
+def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--host", "0.0.0.0", "--token", "s3cret") as d:
+        plain = httpx.Client(base_url=d.url, timeout=30)
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert "Authorization: Bearer" in r.json()["error"]["message"]
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                       headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 403
+        assert plain.patch("/v1/params", json={"beta": 1}).status_code == 401
+        assert plain.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
+        assert plain.get("/v1/state").status_code == 200  # reads stay open
+        assert plain.get("/v1/params").status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            openai_client(d, "wrong-key").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}])
+        ok = openai_client(d, "s3cret").chat.completions.create(
+            model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+        assert ok.usage.completion_tokens == 4
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                       headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 201
+        plain.close()
+        assert d.stop() == 0
+
+
+def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "topasd.cli", "start", "--host", "0.0.0.0",
+                          "--port", "0", "--db", str(tmp_path / "x.db")], cwd=tmp_path,
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: host '0.0.0.0' is not a loopback address")
+    assert "Traceback" not in res.stderr and not (tmp_path / "x.db").exists()
+
+
+def test_sigterm_lets_running_work_finish_and_exits_0_with_the_store_intact(
+        tmp_path: Path) -> None:
+    # paced at 20x: a chain3 stage of 300 tokens takes ~15 engine s, ~0.75 s of wall
+    with Daemon(tmp_path, "--workload", "chain3", "--rate", "2", "--grace", "60",
+                speed="20") as d:
+        d.wait_for(lambda s: s["counts"]["requests_running"] > 0)
+        done: dict[str, Any] = {}
+
+        def slow_call() -> None:
+            done["r"] = httpx.post(f"{d.url}/v1/chat/completions", timeout=60, json={
+                "model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]})
+
+        th = threading.Thread(target=slow_call)
+        th.start()
+        d.wait_for(lambda s: s["counts"]["requests_waiting"] + s["counts"]["requests_running"]
+                   >= 2)
+        before = d.state()
+        assert d.stop(signal.SIGTERM) == 0
+        th.join(30)
+    assert done["r"].status_code == 200  # the call in flight at SIGTERM was served
+    assert "listening on" in d.log.read_text()
+    with Store(d.db, create=False) as store:
+        assert store.integrity() == "ok"
+        run = q.get_run(store.db)
+        assert run.status == "done" and run.finished_ts is not None and run.error is None
+        counts = q.counts(store.db, run.id)
+        assert counts["engine_events"] == run.events and counts["decisions"] == run.decisions
+        rows = q.tasks(store.db, run.id)
+        in_flight_then = {t["id"] for t in before["tasks"]}
+        finished = {r.task_id for r in rows if r.completion is not None}
+        assert in_flight_then <= finished  # work running at SIGTERM finished
+        assert all(r.completion is not None for r in rows)  # no task left behind
+        assert store.db.execute("SELECT count(*) FROM requests WHERE run_id = ? AND finished "
+                                "IS NULL", [run.id]).fetchone()[0] == 0
+    assert not d.runtime.exists()
+
+
+def test_event_stream_and_metrics(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--workload", "dag4", "--rate", "0.5", "--tasks", "30") as d:
+        events: list[tuple[str, dict[str, Any]]] = []
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                          params={"since": 0, "max_events": 60}) as r:
+            assert r.headers["content-type"].startswith("text/event-stream")
+            name = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: ") and name in ("decision", "engine", "lag"):
+                    events.append((name, json.loads(line[6:])))
+        kinds = {n for n, _ in events}
+        assert {"decision", "engine"} <= kinds and len(events) == 60
+        assert any(e["kind"] == "task_arrive" for n, e in events if n == "engine")
+        dec = [e for n, e in events if n == "decision"]
+        assert [e["seq"] for e in dec] == sorted(e["seq"] for e in dec)
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                          params={"since": 0, "max_events": 5, "kinds": "request_finish"}) as r:
+            data = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+        assert len(data) == 5 and {e["kind"] for e in data} == {"request_finish"}
+
+        st = d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 30)
+        text = d.http.get("/metrics").text
+        metrics = {s.name + str(sorted(s.labels.items())): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples}
+        assert metrics["topasd_tasks_finished_total[]"] == st["counts"]["tasks_finished"] == 30
+        assert metrics["topasd_task_jct_seconds_count[]"] == 30
+        assert metrics["topasd_decisions_total[]"] == st["counts"]["decisions"]
+        assert metrics["topasd_requests_finished_total[]"] == st["counts"]["requests_finished"]
+        assert metrics["topasd_tasks_in_flight[]"] == 0
+        assert "topasd_decision_latency_seconds_bucket[('le', '+Inf')]" in metrics
+        assert "topasd_prefix_swaps_total[('direction', 'in')]" in metrics
+        assert "topasd_preemptions_total[('by', 'policy')]" in metrics
+        assert any(k.startswith("topasd_prefix_resident[") for k in metrics)
+        assert d.stop() == 0
+
+
+def test_paced_clock_follows_the_wall_clock_times_speed(tmp_path: Path) -> None:
+    with Daemon(tmp_path, speed="500") as d:
+        t1 = d.state()["t"]
+        r = d.http.post("/v1/completions", json={"model": "m", "prompt": "go", "max_tokens": 20})
+        assert r.status_code == 200
+        meta = r.json()["topasd"]
+        t2 = d.state()["t"]
+        assert t1 < meta["t_ready"] < meta["t_finish"] <= t2  # engine time moves while idle
+        assert d.state()["speed"] == 500.0
+        assert d.stop() == 0
+
+
+def test_detach_status_and_stop(tmp_path: Path) -> None:
+    runtime = tmp_path / "rt.json"
+    base = [sys.executable, "-m", "topasd.cli"]
+    env = clean_env()
+    res = subprocess.run([*base, "start", "--detach", "--port", "0", "--speed", "max",
+                          "--runtime-file", str(runtime), "--db", str(tmp_path / "d.db"),
+                          "--log-file", str(tmp_path / "d.log")],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert res.returncode == 0, res.stderr
+    info = json.loads(runtime.read_text())
+    try:
+        assert f"started in the background: {info['url']}" in res.stdout
+        st = subprocess.run([*base, "status", "--runtime-file", str(runtime)], env=env,
+                            capture_output=True, text=True, timeout=60)
+        assert st.returncode == 0 and f"running: {info['url']} (pid {info['pid']})" in st.stdout
+        again = subprocess.run([*base, "start", "--port", "0", "--runtime-file", str(runtime),
+                                "--db", str(tmp_path / "e.db")], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 2 and "a daemon already runs" in again.stderr
+        sp = subprocess.run([*base, "stop", "--runtime-file", str(runtime)], env=env,
+                            capture_output=True, text=True, timeout=90)
+        assert sp.returncode == 0 and "stopped" in sp.stdout
+        assert not runtime.exists()
+        gone = subprocess.run([*base, "status", "--runtime-file", str(runtime)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert gone.returncode == 2 and gone.stderr.startswith("error: no daemon running")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(info["pid"], signal.SIGKILL)

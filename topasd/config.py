@@ -1,0 +1,332 @@
+"""Typed daemon settings: flag > `TOPAS_*` environment variable > `topasd.toml` > default.
+
+    settings = load_settings({"port": 0})        # flags given on the command line
+    print(render(settings))                      # `topasd start --print-config`
+
+Every setting is a field of `Settings`; its environment variable is
+`TOPAS_<NAME>` (`TOPAS_PORT`, `TOPAS_SPEED`, `TOPAS_PARAMS`, ...). The TOML
+file is `--config PATH`, else `$TOPAS_CONFIG`, else `./topasd.toml` when it
+exists; its top-level keys are the field names, policy parameters go in a
+`[params]` table. `TOPAS_PARAMS` takes JSON (`{"beta": 5}`) or `beta=5,rho=2`.
+A bad value is a `ConfigError` naming the setting, the value and where it came from.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import tempfile
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from topasd.model import TopasError
+from topasd.profiles import DEFAULT_PROFILE, PROFILES
+
+ENV_PREFIX = "TOPAS_"
+CONFIG_FILE = "topasd.toml"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+# The paper's names of TOPAS parameters (Eq. 11-12, Algorithm 1) -> TopasParams fields.
+PARAM_ALIASES: dict[str, str] = {"H_age": "h_age", "M": "m", "K": "k", "B_swap": "b_swap"}
+
+
+class ConfigError(TopasError):
+    """A setting is invalid; the message names it, its value and its source."""
+
+
+def canonical_param(name: str) -> str:
+    """A policy parameter's field name (`H_age` -> `h_age`, `M` -> `m`)."""
+    return PARAM_ALIASES.get(name, name)
+
+
+def build_policy(name: str, params: Mapping[str, Any]) -> Any:
+    """A fresh policy `name` with `params` (paper aliases accepted); TopasError if a
+    parameter is unknown, out of range, or given to a baseline (which has none)."""
+    from topasd.scheduler import make_policy
+    from topasd.scheduler.topas import VARIANTS, TopasParams
+
+    params = {canonical_param(k): v for k, v in params.items()}
+    if name in VARIANTS and params:
+        TopasParams(**VARIANTS[name]).changed(**params)  # names the unknown or bad one
+    return make_policy(name, **params)
+
+
+def default_runtime_file() -> str:
+    """Where a running daemon records its address: `$XDG_RUNTIME_DIR/topasd.json`,
+    else `<tmp>/topasd-<uid>.json`."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and Path(base).is_dir():
+        return str(Path(base) / "topasd.json")
+    return str(Path(tempfile.gettempdir()) / f"topasd-{os.getuid()}.json")
+
+
+class Settings(BaseModel):
+    """Everything `topasd start` can be told (see `docs/api.md`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["sim"] = "sim"
+    profile: str = DEFAULT_PROFILE
+    budget: int | None = Field(default=None, ge=1)
+    policy: str = "topas"
+    params: dict[str, Any] = Field(default_factory=dict)
+    db: str = "topasd.db"
+    log_candidates: str = "top:8"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8470, ge=0, le=65535)
+    token: str | None = None
+    speed: float | Literal["max"] = 1.0
+    workload: str | None = None
+    rate: float | None = Field(default=None, gt=0)
+    tasks: int | None = Field(default=None, ge=1)
+    seed: int = 0
+    workflows: list[str] = Field(default_factory=list)
+    max_tokens: int = Field(default=256, ge=1)
+    model: str = "topasd-sim"
+    grace: float = Field(default=30.0, ge=0)
+    runtime_file: str = Field(default_factory=default_runtime_file)
+    log_file: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("profile")
+    @classmethod
+    def _profile(cls, v: str) -> str:
+        if v not in PROFILES:
+            raise ValueError(f"unknown hardware profile; choose one of {sorted(PROFILES)}")
+        return v
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, v: str) -> str:
+        from topasd.scheduler import ALL_POLICY_NAMES
+
+        if v not in ALL_POLICY_NAMES:
+            raise ValueError(f"unknown policy; choose one of {', '.join(ALL_POLICY_NAMES)}")
+        return v
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return {canonical_param(k): val for k, val in v.items()}
+
+    @field_validator("speed", mode="before")
+    @classmethod
+    def _speed(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() == "max":
+            return "max"
+        try:
+            speed = float(v)
+        except (TypeError, ValueError):
+            raise ValueError("expected a number > 0 or 'max' (unpaced)") from None
+        if not speed > 0 or speed == float("inf"):
+            raise ValueError("expected a number > 0 or 'max' (unpaced)")
+        return speed
+
+    @field_validator("log_candidates")
+    @classmethod
+    def _log_candidates(cls, v: str) -> str:
+        from store import CandidateLog
+
+        try:
+            return str(CandidateLog.parse(v))
+        except TopasError:
+            raise ValueError("expected all, none or top:N (N >= 1)") from None
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level(cls, v: Any) -> Any:
+        return v.lower() if isinstance(v, str) else v
+
+    @property
+    def paced(self) -> bool:
+        return self.speed != "max"
+
+    @property
+    def loopback(self) -> bool:
+        """Bound to a loopback address only (no token needed)."""
+        return is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Merged settings and where each value came from (flag, env NAME, file PATH, default)."""
+
+    settings: Settings
+    sources: Mapping[str, str]
+
+
+def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> Loaded:
+    """Merge defaults < TOML file < `TOPAS_*` env < `flags` (None values are unset)."""
+    env = os.environ if environ is None else environ
+    raw: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    path = config or env.get(f"{ENV_PREFIX}CONFIG")
+    if path is None and Path(CONFIG_FILE).is_file():
+        path = CONFIG_FILE
+    if path is not None:
+        for key, value in _read_toml(path).items():
+            raw[key], sources[key] = value, f"file {path}"
+    for name in Settings.model_fields:
+        var = f"{ENV_PREFIX}{name.upper()}"
+        if var in env:
+            raw[name], sources[name] = _env_value(name, env[var], var), f"env {var}"
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key == "params" and isinstance(value, Mapping):
+            raw["params"] = {**raw.get("params", {}), **value}
+            sources[key] = f"{sources[key]} + flag" if key in sources else "flag"
+        else:
+            raw[key] = value
+            sources[key] = "flag"
+    try:
+        settings = Settings(**raw)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, raw, sources)) from None
+    if settings.tasks is not None and settings.workload is None:
+        raise ConfigError("setting tasks needs a workload (--workload NAME) to drive")
+    if settings.rate is not None and settings.workload is None:
+        raise ConfigError("setting rate needs a workload (--workload NAME) to drive")
+    try:
+        build_policy(settings.policy, settings.params)
+    except TopasError as exc:
+        raise ConfigError(f"setting params (from {sources.get('params', 'default')}): "
+                          f"{exc}") from None
+    if not settings.loopback and not settings.token:
+        raise ConfigError(f"host {settings.host!r} is not a loopback address: set a bearer "
+                          "token (--token, TOPAS_TOKEN or token in topasd.toml) so that "
+                          "mutating endpoints are protected")
+    return Loaded(settings, {k: sources.get(k, "default") for k in Settings.model_fields})
+
+
+def raw_setting(name: str, flags: Mapping[str, Any] | None = None, *,
+                config: str | None = None) -> Any:
+    """One setting merged without validating the rest (for `status`/`stop`)."""
+    if flags and flags.get(name) is not None:
+        return flags[name]
+    var = f"{ENV_PREFIX}{name.upper()}"
+    if var in os.environ:
+        return os.environ[var]
+    path = config or os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if path is None and Path(CONFIG_FILE).is_file():
+        path = CONFIG_FILE
+    if path is not None:
+        data = _read_toml(path)
+        if name in data:
+            return data[name]
+    field = Settings.model_fields[name]
+    return field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+
+
+def render(loaded: Loaded) -> str:
+    """The merged settings as TOML, each line commented with its source (token masked)."""
+    data = loaded.settings.model_dump()
+    lines: list[str] = []
+    for name, value in data.items():
+        if name == "params":
+            continue
+        if name == "token" and value:
+            value = "***"
+        text = f"# {name} unset" if value is None else f"{name} = {_toml(value)}"
+        lines.append(f"{text:<44} # {loaded.sources[name]}")
+    lines.append(f"{'[params]':<44} # {loaded.sources['params']}")
+    for key, value in sorted(data["params"].items()):
+        lines.append(f"{key} = {_toml(value)}")
+    return "\n".join(lines)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(str(value))
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {unknown}; known: "
+                          f"{sorted(Settings.model_fields)}")
+    return data
+
+
+def _env_value(name: str, text: str, var: str) -> Any:
+    """An environment string as the field wants it (lists and params parsed)."""
+    if name == "params":
+        return parse_params(text, var)
+    if name == "workflows":
+        return [p for p in text.split(os.pathsep) if p]
+    if text == "" and Settings.model_fields[name].default is None:
+        return None
+    return text
+
+
+def parse_params(text: str, where: str) -> dict[str, Any]:
+    """`{"beta": 5}` or `beta=5,rho=2` (values JSON where they parse, else strings)."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a JSON object of parameters")
+        return data
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{where}: expected NAME=VALUE, got {item!r}")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """A parameter value: JSON number/bool/null where it parses, else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _explain(exc: ValidationError, raw: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    problems = []
+    for err in exc.errors():
+        name = str(err["loc"][0]) if err["loc"] else "?"
+        value = raw.get(name, "?")
+        if name == "token":
+            value = "***"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown setting; known: {sorted(Settings.model_fields)}"
+        problems.append(f"setting {name} = {value!r} (from {sources.get(name, 'default')}): "
+                        f"{msg}")
+    return "; ".join(problems)

@@ -1,0 +1,1094 @@
+"""The daemon: one engine-loop thread owning backend, policy, task book,
+drivers and the store sink; everything else talks to it through thread-safe
+methods that return futures.
+
+The loop (`Service._main`) repeats: take pending commands (submissions,
+parameter changes, state queries) off a queue, advance the backend with the
+shared `EventLoop` (decide at each SCHEDULE event, record every event), then
+wait for the clock or the next command. Commands run between decisions, so a
+parameter change is effective at the next decision and a state snapshot is
+consistent.
+
+Clock: on the paced sim the engine's virtual time follows the wall clock,
+t = (wall - wall0) x speed; with speed "max" it runs unpaced, as fast as the
+work allows (and waits while idle).
+
+Three sources of tasks: the built-in driver (`--workload NAME --rate R`),
+`POST /v1/tasks` (a sampled task of a registered workflow), and
+OpenAI-compatible calls that an application drives itself (`CallSpec`): each
+call is one request; its task and stage come from its metadata, or, for a
+plain client, a one-stage task of an agent keyed by its system prompt.
+
+Token counts of OpenAI calls: `count_tokens(text) = ceil(len(text) / 4)`
+(characters / 4, the usual rule of thumb; deterministic, no tokenizer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import threading
+import time
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from backends.sim.engine import SimBackend
+from store import Store, StoreSink
+from topasd.config import Settings, build_policy, canonical_param
+from topasd.model import (
+    Agent,
+    EngineEvent,
+    EventKind,
+    Location,
+    Request,
+    Stage,
+    TaskView,
+    TopasError,
+    Workflow,
+)
+from topasd.profiles import get_profile
+from topasd.runner import EventLoop, RunResult, run_info
+from topasd.scheduler import ALL_POLICY_NAMES
+from workflows.builtin import BUILTIN, Workload, load_workload
+from workflows.driver import DriverStep, TaskDriver
+from workflows.spec import load_workflow
+from workflows.trace import TaskRecord, sample_task
+
+log = logging.getLogger("topasd")
+
+TICK_S = 0.02  # paced: wall seconds between clock ticks while the engine is busy
+IDLE_WAIT_S = 0.5  # wait for a command at most this long while idle
+UNPACED_SLICE = 1.0  # unpaced: virtual seconds advanced between command checks
+PACED_SLICE_WALL = 0.1  # paced: at most this much wall time's worth per pump
+KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id}
+RECENT_DECISIONS = 50
+BUS_SIZE = 16_384
+
+
+# ------------------------------------------------------------------ errors
+
+
+class ServiceError(TopasError):
+    """A request the daemon refuses; `status` is its HTTP status."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+
+class Invalid(ServiceError):
+    status = 422
+
+
+class NotFound(ServiceError):
+    status = 404
+    kind = "not_found_error"
+
+
+class Conflict(ServiceError):
+    status = 409
+    kind = "conflict_error"
+
+
+class Unavailable(ServiceError):
+    status = 503
+    kind = "unavailable_error"
+
+
+# ------------------------------------------------------------ OpenAI calls
+
+
+def count_tokens(text: str) -> int:
+    """Simulated token count of a text: ceil(characters / 4)."""
+    return math.ceil(len(text) / 4)
+
+
+def agent_key(system_prompt: str) -> str:
+    """The agent a plain client's call belongs to: its system prompt's hash."""
+    if not system_prompt:
+        return "default"
+    return "sys-" + hashlib.sha256(system_prompt.encode()).hexdigest()[:10]
+
+
+_WORDS = ("the", "sim", "ran", "one", "new", "job", "for", "you", "and", "all")
+
+
+def filler_text(tokens: int) -> str:
+    """A simulated reply of `tokens` tokens under `count_tokens` (4 chars each)."""
+    if tokens <= 0:
+        return ""
+    return " ".join(_WORDS[i % len(_WORDS)] for i in range(tokens)) + " "
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One OpenAI-compatible call, counted: the API builds it from a request body."""
+
+    system_tokens: int  # the system prompt's tokens (prefix of a synthesized agent)
+    system_key: str  # `agent_key` of the system prompt
+    input_tokens: int
+    output_tokens: int
+    task_key: str | None = None  # metadata.task_id
+    workflow: str | None = None
+    stage: str | None = None
+    agent: str | None = None
+    last_in_stage: bool = True
+    last_in_task: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A finished call: what the reply reports."""
+
+    request_id: int
+    task_id: int
+    workflow: str
+    stage: str
+    agent: str
+    round: int
+    prompt_tokens: int  # prefix + input
+    completion_tokens: int
+    t_ready: float
+    t_finish: float
+    task_done: bool
+    task_key: str | None
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id, "client_task_id": self.task_key,
+            "request_id": self.request_id, "workflow": self.workflow, "stage": self.stage,
+            "agent": self.agent, "round": self.round, "t_ready": self.t_ready,
+            "t_finish": self.t_finish, "latency_s": self.t_finish - self.t_ready,
+            "task_done": self.task_done,
+        }
+
+
+# ----------------------------------------------------------------- clock
+
+
+class Clock:
+    """Virtual time of the paced engine: (wall - wall0) x speed (None: unpaced)."""
+
+    def __init__(self, speed: float | None) -> None:
+        self.speed = speed
+        self.wall0 = time.monotonic()
+
+    def now(self) -> float:
+        assert self.speed is not None
+        return (time.monotonic() - self.wall0) * self.speed
+
+
+# ------------------------------------------------------------- event bus
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionSummary:
+    """A decision as the state and the event stream show it (no candidate list)."""
+
+    seq: int
+    t: float
+    policy: str
+    admit: tuple[int, ...]
+    preempt: tuple[int, ...]
+    load: tuple[str, ...]
+    evict: tuple[str, ...]
+    blocked: bool
+    wall_ms: float
+    n_candidates: int
+    terms: tuple[float, float, float, float, float] | None
+    params_version: int
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "seq": self.seq, "t": self.t, "policy": self.policy, "admit": list(self.admit),
+            "preempt": list(self.preempt), "load": list(self.load), "evict": list(self.evict),
+            "noop": not (self.admit or self.preempt or self.load or self.evict),
+            "blocked": self.blocked, "wall_ms": self.wall_ms,
+            "n_candidates": self.n_candidates, "params_version": self.params_version,
+            "terms": None,
+        }
+        if self.terms is not None:
+            ja, jm, jr, jv, vr = self.terms
+            out["terms"] = {"j_admit": ja, "j_move": jm, "j_redo": jr, "j_revoke": jv,
+                            "v_reuse": vr, "total": ja - jm - jr - jv + vr}
+        return out
+
+
+class EventBus:
+    """A ring of recent decisions and events. The loop appends (O(1), never
+    blocks); each reader keeps a cursor and, when it fell behind the ring,
+    skips ahead and is told how many items it missed."""
+
+    def __init__(self, size: int = BUS_SIZE) -> None:
+        self._ring: deque[tuple[int, str, Any]] = deque(maxlen=size)
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def put(self, kind: str, item: Any) -> None:
+        with self._lock:
+            self._seq += 1
+            self._ring.append((self._seq, kind, item))
+
+    def notify(self) -> None:
+        """Wake readers (the loop calls this once per iteration, not per item)."""
+        for fn in list(self._listeners):
+            fn()
+
+    def listen(self, fn: Callable[[], None]) -> None:
+        self._listeners.append(fn)
+
+    def unlisten(self, fn: Callable[[], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def since(self, cursor: int, limit: int = 1000) -> tuple[int, list[tuple[int, str, Any]]]:
+        """(missed, items) after `cursor`: at most `limit` items, the oldest first."""
+        with self._lock:
+            if not self._ring or self._ring[-1][0] <= cursor:
+                return 0, []
+            first = self._ring[0][0]
+            missed = max(0, first - cursor - 1)
+            start = max(cursor + 1, first) - first
+            items = [self._ring[i] for i in range(start, min(len(self._ring), start + limit))]
+        return missed, items
+
+
+# ---------------------------------------------------------------- metrics
+
+
+JCT_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+               1200.0)
+DECISION_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
+
+
+class Histogram:
+    """Bucket counts, sum and count (Prometheus semantics, cumulative on read)."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+
+    def observe(self, x: float) -> None:
+        self.counts[bisect_left(self.buckets, x)] += 1
+        self.sum += x
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, acc = [], 0
+        for bound, n in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
+            acc += n
+            out.append((bound, acc))
+        return out
+
+
+class Metrics:
+    """Counters and gauges kept from the event stream by the loop thread; the
+    API reads them (plain ints and dict copies: no lock on the hot path)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[EventKind, int] = dict.fromkeys(EventKind, 0)
+        self.waiting: dict[str, int] = {}
+        self.running: dict[str, int] = {}
+        self.on_gpu: dict[str, int] = {}
+        self.jct = Histogram(JCT_BUCKETS)
+        self.decision_latency = Histogram(DECISION_BUCKETS)
+        self.decisions = 0
+        self.param_changes = 0
+        self.pump_wall_s = 0.0
+        self.decide_wall_s = 0.0
+        self.t = 0.0
+
+    def event(self, ev: EngineEvent) -> None:
+        kind = ev.kind
+        self.counts[kind] += 1
+        agent = ev.agent or ""
+        if kind is EventKind.REQUEST_READY:
+            self.waiting[agent] = self.waiting.get(agent, 0) + 1
+        elif kind is EventKind.REQUEST_ADMIT:
+            self.waiting[agent] -= 1
+            self.running[agent] = self.running.get(agent, 0) + 1
+        elif kind in (EventKind.PREEMPT, EventKind.RETRACT):
+            self.running[agent] -= 1
+            self.waiting[agent] = self.waiting.get(agent, 0) + 1
+        elif kind is EventKind.REQUEST_FINISH:
+            self.running[agent] -= 1
+        elif kind in (EventKind.PREFIX_LOAD_START, EventKind.PREFIX_COMPUTE_START):
+            self.on_gpu[agent] = 1
+        elif kind is EventKind.PREFIX_EVICT:
+            self.on_gpu[agent] = 0
+        elif kind is EventKind.TASK_FINISH:
+            self.jct.observe(ev.value)
+
+    def decision(self, wall_ms: float) -> None:
+        self.decisions += 1
+        self.decision_latency.observe(wall_ms / 1e3)
+
+    @property
+    def tasks_in_flight(self) -> int:
+        return self.counts[EventKind.TASK_ARRIVE] - self.counts[EventKind.TASK_FINISH]
+
+
+# ----------------------------------------------------------- the recorder
+
+
+class _Recorder:
+    """The loop's RunSink: the store, the event bus, metrics and recent decisions."""
+
+    def __init__(self, store: StoreSink, bus: EventBus, metrics: Metrics,
+                 version: Callable[[], int]) -> None:
+        self.store = store
+        self.bus = bus
+        self.metrics = metrics
+        self.recent: deque[DecisionSummary] = deque(maxlen=RECENT_DECISIONS)
+        self._version = version
+
+    def decision(self, d: Any) -> None:
+        self.store.decision(d)
+        chosen = d.chosen_candidate
+        terms = None
+        if chosen is not None:
+            tm = chosen.terms
+            terms = (tm.j_admit, tm.j_move, tm.j_redo, tm.j_revoke, tm.v_reuse)
+        summary = DecisionSummary(d.seq, d.t, d.policy, tuple(d.admit), tuple(d.preempt),
+                                  tuple(d.load), tuple(d.evict), d.blocked, d.wall_ms,
+                                  len(d.candidates), terms, self._version())
+        self.recent.append(summary)
+        self.bus.put("decision", summary)
+        self.metrics.decision(d.wall_ms)
+
+    def event(self, ev: EngineEvent) -> None:
+        self.store.event(ev)
+        self.bus.put("event", ev)
+        self.metrics.event(ev)
+
+
+# ------------------------------------------------------- task bookkeeping
+
+
+@dataclass(slots=True)
+class _TaskEntry:
+    """A task as `GET /v1/tasks/{id}` reports it."""
+
+    id: int
+    workflow: str
+    source: str  # driver | api | openai
+    arrival: float
+    client_key: str | None = None
+    finished: float | None = None
+    stages: dict[str, Any] | None = None  # final stage histories, once done
+
+    def as_dict(self, view: TaskView | None) -> dict[str, Any]:
+        done = self.finished is not None
+        stages = self.stages if done else _stages(view) if view is not None else {}
+        return {
+            "id": self.id, "workflow": self.workflow, "source": self.source,
+            "client_task_id": self.client_key,
+            "status": "done" if done else "running", "arrival": self.arrival,
+            "finished": self.finished,
+            "jct": None if self.finished is None else self.finished - self.arrival,
+            "stages_done": sum(1 for s in (stages or {}).values() if s["status"] == "done"),
+            "stages_total": len(stages or {}),
+            "stages": stages,
+        }
+
+
+def _stages(view: TaskView) -> dict[str, Any]:
+    return {name: {"status": str(s.status), "rounds_done": s.rounds_done,
+                   "service_s": s.service_s, "started_at": s.started_at,
+                   "finished_at": s.finished_at}
+            for name, s in view.stages.items()}
+
+
+class _Driver(TaskDriver):
+    """The workflow driver; its request-id sequence is shared with external calls."""
+
+    def new_request_id(self) -> int:
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
+
+@dataclass(slots=True)
+class _OpenTask:
+    """A task an application drives itself through OpenAI-compatible calls."""
+
+    id: int
+    workflow: Workflow
+    key: tuple[str, str] | None
+    rounds: dict[str, int] = field(default_factory=dict)
+    done: set[str] = field(default_factory=set)
+    in_flight: int = 0
+    closing: bool = False
+
+
+@dataclass(slots=True)
+class _Call:
+    task: _OpenTask
+    request: Request
+    spec: CallSpec
+    future: Future[CallResult]
+
+
+class _Calls:
+    """The `RequestOwner` of OpenAI-compatible calls: resolves each call's
+    future at its REQUEST_FINISH and says when its stage and task are done."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple[str, str], _OpenTask] = {}
+        self.by_request: dict[int, _Call] = {}
+
+    def on_finish(self, request_id: int, t: float) -> DriverStep:
+        call = self.by_request.pop(request_id)
+        task, req, spec = call.task, call.request, call.spec
+        task.in_flight -= 1
+        step = DriverStep()
+        if spec.last_in_stage and req.stage not in task.done:
+            task.done.add(req.stage)
+            step.stages_done.append(req.stage)
+        if spec.last_in_task:
+            task.closing = True
+        if task.in_flight == 0 and (task.closing or len(task.done) == len(task.workflow.stages)):
+            step.task_done = True
+            if task.key is not None:
+                self.open.pop(task.key, None)
+        result = CallResult(req.id, req.task_id, req.workflow, req.stage, req.agent, req.round,
+                            req.prefix_tokens + req.input_tokens, req.output_tokens,
+                            req.ready_at, t, step.task_done, spec.task_key)
+        if not call.future.done():
+            call.future.set_result(result)
+        return step
+
+    def fail_all(self, exc: BaseException) -> None:
+        for call in self.by_request.values():
+            if not call.future.done():
+                call.future.set_exception(exc)
+
+
+# ----------------------------------------------------------- the feeder
+
+
+class _Feeder:
+    """The built-in driver: Poisson arrivals of a workload's tasks (virtual time)."""
+
+    def __init__(self, workload: Workload, rate: float, limit: int | None, seed: int) -> None:
+        self.workload = workload
+        self.rate = rate
+        self.limit = limit
+        self.rng = np.random.default_rng(seed)
+        self.generated = 0
+        self.next_arrival: float | None = 0.0
+
+    def pop(self, task_id: int, workflows: Mapping[str, Workflow]) -> TaskRecord:
+        """The task arriving at `next_arrival`; schedules the next one."""
+        assert self.next_arrival is not None
+        wf = self.workload.workflows[self.generated % len(self.workload.workflows)]
+        record = sample_task(workflows[wf.name], task_id, self.next_arrival, self.rng)
+        self.generated += 1
+        if self.limit is not None and self.generated >= self.limit:
+            self.next_arrival = None
+        else:
+            self.next_arrival += float(self.rng.exponential(1.0 / self.rate))
+        return record
+
+
+# ------------------------------------------------------------- service
+
+
+Command = tuple[Callable[..., Any], tuple[Any, ...], Future[Any], bool]
+
+
+class Service:
+    """The daemon's engine loop and its thread-safe API (see the module doc)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        profile = get_profile(settings.profile)
+        if settings.budget is not None:
+            profile = profile.with_overrides(budget_tokens=settings.budget)
+        self.profile = profile
+        self.registry = _registry(settings)
+        self.workload = load_workload(settings.workload) if settings.workload else None
+        self.policy = build_policy(settings.policy, settings.params)
+        self.backend = SimBackend(profile)
+        self.store = Store(settings.db)
+        self.store_sink = self.store.sink(settings.log_candidates)
+        self.bus = EventBus()
+        self.metrics = Metrics()
+        self.params_version = 0
+        self._published_params = self._params_dict()
+        self.recorder = _Recorder(self.store_sink, self.bus, self.metrics,
+                                  lambda: self.params_version)
+        self.active: dict[str, Workflow] = {}  # workflows in use (the policy's view)
+        self._agent_sizes: dict[str, int] = {}
+        self.driver = _Driver(self.active)
+        self.loop = EventLoop(self.active, self.policy, self.backend, self.recorder,
+                              driver=self.driver)
+        self.loop.on_task_done = self._task_done
+        self.calls = _Calls()
+        self.feeder: _Feeder | None = None
+        if self.workload is not None:
+            for wf in self.workload.workflows:
+                self._activate(wf.name)
+            rate = settings.rate or _middle(self.workload)
+            self.feeder = _Feeder(self.workload, rate, settings.tasks, settings.seed)
+        self.rng = np.random.default_rng(settings.seed + 1)
+        self.clock = Clock(None if settings.speed == "max" else float(settings.speed))
+        self.tasks: OrderedDict[int, _TaskEntry] = OrderedDict()
+        self.rejected = 0
+        self._next_task = 0
+        self._cmds: deque[Command] = deque()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._draining = False
+        self._drain_deadline = math.inf
+        self._closed = False
+        self.stopped = threading.Event()
+        self.crash: BaseException | None = None
+        self.started_wall = time.time()
+        self._stall_warned = False
+
+    # ---------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Open the run in the store and start the engine loop thread."""
+        meta = {"daemon": True, "workload": self.workload.name if self.workload else None,
+                "rate": self.feeder.rate if self.feeder else None,
+                "tasks": self.settings.tasks, "seed": self.settings.seed,
+                "speed": self.settings.speed}
+        self.store_sink.run_started(run_info(self.policy, self.backend, meta))
+        self._thread = threading.Thread(target=self._main, name="topasd-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def ready(self) -> bool:
+        return (self._thread is not None and self._thread.is_alive() and not self._draining
+                and self.crash is None)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def drain(self, grace: float | None = None) -> None:
+        """Stop admitting new tasks; running work may finish for `grace` wall seconds."""
+        grace = self.settings.grace if grace is None else grace
+        self._drain_deadline = time.monotonic() + grace
+        self._draining = True
+        self._wake.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self.stopped.wait(timeout)
+
+    def close(self) -> None:
+        """After the loop stopped: finish the store run (flushes every row), close."""
+        if self._closed:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            self.drain(0.0)
+            self._thread.join()
+        self._closed = True
+        book, loop = self.loop.book, self.loop
+        result = RunResult(policy=self.policy.name, jct=book.jct(), arrivals=dict(book.arrivals),
+                           finishes=dict(book.finishes), requests_finished=loop.requests_finished,
+                           decisions=len(loop.decision_ms), decision_ms=loop.decision_ms,
+                           stats=self.backend.stats, wall_s=time.time() - self.started_wall)
+        self.store_sink.run_finished(None if self.crash else result, self.crash)
+        self.store.close()
+
+    @property
+    def run_id(self) -> int | None:
+        return self.store_sink.run_id
+
+    # ------------------------------------------------- thread-safe methods
+
+    def submit_task(self, workflow: str, overrides: Mapping[str, Mapping[str, int]]
+                    ) -> Future[dict[str, Any]]:
+        """A sampled task of a registered workflow (per-stage token overrides)."""
+        return self._command(self._cmd_task, workflow, dict(overrides))
+
+    def submit_call(self, spec: CallSpec) -> Future[CallResult]:
+        """One OpenAI-compatible call; the future resolves when it finishes."""
+        return self._command(self._cmd_call, spec, deferred=True)
+
+    def get_task(self, task_id: int) -> Future[dict[str, Any]]:
+        return self._command(self._cmd_get_task, task_id)
+
+    def state(self, limit: int = 50) -> Future[dict[str, Any]]:
+        return self._command(self._cmd_state, limit)
+
+    def patch_params(self, changes: Mapping[str, Any]) -> Future[dict[str, Any]]:
+        return self._command(self._cmd_params, dict(changes))
+
+    def params(self) -> dict[str, Any]:
+        """The policy and its parameters as last published by the loop."""
+        return self._published_params
+
+    def _command(self, fn: Callable[..., Any], *args: Any, deferred: bool = False
+                 ) -> Future[Any]:
+        fut: Future[Any] = Future()
+        if self.stopped.is_set():
+            fut.set_exception(Unavailable("the daemon is shutting down; no new work"))
+            return fut
+        self._cmds.append((fn, args, fut, deferred))
+        self._wake.set()
+        if self.stopped.is_set():  # the loop ended meanwhile: fail what it left
+            self._fail_pending(Unavailable("the daemon is shutting down; no new work"))
+        return fut
+
+    # ------------------------------------------------------ the loop thread
+
+    def _main(self) -> None:
+        try:
+            while True:
+                self._wake.clear()
+                self._run_commands()
+                if self._draining and (self.backend.idle()
+                                       or time.monotonic() >= self._drain_deadline):
+                    break
+                if self.clock.speed is None:
+                    self._tick_unpaced()
+                else:
+                    self._tick_paced()
+                self.bus.notify()
+        except BaseException as exc:  # a bug: keep the daemon answering, report it
+            self.crash = exc
+            log.exception("engine loop stopped")
+        finally:
+            self.stopped.set()
+            gone = Unavailable("the daemon shut down before this request finished")
+            self.calls.fail_all(gone)
+            self._fail_pending(gone)
+            self.bus.notify()
+            if self.crash is None:
+                unfinished = len(self.loop.book.tasks)
+                log.info("engine loop stopped at t=%.1fs (%d task(s) unfinished)",
+                         self.backend.t, unfinished)
+
+    def _tick_paced(self) -> None:
+        assert self.clock.speed is not None
+        target = self.clock.now()
+        stop = min(target, self.backend.t + PACED_SLICE_WALL * self.clock.speed)
+        self._advance(stop)
+        if self.backend.t < target - 1e-9:
+            return  # behind the clock: catch up before waiting
+        timeout = IDLE_WAIT_S if self.backend.idle() else TICK_S
+        nxt = self._next_arrival()
+        if nxt is not None:
+            timeout = min(timeout, max(0.0, (nxt - target) / self.clock.speed))
+        self._wake.wait(timeout)
+
+    def _tick_unpaced(self) -> None:
+        nxt = self._next_arrival()
+        if not self.backend.idle():
+            self._advance(self.backend.t + UNPACED_SLICE)
+        elif nxt is not None:
+            self._advance(max(nxt, self.backend.t))
+        else:
+            self._advance(self.backend.t)  # decide on new submissions; no time passes
+            if self.backend.idle():
+                self._check_stall()
+                self._wake.wait(IDLE_WAIT_S)
+
+    def _advance(self, target: float) -> None:
+        """Run the engine to `target`, letting built-in driver tasks arrive on time."""
+        loop = self.loop
+        while True:
+            nxt = self._next_arrival()
+            stop = target if nxt is None or nxt > target else nxt
+            t0 = time.perf_counter()
+            ms0 = len(loop.decision_ms)
+            loop.pump(stop)
+            self.metrics.pump_wall_s += time.perf_counter() - t0
+            self.metrics.decide_wall_s += sum(loop.decision_ms[ms0:]) / 1e3
+            self.metrics.t = self.backend.t
+            if nxt is None or nxt > self.backend.t:
+                return
+            self._feed()
+
+    def _next_arrival(self) -> float | None:
+        if self.feeder is None or self._draining:
+            return None
+        return self.feeder.next_arrival
+
+    def _feed(self) -> None:
+        assert self.feeder is not None
+        while self.feeder.next_arrival is not None and self.feeder.next_arrival <= self.backend.t:
+            record = self.feeder.pop(self._new_task_id(), self.active)
+            if not self._fits(record):
+                self.rejected += 1
+                log.warning("driver task %d of %s does not fit the KV budget; skipped",
+                            record.id, record.workflow)
+                continue
+            self._arrive(record, "driver", record.arrival)
+
+    def _check_stall(self) -> None:
+        waiting = sum(self.metrics.waiting.values())
+        if waiting and not self._stall_warned:
+            self._stall_warned = True
+            log.warning("the engine is idle with %d waiting request(s): policy %s stopped "
+                        "admitting", waiting, self.policy.name)
+
+    def _run_commands(self) -> None:
+        cmds = self._cmds
+        while cmds:
+            fn, args, fut, deferred = cmds.popleft()
+            if not deferred and not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                if deferred:
+                    fn(fut, *args)
+                else:
+                    fut.set_result(fn(*args))
+            except TopasError as exc:
+                if not fut.done():
+                    fut.set_exception(exc)
+            except Exception as exc:
+                log.exception("command %s failed", getattr(fn, "__name__", fn))
+                if not fut.done():
+                    fut.set_exception(exc)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        while self._cmds:
+            try:
+                _, _, fut, _ = self._cmds.popleft()
+            except IndexError:
+                return
+            if not fut.done():
+                with contextlib.suppress(Exception):  # cancelled or resolved concurrently
+                    fut.set_exception(exc)
+
+    # ------------------------------------------------------------ commands
+
+    def _cmd_task(self, workflow: str, overrides: dict[str, dict[str, int]]) -> dict[str, Any]:
+        if self._draining:
+            raise Unavailable("the daemon is shutting down: not admitting new tasks")
+        wf = self._registered(workflow)
+        unknown = sorted(set(overrides) - set(wf.stages))
+        if unknown:
+            raise Invalid(f"stages: workflow {workflow!r} has no stage(s) {unknown}; its "
+                          f"stages are {list(wf.topo_order)}")
+        active = self._activate(workflow)
+        task_id = self._new_task_id()
+        record = sample_task(active, task_id, self.backend.t, self.rng)
+        if overrides:
+            stages = {v: tuple(replace(r, input_tokens=o.get("input_tokens", r.input_tokens),
+                                       output_tokens=o.get("output_tokens", r.output_tokens))
+                               for r in rounds) if (o := overrides.get(v)) else rounds
+                      for v, rounds in record.stages.items()}
+            record = replace(record, stages=stages)
+        problem = self._fit_problem(record)
+        if problem:
+            raise Invalid(problem)
+        entry = self._arrive(record, "api", self.backend.t)
+        return entry.as_dict(self.loop.book.tasks.get(task_id))
+
+    def _cmd_call(self, fut: Future[CallResult], spec: CallSpec) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return  # the client went away before the call reached the engine
+        wf, stage, task = self._call_target(spec)
+        agent = wf.stages[stage].agent
+        prefix = wf.agents[agent].prefix_tokens
+        need = prefix + spec.input_tokens + spec.output_tokens
+        if need > self.profile.budget_tokens:
+            raise Invalid(f"the call needs {need} KV tokens (prefix {prefix} + input "
+                          f"{spec.input_tokens} + max_tokens {spec.output_tokens}) but the KV "
+                          f"budget is {self.profile.budget_tokens}; lower max_tokens or "
+                          "shorten the prompt")
+        if task is None:
+            key = None if spec.task_key is None or wf.name not in self.registry else (
+                wf.name, spec.task_key)
+            task = self._open_task(wf, key, spec.task_key)
+        k = task.rounds.get(stage, 0)
+        task.rounds[stage] = k + 1
+        task.in_flight += 1
+        req = Request(id=self.driver.new_request_id(), task_id=task.id, workflow=wf.name,
+                      stage=stage, agent=agent, round=k, input_tokens=spec.input_tokens,
+                      output_tokens=spec.output_tokens, ready_at=self.backend.t,
+                      task_arrival=self.loop.book.arrivals[task.id], prefix_tokens=prefix)
+        self.calls.by_request[req.id] = _Call(task, req, spec, fut)
+        self.loop.submit(req, self.calls)
+
+    def _call_target(self, spec: CallSpec) -> tuple[Workflow, str, _OpenTask | None]:
+        """The workflow, stage and open task (None: a new one) a call belongs to."""
+        if spec.workflow is None or spec.workflow not in self.registry:
+            wf = self._synthesized(spec.agent or spec.system_key, spec.system_tokens)
+            if self._draining:
+                raise Unavailable("the daemon is shutting down: not admitting new tasks")
+            return wf, wf.topo_order[0], None
+        wf = self.registry[spec.workflow]
+        stage = spec.stage
+        if stage is None:
+            if len(wf.stages) > 1:
+                raise Invalid(f"topasd.stage is required: workflow {wf.name!r} has stages "
+                              f"{list(wf.topo_order)}")
+            stage = wf.topo_order[0]
+        if stage not in wf.stages:
+            raise Invalid(f"topasd.stage: workflow {wf.name!r} has no stage {stage!r}; its "
+                          f"stages are {list(wf.topo_order)}")
+        if spec.agent is not None and spec.agent != wf.stages[stage].agent:
+            raise Invalid(f"topasd.agent: stage {stage!r} of {wf.name!r} is run by agent "
+                          f"{wf.stages[stage].agent!r}, not {spec.agent!r}; drop agent or fix it")
+        if spec.task_key is None and len(wf.stages) > 1:
+            raise Invalid(f"topasd.task_id is required with workflow {wf.name!r} (it has "
+                          f"{len(wf.stages)} stages): one id ties a task's calls together")
+        active = self._activate(wf.name)
+        task = None if spec.task_key is None else self.calls.open.get((wf.name, spec.task_key))
+        if task is None:
+            if self._draining:
+                raise Unavailable("the daemon is shutting down: not admitting new tasks")
+            return active, stage, None
+        if stage in task.done:
+            raise Conflict(f"task {spec.task_key!r} already finished stage {stage!r} (a call "
+                           "with last_in_stage=true ended it); send earlier rounds with "
+                           "last_in_stage=false, or use a new task_id")
+        if task.closing:
+            raise Conflict(f"task {spec.task_key!r} is closing (a call with last_in_task=true "
+                           "ended it); use a new task_id")
+        return active, stage, task
+
+    def _open_task(self, wf: Workflow, key: tuple[str, str] | None,
+                   client_key: str | None) -> _OpenTask:
+        task_id = self._new_task_id()
+        t = self.backend.t
+        self.loop.book.arrive(task_id, wf.name, t)
+        self.loop.record(EngineEvent(t, EventKind.TASK_ARRIVE, task_id=task_id, note=wf.name))
+        self._remember(_TaskEntry(task_id, wf.name, "openai", t, client_key))
+        task = _OpenTask(task_id, wf, key)
+        if key is not None:
+            self.calls.open[key] = task
+        return task
+
+    def _cmd_get_task(self, task_id: int) -> dict[str, Any]:
+        entry = self.tasks.get(task_id)
+        if entry is None:
+            if 0 <= task_id < self._next_task:
+                raise NotFound(f"task {task_id} finished long ago and is no longer kept in "
+                               "memory; read it from the store (tasks table)")
+            raise NotFound(f"no task {task_id}: ids come from POST /v1/tasks or the replies' "
+                           f"topasd.task_id (known ids are below {self._next_task})")
+        return entry.as_dict(self.loop.book.tasks.get(task_id))
+
+    def _cmd_params(self, changes: dict[str, Any]) -> dict[str, Any]:
+        changes = {canonical_param(k): v for k, v in changes.items()}
+        new_name = changes.pop("policy", None)
+        t = self.backend.t
+        old_policy = self.policy
+        old_params = dict(self._published_params["params"])
+        if new_name is not None and new_name != old_policy.name:
+            if new_name not in ALL_POLICY_NAMES:
+                raise Invalid(f"policy: unknown policy {new_name!r}; choose one of "
+                              f"{', '.join(ALL_POLICY_NAMES)}")
+            policy = build_policy(new_name, changes)
+            self.policy = self.loop.policy = policy
+            self.store_sink.param_change(t, "policy", old_policy.name, new_name)
+        elif changes:
+            set_params = getattr(self.policy, "set_params", None)
+            if set_params is None:
+                raise Invalid(f"policy {self.policy.name!r} has no parameters; switch policy "
+                              "first (\"policy\": \"topas\")")
+            try:
+                set_params(**changes)
+            except TypeError as exc:
+                raise Invalid(str(exc)) from None
+        new_params = _params_of(self.policy)
+        changed = {k: v for k, v in new_params.items() if old_params.get(k) != v}
+        for name, value in sorted(changed.items()):
+            self.store_sink.param_change(t, name, old_params.get(name), value)
+        if changed or self.policy is not old_policy:
+            self.params_version += 1
+            self.metrics.param_changes += len(changed) + (self.policy is not old_policy)
+            log.info("params changed at t=%.3fs: %s%s", t,
+                     "" if self.policy is old_policy else f"policy={self.policy.name} ",
+                     ", ".join(f"{k}={v!r}" for k, v in sorted(changed.items())))
+        self._published_params = self._params_dict()
+        return {**self._published_params, "changed": sorted(changed), "t": t,
+                "effective_from_decision": len(self.loop.decision_ms) + 1}
+
+    def _cmd_state(self, limit: int) -> dict[str, Any]:
+        view = self.backend.view(self.loop.book.tasks, self.active)
+        running: dict[str, list[dict[str, Any]]] = {}
+        waiting: dict[str, list[dict[str, Any]]] = {}
+        for req in view.running:
+            running.setdefault(req.agent, []).append(_req_dict(req))
+        for req in view.waiting:
+            waiting.setdefault(req.agent, []).append(_req_dict(req))
+        used_prefix = sum(p.tokens for p in view.prefixes.values() if p.location is Location.GPU)
+        used_req = sum(r.kv_tokens() for r in view.running)
+        tasks = []
+        for task in list(self.loop.book.tasks.values())[:limit]:
+            entry = self.tasks.get(task.id)
+            item = entry.as_dict(task) if entry is not None else {"id": task.id}
+            tasks.append(item)
+        m = self.metrics
+        counts = {
+            "tasks_arrived": m.counts[EventKind.TASK_ARRIVE],
+            "tasks_finished": m.counts[EventKind.TASK_FINISH],
+            "tasks_in_flight": len(self.loop.book.tasks),
+            "requests_finished": self.loop.requests_finished,
+            "requests_running": len(view.running),
+            "requests_waiting": len(view.waiting),
+            "decisions": len(self.loop.decision_ms),
+            "events": sum(m.counts.values()),
+            "driver_rejected": self.rejected,
+        }
+        return {
+            "t": view.t,
+            "uptime_s": time.time() - self.started_wall,
+            "speed": self.settings.speed,
+            "draining": self._draining,
+            "run_id": self.run_id,
+            "policy": self.policy.name,
+            "params_version": self.params_version,
+            "budget": {"tokens": view.budget_tokens, "used": used_prefix + used_req,
+                       "prefixes": used_prefix, "requests": used_req},
+            "prefixes": [{"agent": p.agent, "tokens": p.tokens, "location": str(p.location),
+                          "ready": p.ready, "host_copy": p.host_copy}
+                         for p in sorted(view.prefixes.values(), key=lambda p: p.agent)],
+            "running": {a: rs[:limit] for a, rs in sorted(running.items())},
+            "waiting": {a: rs[:limit] for a, rs in sorted(waiting.items())},
+            "tasks": tasks,
+            "counts": counts,
+            "driver": None if self.feeder is None else {
+                "workload": self.feeder.workload.name, "rate": self.feeder.rate,
+                "generated": self.feeder.generated, "limit": self.feeder.limit,
+                "next_arrival": self.feeder.next_arrival},
+            "loop": {"pump_wall_s": m.pump_wall_s, "decide_wall_s": m.decide_wall_s},
+            "recent_decisions": [d.as_dict() for d in list(self.recorder.recent)[-limit:]],
+        }
+
+    # ----------------------------------------------------------- helpers
+
+    def _new_task_id(self) -> int:
+        tid = self._next_task
+        self._next_task += 1
+        return tid
+
+    def _registered(self, name: str) -> Workflow:
+        wf = self.registry.get(name)
+        if wf is None:
+            raise Invalid(f"workflow: unknown workflow {name!r}; registered: "
+                          f"{', '.join(sorted(self.registry))} (add spec files with --workflow)")
+        return wf
+
+    def _activate(self, name: str) -> Workflow:
+        """The registered workflow `name` as the engine runs it. Agents are global
+        by name; an agent whose name is taken by a different-sized prefix is
+        renamed `<workflow>/<agent>`."""
+        if name in self.active:
+            return self.active[name]
+        wf = self.registry[name]
+        rename = {a.name: f"{wf.name}/{a.name}" for a in wf.agents.values()
+                  if self._agent_sizes.get(a.name, a.prefix_tokens) != a.prefix_tokens}
+        if rename:
+            agents = {rename.get(a, a): Agent(rename.get(a, a), ag.prefix_tokens)
+                      for a, ag in wf.agents.items()}
+            stages = {v: replace(s, agent=rename.get(s.agent, s.agent))
+                      for v, s in wf.stages.items()}
+            wf = Workflow(wf.name, agents, stages, wf.description)
+        for agent in wf.agents.values():
+            self._agent_sizes[agent.name] = agent.prefix_tokens
+        self.active[name] = wf
+        return wf
+
+    def _synthesized(self, agent: str, prefix_tokens: int) -> Workflow:
+        """The one-stage workflow `agent:<agent>` of calls without a registered workflow."""
+        name = f"agent:{agent}"
+        wf = self.active.get(name)
+        if wf is None:
+            size = self._agent_sizes.get(agent, prefix_tokens)
+            wf = Workflow(name, {agent: Agent(agent, size)}, {"call": Stage("call", agent)},
+                          f"calls of agent {agent} (synthesized)")
+            self._agent_sizes[agent] = size
+            self.active[name] = wf
+        return wf
+
+    def _fit_problem(self, record: TaskRecord) -> str | None:
+        wf = self.active[record.workflow]
+        budget = self.profile.budget_tokens
+        for stage, rounds in record.stages.items():
+            prefix = wf.prefix_tokens(stage)
+            for k, r in enumerate(rounds):
+                need = prefix + r.input_tokens + r.output_tokens
+                if need > budget:
+                    return (f"stage {stage!r}, round {k}: needs {need} KV tokens (prefix "
+                            f"{prefix} + input {r.input_tokens} + output {r.output_tokens}) but "
+                            f"the KV budget is {budget}; lower the stage's token overrides")
+        return None
+
+    def _fits(self, record: TaskRecord) -> bool:
+        return self._fit_problem(record) is None
+
+    def _arrive(self, record: TaskRecord, source: str, t: float) -> _TaskEntry:
+        entry = _TaskEntry(record.id, record.workflow, source, t)
+        self._remember(entry)
+        self.loop.arrive(record, t)
+        return entry
+
+    def _remember(self, entry: _TaskEntry) -> None:
+        self.tasks[entry.id] = entry
+        if len(self.tasks) > KEEP_FINISHED:
+            for tid, old in self.tasks.items():
+                if old.finished is not None:
+                    del self.tasks[tid]
+                    break
+
+    def _task_done(self, task: TaskView, t: float) -> None:
+        entry = self.tasks.get(task.id)
+        if entry is not None:
+            entry.finished = t
+            entry.stages = _stages(task)
+            self.tasks.move_to_end(task.id)
+
+    def _params_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy.name, "params": _params_of(self.policy),
+                "version": self.params_version}
+
+
+def _params_of(policy: Any) -> dict[str, Any]:
+    params = getattr(policy, "params", None)
+    return {} if params is None else asdict(params)
+
+
+def _req_dict(req: Request) -> dict[str, Any]:
+    return {"id": req.id, "task_id": req.task_id, "workflow": req.workflow,
+            "stage": req.stage, "round": req.round, "input_tokens": req.input_tokens,
+            "output_tokens": req.output_tokens, "generated": req.generated,
+            "ready_at": req.ready_at, "preemptions": req.preemptions}
+
+
+def _middle(workload: Workload) -> float:
+    points = workload.operating_points
+    if not points:
+        raise TopasError(f"workload {workload.name!r} lists no operating points; pass --rate")
+    return points[len(points) // 2]
+
+
+def _registry(settings: Settings) -> dict[str, Workflow]:
+    """Every workflow a task or call may name: the built-ins, the --workload and
+    the --workflow spec files (later ones win on a name clash)."""
+    out: dict[str, Workflow] = {}
+    for name in BUILTIN:
+        for wf in load_workload(name).workflows:
+            out[wf.name] = wf
+    if settings.workload:
+        for wf in load_workload(settings.workload).workflows:
+            out[wf.name] = wf
+    for path in settings.workflows:
+        wf = load_workflow(path)
+        out[wf.name] = wf
+    return out
