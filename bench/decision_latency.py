@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import sys
 import time
 from typing import Any
 
@@ -86,6 +88,7 @@ def main() -> None:
     ap.add_argument("--stress-decisions", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
     rows = []
     for name in ("dag10wide", "metagpt-tl"):
@@ -98,14 +101,23 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print("| case | decisions | median ms | mean ms | p99 ms | max ms | share of sim time |")
-    print("|---|---|---|---|---|---|---|")
+    lines = ["| case | decisions | median ms | mean ms | p99 ms | max ms | share of sim time |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        print(f"| {r['case']} | {r['decisions']} | {r['median_ms']:.3f} | {r['mean_ms']:.3f} "
-              f"| {r['p99_ms']:.2f} | {r['max_ms']:.2f} "
-              f"| {100 * r['decision_share_of_sim_time']:.3f}% |")
-    print("\nTargets: median <= 0.5 ms and p99 <= 5 ms at paper scale; p99 <= 50 ms on the "
-          "stress case; total decision time < 0.1% of simulated time.")
+        lines.append(f"| {r['case']} | {r['decisions']} | {r['median_ms']:.3f} "
+                     f"| {r['mean_ms']:.3f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} "
+                     f"| {100 * r['decision_share_of_sim_time']:.3f}% |")
+    lines += ["", "Targets: median <= 0.5 ms and p99 <= 5 ms at paper scale; p99 <= 50 ms on "
+              "the stress case; total decision time < 0.1% of simulated time. Load average "
+              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs while measuring."]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        from _results import update_section  # bench/_results.py
+
+        command = "python " + " ".join(["bench/decision_latency.py", *sys.argv[1:]])
+        update_section("decision_latency", "## TOPAS decision latency\n\n"
+                       f"Command: `{command}`\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
     results = []
     for policy in args.policy or [default]:
@@ -138,9 +139,15 @@ def main() -> int:
     worst = max(r["overhead"]["all"] for r in results)
     worst_best = max(r["overhead_best"]["all"] for r in results)
     verdict = "within" if worst <= BUDGET else "OVER"
-    print(f"\nlogging `all` costs at most {worst:+.1%} median wall time ({worst_best:+.1%} "
-          f"best of {args.repeats}): {verdict} the {BUDGET:.0%} budget; load average "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", file=sys.stderr)
+    summary = (f"logging `all` costs at most {worst:+.1%} median wall time ({worst_best:+.1%} "
+               f"best of {args.repeats}): {verdict} the {BUDGET:.0%} budget; load average "
+               f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print("\n" + summary, file=sys.stderr)
+    if args.write:
+        from _results import update_section  # bench/_results.py
+
+        update_section("log_overhead", "## Decision-log overhead\n\n"
+                       + markdown(results, command) + "\n\n" + summary + ".")
     return 0
 
 

@@ -30,10 +30,9 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _results import update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
-from bench._results import update_section
 from topasd.model import EngineEvent, EventKind
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from typing import Any
 
@@ -134,9 +135,16 @@ def main() -> None:
     ap.add_argument("--stepwise", action="store_true",
                     help="also time the large run stepping decode one step at a time")
     ap.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
     result = measure(args)
-    print(json.dumps(result, indent=2) if args.json else markdown(result))
+    text = markdown(result)
+    print(json.dumps(result, indent=2) if args.json else text)
+    if args.write:
+        from _results import update_section  # bench/_results.py
+
+        command = "python " + " ".join(["bench/sim_speed.py", *sys.argv[1:]])
+        update_section("sim_speed", f"## Simulator speed\n\nCommand: `{command}`\n\n{text}")
 
 
 if __name__ == "__main__":

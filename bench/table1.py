@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.sim.engine import SimBackend
 from topasd.profiles import DEFAULT_PROFILE, get_profile
@@ -112,7 +108,7 @@ def main() -> None:
     text = render(rows, args.profile)
     print(text)
     if args.write:
-        from bench._results import update_section
+        from _results import update_section  # bench/_results.py
 
         update_section(f"table1-{args.profile}", text)
 

@@ -248,3 +248,29 @@ def test_fig2_conflict(scenario: str) -> None:
     assert min(spf.finishes.values()) < min(lpm.finishes.values())
     assert lpm_backend.stats.prefix_loads == 3  # one setup per agent
     assert spf_backend.stats.prefix_loads > lpm_backend.stats.prefix_loads
+
+
+def _mean_jct(completion: dict[int, float], arrivals: list[float]) -> float:
+    return sum(completion[i] - arrivals[i] for i in completion) / len(completion)
+
+
+def test_topas_beats_lpm_and_srpt_when_the_gpu_batches_two() -> None:
+    """Fig. 2 with room for one prefix and two requests: TOPAS finishes tasks
+    no later on average than both LPM and SRPT (spf)."""
+    arrivals, budget, expected = SCENARIOS["batch-of-two"]
+    topas, _, _ = run_fig2("topas", arrivals, budget, True)
+    mean = _mean_jct(topas.finishes, arrivals)
+    assert mean <= _mean_jct(expected["lpm"]["completion"], arrivals)
+    assert mean <= _mean_jct(expected["spf"]["completion"], arrivals)
+
+
+def test_topas_on_the_literal_fig2_ties_stage_values_and_saves_the_move() -> None:
+    """Fig. 2 literally (one request fits): every stage has the same expected
+    service and all tasks the same age, so Eq. 13 values T0.b and T1.a alike and
+    J_move decides for the resident prefix: TOPAS runs LPM's timeline (mean JCT
+    35), not SRPT's (30). No term of the score prefers finishing a task over
+    starting another of equal remaining service; see docs/RESULTS.md."""
+    arrivals, budget, expected = SCENARIOS["one-request"]
+    topas, _, backend = run_fig2("topas", arrivals, budget, True)
+    assert topas.finishes == expected["lpm"]["completion"]
+    assert backend.stats.prefix_loads == 3 and backend.stats.preemptions == 0
