@@ -102,3 +102,44 @@ def test_topas_decisions_keep_the_papers_constraints(case: tuple[Trace, int], k:
     assert set(result.jct) == {t.id for t in trace.tasks}, "every task finishes"
     assert pol.decisions > 0
     assert result.stats.retractions == 0, "full reservation is never retracted"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.sampled_from([0, 2]))
+def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
+        case: tuple[Trace, int], k: int) -> None:
+    """GreedyPack's merge shortcut (no same-task marginals to update) and its
+    general heap give identical decision logs."""
+    import topasd.scheduler.topas as topas
+
+    trace, budget = case
+    profile = get_profile("small").with_overrides(budget_tokens=budget)
+
+    def log(disable_shortcut: bool) -> list[Decision]:
+        class Sink:
+            decisions: list[Decision] = []
+
+            def decision(self, d: Decision) -> None:
+                self.decisions.append(replace(d, wall_ms=0.0, candidates=tuple(d.candidates)))
+
+            def event(self, ev: object) -> None:
+                return None
+
+        original = topas._Search.__init__
+
+        def init(self: topas._Search, policy: TopasPolicy, view: EngineView) -> None:
+            original(self, policy, view)
+            if disable_shortcut:
+                self.solo_agents = frozenset()
+
+        topas._Search.__init__ = init  # type: ignore[method-assign]
+        try:
+            sink = Sink()
+            sink.decisions = []
+            Run(trace, TopasPolicy(TopasParams(k=k, samples=16)), SimBackend(profile),
+                sink=sink).execute()
+        finally:
+            topas._Search.__init__ = original  # type: ignore[method-assign]
+        return sink.decisions
+
+    assert log(False) == log(True)

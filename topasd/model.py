@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
 from typing import Any
@@ -24,6 +24,15 @@ class TopasError(Exception):
 
 class WorkflowError(TopasError):
     """A workflow definition is invalid (cycle, unknown agent, ...)."""
+
+
+def replace_known(obj: Any, what: str, **changes: Any) -> Any:
+    """`dataclasses.replace` that names unknown fields in a clear error."""
+    known = {f.name for f in fields(obj)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise TopasError(f"unknown {what} {unknown}; known: {sorted(known)}")
+    return replace(obj, **changes)
 
 
 # --------------------------------------------------------------------------
@@ -388,6 +397,7 @@ class CostHints:
     lin_per_token_s: float = 0.0
     kv_read_per_token_s: float = 0.0
     overhead_s: float = 0.0
+    preempt_drops_input: bool = True  # a preempted request's prompt KV is recomputed too
 
     def t_prefill(self, tokens: int) -> float:
         """T_prefill(|input|): profiled prefill time of `tokens` on a cached prefix."""

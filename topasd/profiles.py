@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from topasd.model import CostHints, TopasError
+from topasd.model import CostHints, TopasError, replace_known
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +103,7 @@ class HardwareProfile:
         )
 
     def with_overrides(self, **changes: object) -> HardwareProfile:
-        names = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - names)
-        if unknown:
-            raise TopasError(f"unknown profile field(s) {unknown}; known: {sorted(names)}")
-        return replace(self, **changes)
+        return replace_known(self, "profile field(s)", **changes)
 
 
 def _a100_qwen32b() -> HardwareProfile:

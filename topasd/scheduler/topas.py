@@ -18,7 +18,7 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from topasd.model import (
     TaskView,
     TopasError,
     Workflow,
+    replace_known,
 )
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 
@@ -80,11 +81,7 @@ class TopasParams:
 
     def changed(self, **changes: Any) -> TopasParams:
         """A validated copy with `changes` applied (unknown names are errors)."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
-        if unknown:
-            raise TopasError(f"unknown TOPAS parameter(s) {unknown}; known: {sorted(known)}")
-        return replace(self, **changes)
+        return replace_known(self, "TOPAS parameter(s)", **changes)
 
 
 PARAM_RANGES: dict[str, tuple[float, float]] = {
@@ -335,6 +332,11 @@ class _Search:
             self.waiting_by_task[r.task_id].append(r)
         self.min_d = {a: min(self.d[r.id] for r in rs) for a, rs in self.waiting_by_agent.items()}
         self._index_running(view)
+        # agents whose every waiting request is its task's only pending work here
+        self.solo_agents = frozenset(
+            a for a, rs in self.waiting_by_agent.items()
+            if all(len(self.waiting_by_task[r.task_id]) == 1
+                   and r.task_id not in self.running_stage for r in rs))
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
         self.n_reuse = self._reuse_counts() if p.reuse else {}
         self.reuse_value = {a: p.beta * n * self.sec_per_token * self.ell[a]  # Eq. 11 terms
@@ -343,11 +345,16 @@ class _Search:
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
+        self._order_cache: dict[str, list[tuple[float, float, int]]] = {}
+        self._item_arrays: tuple[np.ndarray, ...] | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
 
     def _index_running(self, view: EngineView) -> None:
         """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
         t_dec = _t_decode(view)
+        # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
+        # prompt when the engine drops its KV on preemption (prefilled again).
+        redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
         self.run_ids: dict[str, list[int]] = defaultdict(list)
         self.run_kv: dict[str, float] = defaultdict(float)
         self.run_redo: dict[str, float] = defaultdict(float)
@@ -358,7 +365,8 @@ class _Search:
             a = r.agent
             self.run_ids[a].append(r.id)
             self.run_kv[a] += r.demand(view.new_token_ratio)
-            self.run_redo[a] += t_dec * r.generated  # Eq. 9
+            self.run_redo[a] += t_dec * r.generated + redo_input * view.costs.t_prefill(
+                r.input_tokens)  # Eq. 9
             self.run_revoke[a] += self.policy.credits.get(r.id, 0.0)  # Eq. 10
             self.run_tasks[a].add(r.task_id)
             self.running_stage[r.task_id][r.stage] = r
@@ -476,6 +484,8 @@ class _Search:
 
     def _knapsack(self, resident: frozenset[str], room: float) -> float:
         items = self._items()
+        if len(items) > 64:
+            return self._knapsack_np(resident, room)
         total = 0.0
         for value, weight, agents in items:
             if room <= 0:
@@ -488,6 +498,31 @@ class _Search:
             else:
                 total += value * room / weight
                 room = 0.0
+        return total
+
+    def _knapsack_np(self, resident: frozenset[str], room: float) -> float:
+        """The same fractional knapsack, vectorized for large waiting pools."""
+        if self._item_arrays is None:
+            items = self._items()
+            agents = sorted({a for _, _, ags in items for a in ags})
+            col = {a: i for i, a in enumerate(agents)}
+            member = np.zeros((len(items), len(agents)), dtype=bool)
+            for i, (_, _, ags) in enumerate(items):
+                member[i, [col[a] for a in ags]] = True
+            self._item_arrays = (np.array([v for v, _, _ in items]),
+                                 np.array([w for _, w, _ in items]), member)
+            self._item_cols = col
+        values, weights, member = self._item_arrays
+        cols = [self._item_cols[a] for a in resident if a in self._item_cols]
+        if room <= 0 or not cols:
+            return 0.0
+        mask = member[:, cols].any(axis=1)
+        v, w = values[mask], weights[mask]
+        cum = np.cumsum(w)
+        j = int(np.searchsorted(cum, room, side="right"))
+        total = float(v[:j].sum())
+        if j < len(w) and w[j] > 0:
+            total += float(v[j]) * (room - (cum[j - 1] if j else 0.0)) / float(w[j])
         return total
 
     def _items(self) -> list[tuple[float, float, frozenset[str]]]:
@@ -539,10 +574,10 @@ class _Search:
               reserved: float) -> list[_State]:
         """Admit by largest age-weighted progress per additional KV token,
         updating same-task marginals (Eq. 7); emit every feasible allocation."""
-        states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
+        fill = _Filler(self, pack, uncovered, used, reserved)
+        if all(a in self.solo_agents for a in pack.resident):
+            return self._fill_solo(fill)
         cands = [r for a in sorted(pack.resident) for r in self.waiting_by_agent.get(a, ())]
-        if not cands:
-            return states
         represented: set[int] = set()
         for a in pack.resident & self.running_agents:
             represented |= self.run_tasks[a]
@@ -555,30 +590,15 @@ class _Search:
         cuts: dict[int, tuple[tuple[int, float], ...]] = {}
         version: dict[int, int] = {}
         done: set[int] = set()
-        k, j_admit, tasks_in = self.params.k, 0.0, set()
         while heap:
             neg_ratio, _, _, rid, mark = heapq.heappop(heap)
             r = self.requests[rid]
             if rid in done or mark != version.get(r.task_id, 0):
                 continue
             done.add(rid)
-            extra = self.d[rid] - (self.min_d[r.agent] if r.agent in uncovered else 0.0)
-            if used + reserved + extra > self.budget or (
-                k and len(pack.seq) + 1 + len(uncovered - {r.agent}) > k
-            ):
+            if not fill.fits(r):
                 continue
-            gain = -neg_ratio * self.d[rid]
-            pack.seq.append(rid)
-            pack.gains.append(gain)
-            used += self.d[rid]
-            if r.agent in uncovered:
-                reserved -= self.min_d[r.agent]
-                uncovered.discard(r.agent)
-            j_admit += gain
-            if r.agent not in self.gpu:
-                tasks_in.add(r.task_id)
-            if not uncovered:
-                states.append(_State(pack, len(pack.seq), j_admit, len(tasks_in)))
+            fill.take(r, -neg_ratio * self.d[rid])
             sibs = [x for x in by_task[r.task_id] if x.id not in done]
             if sibs:
                 cut = _add_cut(cuts.get(r.task_id, ()), self._row(r), self._dhat(r))
@@ -586,7 +606,32 @@ class _Search:
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
                 for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
                     heapq.heappush(heap, (-gx / self.d[x.id], False, x.task_arrival, x.id, mark))
-        return states
+        return fill.states
+
+    def _fill_solo(self, fill: _Filler) -> list[_State]:
+        """GreedyPack's fill when no candidate shares its task with another
+        request (no same-task marginals change): a merge of per-agent lists
+        already in admission order, stopping once nothing else can fit."""
+        resident = fill.pack.resident
+        lists = [self._ordered(a) for a in sorted(resident) if a in self.waiting_by_agent]
+        smallest = min((self.min_d[a] for a in resident if a in self.min_d), default=0.0)
+        for neg_ratio, _, rid in heapq.merge(*lists):
+            r = self.requests[rid]
+            if fill.fits(r):
+                fill.take(r, -neg_ratio * self.d[rid])
+            elif not fill.uncovered and self.budget - fill.used < smallest:
+                break  # the room left is below every candidate's demand
+        return fill.states
+
+    def _ordered(self, agent: str) -> list[tuple[float, float, int]]:
+        """An agent's waiting requests in GreedyPack order (-gain per KV token,
+        task arrival, id); cached for the decision."""
+        hit = self._order_cache.get(agent)
+        if hit is None:
+            hit = self._order_cache[agent] = sorted(
+                (-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id)
+                for r in self.waiting_by_agent[agent])
+        return hit
 
     # --------------------------------------------------------------- terms
 
@@ -675,6 +720,45 @@ class _Search:
 
     def _row(self, r: Request) -> int:
         return self.view.workflows[r.workflow].stage_index[r.stage]
+
+
+class _Filler:
+    """The running totals of one GreedyPack fill: KV used, capacity reserved for
+    still-uncovered prefixes, admissions and the states emitted on the way."""
+
+    __slots__ = ("j_admit", "pack", "reserved", "search", "states", "tasks_in", "uncovered",
+                 "used")
+
+    def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
+                 reserved: float) -> None:
+        self.search, self.pack = search, pack
+        self.uncovered, self.used, self.reserved = uncovered, used, reserved
+        self.j_admit = 0.0
+        self.tasks_in: set[int] = set()
+        self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
+
+    def fits(self, r: Request) -> bool:
+        """Room for r beside the reservations (Eq. 2), and a slot under the cap K."""
+        s = self.search
+        extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
+        k = s.params.k
+        return self.used + self.reserved + extra <= s.budget and not (
+            k and len(self.pack.seq) + 1 + len(self.uncovered - {r.agent}) > k)
+
+    def take(self, r: Request, gain: float) -> None:
+        """Admit r; once every prefix of R is covered, emit the allocation."""
+        s, pack = self.search, self.pack
+        pack.seq.append(r.id)
+        pack.gains.append(gain)
+        self.used += s.d[r.id]
+        if r.agent in self.uncovered:
+            self.reserved -= s.min_d[r.agent]
+            self.uncovered.discard(r.agent)
+        self.j_admit += gain
+        if r.agent not in s.gpu:
+            self.tasks_in.add(r.task_id)
+        if not self.uncovered:
+            self.states.append(_State(pack, len(pack.seq), self.j_admit, len(self.tasks_in)))
 
 
 def _t_decode(view: EngineView) -> float:
