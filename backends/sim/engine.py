@@ -406,6 +406,27 @@ class SimBackend:
         if decoding and (self.profile.budget_tokens - self._used_tokens()
                          - self._first_tokens_due() < len(decoding)):
             decoding = []  # no KV for the decode tokens: prefill alone this step
+        n_total, pairs, ctx, done, computed = self._prefill_pieces()
+        k_ctx = sum(p_tokens + lv.kv for lv, p_tokens in decoding)
+        dt = self.profile.step_time(n_total, pairs, len(decoding), ctx + k_ctx)
+        self._t += dt
+        self.stats.steps += 1
+        self.stats.prefill_steps += 1
+        self.stats.busy_s += dt
+        for p in computed:
+            p.ready = False
+            self._prefix_ready(p, EventKind.PREFIX_COMPUTE_END)
+        if decoding:
+            self._count_decode(len(decoding), 1)
+        for live in [lv for lv, _ in decoding] + done:
+            live.generated += 1
+            if live.generated >= live.req.output_tokens:
+                self._finish(live)
+
+    def _prefill_pieces(self) -> tuple[int, float, int, list[_Live], list[_Prefix]]:
+        """Take up to `chunk_tokens` from the prefill FIFO: prefix recomputes and
+        requests whose prefix is ready. Returns (tokens, attention pairs n*c +
+        n^2/2, context read, requests whose prefill completed, prefixes computed)."""
         budget = self.profile.chunk_tokens
         n_total, pairs, ctx = 0, 0.0, 0
         done: list[_Live] = []
@@ -441,21 +462,7 @@ class SimBackend:
             n_total += n
             pairs += n * c + n * n / 2.0
             ctx += c + n
-        k_ctx = sum(p_tokens + lv.kv for lv, p_tokens in decoding)
-        dt = self.profile.step_time(n_total, pairs, len(decoding), ctx + k_ctx)
-        self._t += dt
-        self.stats.steps += 1
-        self.stats.prefill_steps += 1
-        self.stats.busy_s += dt
-        for p in computed:
-            p.ready = False
-            self._prefix_ready(p, EventKind.PREFIX_COMPUTE_END)
-        if decoding:
-            self._count_decode(len(decoding), 1)
-        for live in [lv for lv, _ in decoding] + done:
-            live.generated += 1
-            if live.generated >= live.req.output_tokens:
-                self._finish(live)
+        return n_total, pairs, ctx, done, computed
 
     def _mixed_decoders(self) -> list[tuple[_Live, int]]:
         return [(lv, self._prefixes[lv.req.agent].tokens) for lv in self._running.values()
