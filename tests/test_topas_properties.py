@@ -117,7 +117,8 @@ def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
 
     def log(disable_shortcut: bool) -> list[Decision]:
         class Sink:
-            decisions: list[Decision] = []
+            def __init__(self) -> None:
+                self.decisions: list[Decision] = []
 
             def decision(self, d: Decision) -> None:
                 self.decisions.append(replace(d, wall_ms=0.0, candidates=tuple(d.candidates)))
@@ -135,7 +136,6 @@ def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
         topas._Search.__init__ = init  # type: ignore[method-assign]
         try:
             sink = Sink()
-            sink.decisions = []
             Run(trace, TopasPolicy(TopasParams(k=k, samples=16)), SimBackend(profile),
                 sink=sink).execute()
         finally:

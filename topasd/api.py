@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
@@ -37,10 +37,19 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from topasd.config import PARAM_ALIASES, Settings
+from topasd.config import PARAM_ALIASES, Settings, read_runtime
 from topasd.model import EventKind, TopasError
 from topasd.scheduler import ALL_POLICY_NAMES
 from topasd.scheduler.topas import PARAM_RANGES, TopasParams
@@ -90,9 +99,9 @@ class ErrorBody(BaseModel):
 class TopasdMeta(BaseModel):
     """Workflow metadata of an OpenAI-compatible call (`extra_body={"topasd": {...}}`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    task_id: str | int | None = Field(
+    task_id: StrictStr | StrictInt | None = Field(
         default=None, description="The application's task id; one id ties a task's calls "
         "together (required with a multi-stage workflow).")
     workflow: str | None = Field(
@@ -103,33 +112,33 @@ class TopasdMeta(BaseModel):
     agent: str | None = Field(default=None, min_length=1, max_length=MAX_NAME,
                               description="The agent (default: the stage's agent, or a key "
                               "of the system prompt).")
-    last_in_stage: bool = Field(default=True, description="This call is the stage's last "
+    last_in_stage: StrictBool = Field(default=True, description="This call is the stage's last "
                                 "round (false for earlier ReAct rounds).")
-    last_in_task: bool = Field(default=False, description="End the task after this call even "
+    last_in_task: StrictBool = Field(default=False, description="End the task after this call even "
                                "if stages of its workflow did not run.")
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     include_usage: bool = False
 
 
 class ChatCompletionRequest(BaseModel):
     """An OpenAI chat completion request; unknown OpenAI fields are accepted and ignored."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -143,7 +152,7 @@ class ChatCompletionRequest(BaseModel):
 class CompletionRequest(BaseModel):
     """An OpenAI (legacy) completion request; unknown OpenAI fields are ignored."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str
     prompt: str | list[str] = Field(description="One prompt (a list of exactly one is "
                                     "accepted).")
@@ -216,7 +225,7 @@ class Completion(BaseModel):
 
 
 class StageOverride(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     input_tokens: int | None = Field(default=None, ge=0, le=10_000_000,
                                      description="Dynamic input of every round of the stage.")
     output_tokens: int | None = Field(default=None, ge=1, le=10_000_000,
@@ -226,7 +235,7 @@ class StageOverride(BaseModel):
 class TaskSubmit(BaseModel):
     """A task of a registered workflow, its rounds sampled from the workflow's profiles."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     workflow: str = Field(max_length=MAX_NAME, examples=["chain3"])
     stages: dict[str, StageOverride] = Field(
         default_factory=dict, description="Per-stage token overrides, by stage name.")
@@ -245,7 +254,7 @@ class TaskInfo(BaseModel):
     workflow: str
     source: Literal["driver", "api", "openai"]
     client_task_id: str | None
-    status: Literal["running", "done"]
+    status: Literal["running", "done", "abandoned"]
     arrival: float
     finished: float | None
     jct: float | None
@@ -258,7 +267,7 @@ class ParamsInfo(BaseModel):
     policy: str
     params: dict[str, Any]
     version: int = Field(description="Increments with every effective change.")
-    ranges: dict[str, tuple[float, float]]
+    ranges: dict[str, list[float]] = Field(description="[low, high] of each parameter.")
     aliases: dict[str, str]
     policies: list[str]
 
@@ -294,10 +303,10 @@ def _params_patch_model() -> type[BaseModel]:
     """The PATCH /v1/params body, built from TopasParams and its ranges."""
     hints = typing.get_type_hints(TopasParams)
     alias_of = {v: k for k, v in PARAM_ALIASES.items()}
+    policies = Literal[tuple(ALL_POLICY_NAMES)]  # type: ignore[valid-type]
     fields: dict[str, Any] = {
-        "policy": (str | None, Field(default=None, description="Switch the policy (its "
-                                     "parameters reset to defaults plus this body's).",
-                                     examples=["topas"])),
+        "policy": (policies, Field(default=None, description="Switch the policy (its "
+                                   "parameters reset to defaults plus this body's).")),
     }
     for name, hint in hints.items():
         extra: dict[str, Any] = {}
@@ -309,11 +318,13 @@ def _params_patch_model() -> type[BaseModel]:
         if name in alias_of:
             extra["validation_alias"] = AliasChoices(name, alias_of[name])
         desc = f"TOPAS `{name}`" + (f" (paper: {alias_of[name]})" if name in alias_of else "")
-        nullable = name in ("h_age", "b_swap", "mu")
-        if nullable:
+        if name in ("h_age", "b_swap", "mu"):
             desc += "; null: derived (observed / the backend's)"
-        fields[name] = (hint | None, Field(default=None, description=desc, **extra))
-    return create_model("ParamsPatch", __config__=ConfigDict(extra="forbid"), **fields)
+        if hint is bool:
+            hint = StrictBool
+        fields[name] = (hint, Field(default=None, description=desc, **extra))
+    return create_model("ParamsPatch", __config__=ConfigDict(extra="forbid", strict=True),
+                        **fields)
 
 
 ParamsPatch = _params_patch_model()
@@ -481,7 +492,8 @@ async def _wait(fut: Future[Any], timeout: float | None = None) -> Any:
 
 
 def _param_meta() -> dict[str, Any]:
-    return {"ranges": dict(PARAM_RANGES), "aliases": dict(PARAM_ALIASES),
+    return {"ranges": {k: list(v) for k, v in PARAM_RANGES.items()},
+            "aliases": dict(PARAM_ALIASES),
             "policies": list(ALL_POLICY_NAMES)}
 
 
@@ -731,7 +743,9 @@ def _auth_dependency(settings: Settings) -> Callable[..., Any] | None:
     bearer = HTTPBearer(auto_error=False, description="The daemon's token (--token, "
                         "TOPAS_TOKEN); with the openai client, its api_key.")
 
-    async def check(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    # a default, not Annotated[...]: this module's annotations are strings, and a local
+    # `bearer` inside one would not resolve (FastAPI would read `creds` as a query field)
+    async def check(creds: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
                     ) -> None:
         if creds is None:
             raise Unauthorized(f"this daemon is bound to {settings.host}: send "
@@ -810,33 +824,13 @@ class AlreadyRunning(TopasError):
     """Another daemon owns the runtime file."""
 
 
-def read_runtime(path: str | Path) -> dict[str, Any] | None:
-    """The runtime file of a running daemon (None if absent, unreadable or stale)."""
-    try:
-        info = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or not _pid_alive(info.get("pid")):
-        return None
-    return info
-
-
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections (with proto
+    # 0 it does not, and keep-alive replies stall 40 ms on Nagle + delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:

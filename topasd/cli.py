@@ -15,6 +15,8 @@ from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_prof
 from topasd.scheduler import POLICY_NAMES
 
 BACKENDS = ("sim",)
+REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
+VLLM_BUDGET = 16384  # default KV pool of `replay --backend vllm`, tokens
 
 
 class TopasGroup(click.Group):
@@ -93,11 +95,19 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
 @click.option("--seed", "-s", type=int, default=0, show_default=True, help="Seed for --workload.")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}).")
-@click.option("--backend", "-b", type=click.Choice(BACKENDS), default="sim", show_default=True)
+@click.option("--backend", "-b", type=click.Choice(REPLAY_BACKENDS), default="sim",
+              show_default=True,
+              help="sim: the simulator; vllm: a real vLLM engine on this CPU (needs --model).")
+@click.option("--model", "model", type=click.Path(), default=None, metavar="DIR",
+              help="With --backend vllm: the model directory (`topasd model tiny -o DIR` "
+                   "writes one).")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
-              type=click.Choice(sorted(PROFILES)), help="Hardware profile of the simulator.")
+              type=click.Choice(sorted(PROFILES)),
+              help="Hardware profile of the simulator (with --backend vllm, the policy's "
+                   "cost hints if given; default: the tiny CPU model's fitted costs).")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
-              help="Override the profile's KV budget (tokens).")
+              help=f"Override the profile's KV budget (tokens); with --backend vllm the KV "
+                   f"pool, rounded up to whole blocks [default: {VLLM_BUDGET}].")
 @click.option("--json", "as_json", is_flag=True, help="Print {\"runs\": [...]} as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
@@ -105,9 +115,9 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
 @click.option("--log-candidates", "log_candidates", metavar="all|top:N|none", default=None,
               help="Candidates per decision written to --db (default: all).")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
-           seed: int, policies: tuple[str, ...], backend: str, profile: str,
-           budget: int | None, as_json: bool, quiet: bool, db_path: str | None,
-           log_candidates: str | None) -> None:
+           seed: int, policies: tuple[str, ...], backend: str, model: str | None,
+           profile: str, budget: int | None, as_json: bool, quiet: bool,
+           db_path: str | None, log_candidates: str | None) -> None:
     """Run a workload trace through one or more policies in virtual time.
 
     Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
@@ -115,19 +125,36 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     recomputed tokens and decision time. Every policy sees the same trace.
     With --db, every decision, candidate and engine event of each run is
     logged to one SQLite file (see `topasd gantt`).
+
+    With --backend vllm the trace runs through a real vLLM engine on this
+    CPU, TOPAS (or the baseline) deciding inside vLLM's scheduler; its token
+    counts become synthetic token ids with exact output lengths, and time is
+    the sum of measured engine steps (docs/vllm.md).
+
+    \b
+    Try:
+      topasd model tiny -o tiny-model
+      topasd replay --workload chain3 --tasks 3 --backend vllm --model tiny-model
     """
+    vllm_opts = _vllm_options(backend, model, budget)
     store = _open_store(db_path, log_candidates)
     tr = _load_or_generate(trace_file, workload, rate, tasks, seed)
-    prof = get_profile(profile)
-    if budget is not None:
-        prof = prof.with_overrides(budget_tokens=budget)
+    if vllm_opts is not None:
+        if click.get_current_context().get_parameter_source("profile") is \
+                click.core.ParameterSource.COMMANDLINE:
+            vllm_opts["profile"] = get_profile(profile)
+        prof = _vllm_profile(vllm_opts)
+    else:
+        prof = get_profile(profile)
+        if budget is not None:
+            prof = prof.with_overrides(budget_tokens=budget)
     tr.check_fits(prof.budget_tokens)
     names = _policy_names(policies)
     rows = []
     for name in names:
         with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
             sink = None if store is None else store.sink(log_candidates or "all")
-            rows.append(_run_one(tr, name, prof, tick, sink))
+            rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts))
         if sink is not None:
             rows[-1]["run_id"] = sink.run_id
     if store is not None:
@@ -174,13 +201,51 @@ def _policy_names(policies: tuple[str, ...]) -> list[str]:
 
 
 def _run_one(tr: Any, name: str, prof: HardwareProfile,
-             tick: Callable[[int, int, float], None], sink: Any = None) -> dict[str, Any]:
+             tick: Callable[[int, int, float], None], sink: Any = None,
+             vllm_opts: dict[str, Any] | None = None) -> dict[str, Any]:
     from backends.sim.engine import SimBackend
     from topasd.runner import Run
     from topasd.scheduler import make_policy
 
-    result = Run(tr, make_policy(name), SimBackend(prof), sink=sink, progress=tick).execute()
+    if vllm_opts is None:
+        backend: Any = SimBackend(prof)
+    else:
+        from backends.vllm import make_backend
+
+        backend = make_backend(**vllm_opts)
+    try:
+        result = Run(tr, make_policy(name), backend, sink=sink, progress=tick).execute()
+    finally:
+        if vllm_opts is not None:
+            backend.close()
     return result.summary()
+
+
+def _vllm_options(backend: str, model: str | None, budget: int | None) -> dict[str, Any] | None:
+    """`make_backend` keywords for --backend vllm (None for the simulator)."""
+    if backend != "vllm":
+        if model is not None:
+            raise TopasError("--model needs --backend vllm (the simulator takes no model)")
+        return None
+    if model is None:
+        raise TopasError("--backend vllm needs --model DIR; write a tiny model with "
+                         "`topasd model tiny -o DIR`")
+    from backends.vllm import read_model_config
+
+    read_model_config(model)
+    return {"model": model, "budget_tokens": budget or VLLM_BUDGET}
+
+
+def _vllm_profile(opts: dict[str, Any]) -> HardwareProfile:
+    """The cost profile a vLLM run reports (the pool as the backend will size it)."""
+    from backends.vllm import read_model_config
+    from backends.vllm.backend import cpu_profile, pool_tokens
+
+    budget = pool_tokens(opts["budget_tokens"])
+    given = opts.get("profile")
+    if given is not None:
+        return given.with_overrides(budget_tokens=budget)
+    return cpu_profile(budget, 512, read_model_config(opts["model"]))
 
 
 def _open_store(db_path: str | None, log_candidates: str | None) -> Any:
@@ -206,6 +271,36 @@ def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, i
             bar.update(done - bar.pos)
 
         yield tick
+
+
+# ----------------------------------------------------------------- model
+
+
+@main.group()
+def model() -> None:
+    """Model directories for the vLLM backend (nothing is downloaded)."""
+
+
+@model.command("tiny")
+@click.option("--output", "-o", type=click.Path(file_okay=False), required=True,
+              help="The directory to write (created if missing).")
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--hidden", type=click.IntRange(min=64), default=128, show_default=True,
+              help="Hidden size, a multiple of 32 (head size 32).")
+@click.option("--vocab", type=click.IntRange(min=64), default=2048, show_default=True)
+def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
+    """Write a tiny Qwen2-style config.json; vLLM runs it with dummy weights.
+
+    \b
+    Try:
+      topasd model tiny -o tiny-model
+      topasd replay --workload chain3 --tasks 3 --backend vllm --model tiny-model
+    """
+    from backends.vllm.tiny import write_tiny_model
+
+    path = write_tiny_model(output, layers=layers, hidden=hidden, vocab=vocab)
+    click.echo(f"wrote {path / 'config.json'}: Qwen2, {layers} layers, hidden {hidden}, "
+               f"vocab {vocab} (dummy weights at load)", err=True)
 
 
 # ----------------------------------------------------------------- daemon
@@ -248,6 +343,13 @@ def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, i
               help="Register a workflow spec file for /v1/tasks and OpenAI calls, repeatable.")
 @click.option("--grace", type=float, default=None,
               help="Seconds running work may finish after SIGTERM [default: 30].")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
+              help="Output tokens of an OpenAI call without max_tokens [default: 256].")
+@click.option("--model", default=None,
+              help="Model name listed by /v1/models [default: topasd-sim].")
+@click.option("--task-timeout", type=float, default=None,
+              help="Drop an application-driven task after this many seconds without a "
+                   "call [default: 600; 0: never].")
 @click.option("--runtime-file", default=None, metavar="FILE",
               help="Where the bound address is recorded for status/stop/console.")
 @click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning",
@@ -262,7 +364,9 @@ def start(config_path: str | None, backend: str | None, profile: str | None,
           db_path: str | None, log_candidates: str | None, host: str | None,
           port: int | None, token: str | None, speed: str | None, workload: str | None,
           rate: float | None, tasks: int | None, seed: int | None,
-          workflows: tuple[str, ...], grace: float | None, runtime_file: str | None,
+          workflows: tuple[str, ...], max_tokens: int | None, model: str | None,
+          grace: float | None, task_timeout: float | None,
+          runtime_file: str | None,
           log_level: str | None, log_file: str | None, detach: bool,
           print_config: bool) -> None:
     """Run the daemon: the engine, the TOPAS scheduler and the HTTP API.
@@ -284,7 +388,9 @@ def start(config_path: str | None, backend: str | None, profile: str | None,
         "params": _param_flags(params) if params else None, "db": db_path,
         "log_candidates": log_candidates, "host": host, "port": port, "token": token,
         "speed": speed, "workload": workload, "rate": rate, "tasks": tasks, "seed": seed,
-        "workflows": list(workflows) or None, "grace": grace, "runtime_file": runtime_file,
+        "workflows": list(workflows) or None, "max_tokens": max_tokens, "model": model,
+        "grace": grace, "task_timeout": task_timeout,
+        "runtime_file": runtime_file,
         "log_level": log_level, "log_file": log_file,
     }
     loaded = load_settings(flags, config=config_path)
@@ -328,7 +434,7 @@ def _detach(settings: Any) -> None:
     import time
     from pathlib import Path
 
-    from topasd.api import read_runtime
+    from topasd.config import read_runtime
 
     runtime = Path(settings.runtime_file)
     other = read_runtime(runtime)
@@ -358,8 +464,7 @@ def _detach(settings: Any) -> None:
 
 
 def _runtime_info(runtime_file: str | None, config_path: str | None) -> tuple[Any, Any]:
-    from topasd.api import read_runtime
-    from topasd.config import raw_setting
+    from topasd.config import raw_setting, read_runtime
 
     path = str(raw_setting("runtime_file", {"runtime_file": runtime_file}, config=config_path))
     return path, read_runtime(path)
@@ -412,7 +517,7 @@ def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> N
     import signal
     import time
 
-    from topasd.api import read_runtime
+    from topasd.config import pid_alive, read_runtime
 
     path, info = _runtime_info(runtime_file, config_path)
     if info is None:
@@ -421,24 +526,12 @@ def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> N
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if read_runtime(path) is None or not _alive(pid):
+        if read_runtime(path) is None or not pid_alive(pid):
             click.echo(f"topasd (pid {pid}) stopped")
             return
         time.sleep(0.1)
     raise TopasError(f"topasd (pid {pid}) did not exit within {timeout:.0f} s; it may still be "
                      "finishing work (see its log), or send SIGKILL")
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ----------------------------------------------------------------- gantt

@@ -88,6 +88,7 @@ class Settings(BaseModel):
     seed: int = 0
     workflows: list[str] = Field(default_factory=list)
     max_tokens: int = Field(default=256, ge=1)
+    task_timeout: float = Field(default=600.0, ge=0)
     model: str = "topasd-sim"
     grace: float = Field(default=30.0, ge=0)
     runtime_file: str = Field(default_factory=default_runtime_file)
@@ -330,3 +331,27 @@ def _explain(exc: ValidationError, raw: Mapping[str, Any], sources: Mapping[str,
         problems.append(f"setting {name} = {value!r} (from {sources.get(name, 'default')}): "
                         f"{msg}")
     return "; ".join(problems)
+
+
+def read_runtime(path: str | Path) -> dict[str, Any] | None:
+    """The runtime file of a running daemon (None if absent, unreadable or stale)."""
+    try:
+        info = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not pid_alive(info.get("pid")):
+        return None
+    return info
+
+
+def pid_alive(pid: Any) -> bool:
+    """A process with this id exists."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

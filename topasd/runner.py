@@ -140,6 +140,7 @@ class EventLoop:
         self.driver = driver if driver is not None else TaskDriver(workflows)
         self.owners: dict[int, RequestOwner] = {}  # requests not owned by `driver`
         self.requests_finished = 0
+        self.decisions = 0  # numbers decisions (seq); `decision_ms` may be trimmed
         self.decision_ms: list[float] = []
         self.on_task_done: Callable[[TaskView, float], None] | None = None
 
@@ -174,7 +175,8 @@ class EventLoop:
         decision = self.policy.decide(view)
         wall_ms = (time.perf_counter() - t0) * 1e3
         self.decision_ms.append(wall_ms)
-        decision = replace(decision, wall_ms=wall_ms, seq=len(self.decision_ms))
+        self.decisions += 1
+        decision = replace(decision, wall_ms=wall_ms, seq=self.decisions)
         self.backend.apply(decision)
         if self.sink is not None:
             self.sink.decision(decision)
@@ -313,7 +315,8 @@ def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunIn
     )
 
 
-_BACKEND_FLAGS = ("warm_host", "closed_form")  # backend settings recorded in RunInfo.params
+_BACKEND_FLAGS = ("warm_host", "closed_form",  # backend settings recorded in RunInfo.params
+                  "model", "clock", "native", "block_size", "chunk_tokens", "budget_tokens")
 
 
 def _plain(obj: Any) -> dict[str, Any]:

@@ -2,12 +2,12 @@
 drivers and the store sink; everything else talks to it through thread-safe
 methods that return futures.
 
-The loop (`Service._main`) repeats: take pending commands (submissions,
-parameter changes, state queries) off a queue, advance the backend with the
-shared `EventLoop` (decide at each SCHEDULE event, record every event), then
-wait for the clock or the next command. Commands run between decisions, so a
-parameter change is effective at the next decision and a state snapshot is
-consistent.
+The loop (`Service._main`) repeats: advance the backend with the shared
+`EventLoop` (decide at each SCHEDULE event, record every event), run the
+pending commands (submissions, parameter changes, state queries) from a
+queue, then wait for the clock or the next command. Commands run between
+decisions, so a parameter change is effective at the next decision and a
+state snapshot is consistent.
 
 Clock: on the paced sim the engine's virtual time follows the wall clock,
 t = (wall - wall0) x speed; with speed "max" it runs unpaced, as fast as the
@@ -68,7 +68,8 @@ TICK_S = 0.02  # paced: wall seconds between clock ticks while the engine is bus
 IDLE_WAIT_S = 0.5  # wait for a command at most this long while idle
 UNPACED_SLICE = 1.0  # unpaced: virtual seconds advanced between command checks
 PACED_SLICE_WALL = 0.1  # paced: at most this much wall time's worth per pump
-KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id}
+KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id} and the run summary
+KEEP_DECISION_MS = 200_000  # decision wall times kept for the run summary
 RECENT_DECISIONS = 50
 BUS_SIZE = 16_384
 
@@ -229,6 +230,7 @@ class EventBus:
     def __init__(self, size: int = BUS_SIZE) -> None:
         self._ring: deque[tuple[int, str, Any]] = deque(maxlen=size)
         self._seq = 0
+        self._notified = 0
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
 
@@ -241,10 +243,17 @@ class EventBus:
             self._seq += 1
             self._ring.append((self._seq, kind, item))
 
-    def notify(self) -> None:
-        """Wake readers (the loop calls this once per iteration, not per item)."""
+    def notify(self, force: bool = False) -> None:
+        """Wake readers when items arrived (the loop calls this once per iteration;
+        `force`: also without new items, e.g. to tell them the daemon stops)."""
+        if self._seq == self._notified and not force:
+            return
+        self._notified = self._seq
         for fn in list(self._listeners):
-            fn()
+            try:
+                fn()
+            except Exception:  # a reader's problem never stops the engine loop
+                log.exception("event stream listener failed")
 
     def listen(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
@@ -306,6 +315,7 @@ class Metrics:
         self.decision_latency = Histogram(DECISION_BUCKETS)
         self.decisions = 0
         self.param_changes = 0
+        self.abandoned = 0
         self.pump_wall_s = 0.0
         self.decide_wall_s = 0.0
         self.t = 0.0
@@ -337,7 +347,8 @@ class Metrics:
 
     @property
     def tasks_in_flight(self) -> int:
-        return self.counts[EventKind.TASK_ARRIVE] - self.counts[EventKind.TASK_FINISH]
+        return (self.counts[EventKind.TASK_ARRIVE] - self.counts[EventKind.TASK_FINISH]
+                - self.abandoned)
 
 
 # ----------------------------------------------------------- the recorder
@@ -387,15 +398,16 @@ class _TaskEntry:
     arrival: float
     client_key: str | None = None
     finished: float | None = None
-    stages: dict[str, Any] | None = None  # final stage histories, once done
+    stages: dict[str, Any] | None = None  # final stage histories, once done or dropped
+    abandoned: bool = False  # an application's task that saw no call for task_timeout
 
     def as_dict(self, view: TaskView | None) -> dict[str, Any]:
         done = self.finished is not None
-        stages = self.stages if done else _stages(view) if view is not None else {}
+        stages = self.stages if self.stages is not None else _stages(view) if view else {}
+        status = "done" if done else "abandoned" if self.abandoned else "running"
         return {
             "id": self.id, "workflow": self.workflow, "source": self.source,
-            "client_task_id": self.client_key,
-            "status": "done" if done else "running", "arrival": self.arrival,
+            "client_task_id": self.client_key, "status": status, "arrival": self.arrival,
             "finished": self.finished,
             "jct": None if self.finished is None else self.finished - self.arrival,
             "stages_done": sum(1 for s in (stages or {}).values() if s["status"] == "done"),
@@ -431,6 +443,7 @@ class _OpenTask:
     done: set[str] = field(default_factory=set)
     in_flight: int = 0
     closing: bool = False
+    last_wall: float = field(default_factory=time.monotonic)  # last call or reply
 
 
 @dataclass(slots=True)
@@ -453,6 +466,7 @@ class _Calls:
         call = self.by_request.pop(request_id)
         task, req, spec = call.task, call.request, call.spec
         task.in_flight -= 1
+        task.last_wall = time.monotonic()
         step = DriverStep()
         if spec.last_in_stage and req.stage not in task.done:
             task.done.add(req.stage)
@@ -469,6 +483,10 @@ class _Calls:
         if not call.future.done():
             call.future.set_result(result)
         return step
+
+    def idle_since(self, deadline: float) -> list[_OpenTask]:
+        """Open tasks with no call in flight and no activity after `deadline`."""
+        return [t for t in self.open.values() if not t.in_flight and t.last_wall < deadline]
 
     def fail_all(self, exc: BaseException) -> None:
         for call in self.by_request.values():
@@ -558,11 +576,13 @@ class Service:
         self.crash: BaseException | None = None
         self.started_wall = time.time()
         self._stall_warned = False
+        self._next_housekeeping = 0.0
 
     # ---------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Open the run in the store and start the engine loop thread."""
+        """Open the run in the store and start the engine loop thread (t = 0 now)."""
+        self.clock.wall0 = time.monotonic()
         meta = {"daemon": True, "workload": self.workload.name if self.workload else None,
                 "rate": self.feeder.rate if self.feeder else None,
                 "tasks": self.settings.tasks, "seed": self.settings.seed,
@@ -605,7 +625,7 @@ class Service:
         book, loop = self.loop.book, self.loop
         result = RunResult(policy=self.policy.name, jct=book.jct(), arrivals=dict(book.arrivals),
                            finishes=dict(book.finishes), requests_finished=loop.requests_finished,
-                           decisions=len(loop.decision_ms), decision_ms=loop.decision_ms,
+                           decisions=loop.decisions, decision_ms=loop.decision_ms,
                            stats=self.backend.stats, wall_s=time.time() - self.started_wall)
         self.store_sink.run_finished(None if self.crash else result, self.crash)
         self.store.close()
@@ -653,19 +673,26 @@ class Service:
     # ------------------------------------------------------ the loop thread
 
     def _main(self) -> None:
+        paced = self.clock.speed is not None
         try:
             while True:
                 self._wake.clear()
-                self._run_commands()
+                behind = self._catch_up() if paced else False
+                ran = self._run_commands()  # stamped with the engine's current time
+                self._housekeeping()
+                if paced and ran:
+                    self._advance(self.backend.t)  # decide on new work now, not next tick
                 if self._draining and (self.backend.idle()
                                        or time.monotonic() >= self._drain_deadline):
                     break
-                if self.clock.speed is None:
-                    self._tick_unpaced()
+                if paced:
+                    self.bus.notify()
+                    if not behind:
+                        self._wait_paced()
                 else:
-                    self._tick_paced()
-                self.bus.notify()
-        except BaseException as exc:  # a bug: keep the daemon answering, report it
+                    self._tick_unpaced()
+                    self.bus.notify()
+        except BaseException as exc:  # a bug: the daemon stops (exit 1), the store says why
             self.crash = exc
             log.exception("engine loop stopped")
         finally:
@@ -673,23 +700,25 @@ class Service:
             gone = Unavailable("the daemon shut down before this request finished")
             self.calls.fail_all(gone)
             self._fail_pending(gone)
-            self.bus.notify()
+            self.bus.notify(force=True)
             if self.crash is None:
                 unfinished = len(self.loop.book.tasks)
                 log.info("engine loop stopped at t=%.1fs (%d task(s) unfinished)",
                          self.backend.t, unfinished)
 
-    def _tick_paced(self) -> None:
+    def _catch_up(self) -> bool:
+        """Paced: run the engine to the clock's now (a bounded slice); True if behind."""
         assert self.clock.speed is not None
         target = self.clock.now()
-        stop = min(target, self.backend.t + PACED_SLICE_WALL * self.clock.speed)
-        self._advance(stop)
-        if self.backend.t < target - 1e-9:
-            return  # behind the clock: catch up before waiting
+        self._advance(min(target, self.backend.t + PACED_SLICE_WALL * self.clock.speed))
+        return self.backend.t < target - 1e-9
+
+    def _wait_paced(self) -> None:
+        assert self.clock.speed is not None
         timeout = IDLE_WAIT_S if self.backend.idle() else TICK_S
         nxt = self._next_arrival()
         if nxt is not None:
-            timeout = min(timeout, max(0.0, (nxt - target) / self.clock.speed))
+            timeout = min(timeout, max(0.0, (nxt - self.clock.now()) / self.clock.speed))
         self._wake.wait(timeout)
 
     def _tick_unpaced(self) -> None:
@@ -736,6 +765,39 @@ class Service:
                 continue
             self._arrive(record, "driver", record.arrival)
 
+    def _housekeeping(self) -> None:
+        """Once a second: drop abandoned application tasks, bound the memory of a
+        long-running daemon (the run summary covers what is kept)."""
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + min(1.0, (self.settings.task_timeout or 4.0) / 4)
+        if self.settings.task_timeout:
+            self._expire_open_tasks(now)
+        ms = self.loop.decision_ms
+        if len(ms) > KEEP_DECISION_MS:
+            del ms[:len(ms) - KEEP_DECISION_MS // 2]
+        book = self.loop.book
+        if len(book.finishes) > KEEP_FINISHED:
+            for tid in list(book.finishes)[:len(book.finishes) - KEEP_FINISHED // 2]:
+                del book.finishes[tid]
+                book.arrivals.pop(tid, None)
+
+    def _expire_open_tasks(self, now: float) -> None:
+        """Drop application-driven tasks that saw no call for `task_timeout` seconds."""
+        timeout = self.settings.task_timeout
+        for task in self.calls.idle_since(now - timeout):
+            if task.key is not None:
+                self.calls.open.pop(task.key, None)
+            view = self.loop.book.drop(task.id)
+            entry = self.tasks.get(task.id)
+            if entry is not None:
+                entry.abandoned = True
+                entry.stages = _stages(view) if view is not None else entry.stages
+            self.metrics.abandoned += 1
+            log.info("task %d (%s, client id %r) abandoned: no call for %.0f s", task.id,
+                     task.workflow.name, task.key[1] if task.key else None, timeout)
+
     def _check_stall(self) -> None:
         waiting = sum(self.metrics.waiting.values())
         if waiting and not self._stall_warned:
@@ -743,9 +805,12 @@ class Service:
             log.warning("the engine is idle with %d waiting request(s): policy %s stopped "
                         "admitting", waiting, self.policy.name)
 
-    def _run_commands(self) -> None:
+    def _run_commands(self) -> int:
+        """Run queued commands in order; returns how many ran."""
         cmds = self._cmds
+        n = 0
         while cmds:
+            n += 1
             fn, args, fut, deferred = cmds.popleft()
             if not deferred and not fut.set_running_or_notify_cancel():
                 continue
@@ -761,6 +826,7 @@ class Service:
                 log.exception("command %s failed", getattr(fn, "__name__", fn))
                 if not fut.done():
                     fut.set_exception(exc)
+        return n
 
     def _fail_pending(self, exc: BaseException) -> None:
         while self._cmds:
@@ -816,6 +882,7 @@ class Service:
         k = task.rounds.get(stage, 0)
         task.rounds[stage] = k + 1
         task.in_flight += 1
+        task.last_wall = time.monotonic()
         req = Request(id=self.driver.new_request_id(), task_id=task.id, workflow=wf.name,
                       stage=stage, agent=agent, round=k, input_tokens=spec.input_tokens,
                       output_tokens=spec.output_tokens, ready_at=self.backend.t,
@@ -884,40 +951,41 @@ class Service:
         return entry.as_dict(self.loop.book.tasks.get(task_id))
 
     def _cmd_params(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Validate and apply a parameter change (between two decisions); log it."""
         changes = {canonical_param(k): v for k, v in changes.items()}
         new_name = changes.pop("policy", None)
         t = self.backend.t
-        old_policy = self.policy
-        old_params = dict(self._published_params["params"])
-        if new_name is not None and new_name != old_policy.name:
+        old_name = self.policy.name
+        old_params = _params_of(self.policy)
+        switched = new_name is not None and new_name != old_name
+        if switched:
             if new_name not in ALL_POLICY_NAMES:
                 raise Invalid(f"policy: unknown policy {new_name!r}; choose one of "
                               f"{', '.join(ALL_POLICY_NAMES)}")
-            policy = build_policy(new_name, changes)
-            self.policy = self.loop.policy = policy
-            self.store_sink.param_change(t, "policy", old_policy.name, new_name)
+            self.policy = self.loop.policy = build_policy(new_name, changes)
         elif changes:
             set_params = getattr(self.policy, "set_params", None)
             if set_params is None:
-                raise Invalid(f"policy {self.policy.name!r} has no parameters; switch policy "
-                              "first (\"policy\": \"topas\")")
-            try:
-                set_params(**changes)
-            except TypeError as exc:
-                raise Invalid(str(exc)) from None
+                raise Invalid(f"policy {old_name!r} has no parameters; switch policy first "
+                              "(\"policy\": \"topas\")")
+            set_params(**changes)
         new_params = _params_of(self.policy)
-        changed = {k: v for k, v in new_params.items() if old_params.get(k) != v}
+        if switched:  # a fresh policy: log the switch and the parameters the body named
+            changed = {k: new_params[k] for k in changes}
+            self.store_sink.param_change(t, "policy", old_name, new_name)
+        else:
+            changed = {k: v for k, v in new_params.items() if old_params.get(k) != v}
         for name, value in sorted(changed.items()):
             self.store_sink.param_change(t, name, old_params.get(name), value)
-        if changed or self.policy is not old_policy:
+        if changed or switched:
             self.params_version += 1
-            self.metrics.param_changes += len(changed) + (self.policy is not old_policy)
+            self.metrics.param_changes += len(changed) + switched
             log.info("params changed at t=%.3fs: %s%s", t,
-                     "" if self.policy is old_policy else f"policy={self.policy.name} ",
+                     f"policy={new_name} " if switched else "",
                      ", ".join(f"{k}={v!r}" for k, v in sorted(changed.items())))
         self._published_params = self._params_dict()
         return {**self._published_params, "changed": sorted(changed), "t": t,
-                "effective_from_decision": len(self.loop.decision_ms) + 1}
+                "effective_from_decision": self.loop.decisions + 1}
 
     def _cmd_state(self, limit: int) -> dict[str, Any]:
         view = self.backend.view(self.loop.book.tasks, self.active)
@@ -942,9 +1010,10 @@ class Service:
             "requests_finished": self.loop.requests_finished,
             "requests_running": len(view.running),
             "requests_waiting": len(view.waiting),
-            "decisions": len(self.loop.decision_ms),
+            "decisions": self.loop.decisions,
             "events": sum(m.counts.values()),
             "driver_rejected": self.rejected,
+            "tasks_abandoned": m.abandoned,
         }
         return {
             "t": view.t,
@@ -1043,7 +1112,7 @@ class Service:
         self.tasks[entry.id] = entry
         if len(self.tasks) > KEEP_FINISHED:
             for tid, old in self.tasks.items():
-                if old.finished is not None:
+                if old.finished is not None or old.abandoned:
                     del self.tasks[tid]
                     break
 

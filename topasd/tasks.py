@@ -47,6 +47,10 @@ class TaskBook:
         self.finishes[task_id] = t
         del self.tasks[task_id]
 
+    def drop(self, task_id: int) -> TaskView | None:
+        """Forget an unfinished task (it keeps its arrival; it gets no finish time)."""
+        return self.tasks.pop(task_id, None)
+
     def jct(self) -> dict[int, float]:
         return {i: self.finishes[i] - self.arrivals[i] for i in self.finishes}
 

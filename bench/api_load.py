@@ -1,0 +1,192 @@
+"""How fast does the daemon serve `/v1/chat/completions`? The sim backend unpaced.
+
+Starts `topasd start --speed max --port 0` (a fresh decision log in a temp
+folder), then `--concurrency` clients send chat completions back to back for
+`--requests` requests (after `--warmup` more): plain OpenAI bodies spread over
+`--agents` system prompts (so agents and prefixes vary), `--max-tokens`
+output tokens each. Reports the sustained rate (completed requests per wall
+second), wall latency p50/p99 per request, and how the daemon's wall time
+divides: in the scheduler (policy decisions), in the engine (the rest of the
+engine loop: the simulator, event recording), and outside both (HTTP, JSON,
+the asyncio server, thread hand-offs; the share of the measured window during
+which the engine loop was not running).
+
+    python bench/api_load.py [--requests 3000] [--concurrency 64] [--policy topas] [--json]
+
+The client is a minimal keep-alive HTTP/1.1 client (one connection per
+concurrent client) on the same machine (2 cores here): it takes CPU from the
+daemon, and its own overhead is part of what the latency shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+
+def start_daemon(workdir: Path, policy: str, profile: str) -> tuple[subprocess.Popen, str]:
+    runtime = workdir / "daemon.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOPAS_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topasd.cli", "start", "--port", "0", "--speed", "max",
+         "--policy", policy, "--profile", profile, "--runtime-file", str(runtime),
+         "--db", str(workdir / "bench.db"), "--log-level", "warning"],
+        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"topasd exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            info = json.loads(runtime.read_text())
+            if info.get("pid") == proc.pid and httpx.get(f"{info['url']}/ready").status_code == 200:
+                return proc, info["url"]
+        except (OSError, ValueError, httpx.HTTPError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("topasd did not start within 60 s")
+
+
+def body(i: int, agents: int, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": "topasd-sim", "max_tokens": max_tokens,
+        "messages": [
+            {"role": "system", "content": f"You are agent {i % agents}. " * 60},
+            {"role": "user", "content": f"Request {i}: summarise the plan in a few lines."},
+        ],
+    }
+
+
+class Conn:
+    """A minimal HTTP/1.1 keep-alive client (one connection). httpx's async pool
+    costs more CPU per request than the server does, and on 2 cores the client
+    would be what this measures."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @staticmethod
+    async def open(host: str, port: int) -> Conn:
+        return Conn(*await asyncio.open_connection(host, port))
+
+    async def request(self, method: str, path: str, payload: Any = None) -> tuple[int, Any]:
+        body = b"" if payload is None else json.dumps(payload).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: topasd\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        self.writer.write(head + body)
+        await self.writer.drain()
+        raw = await self.reader.readuntil(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(int(v) for k, _, v in (ln.partition(":") for ln in lines[1:])
+                      if k.lower() == "content-length")
+        data = await self.reader.readexactly(length)
+        return status, json.loads(data)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
+               max_tokens: int) -> dict[str, Any]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    latencies: list[float] = []
+    engine_lat: list[float] = []
+    errors = 0
+    counter = iter(range(n + warmup))
+    marks: dict[str, Any] = {}
+    conns = [await Conn.open(host, int(port)) for _ in range(concurrency)]
+
+    async def worker(conn: Conn) -> None:
+        nonlocal errors
+        for i in counter:
+            if i == warmup:
+                marks["state0"] = (await conn.request("GET", "/v1/state?limit=1"))[1]
+                marks["t0"] = time.perf_counter()
+            t = time.perf_counter()
+            status, reply = await conn.request("POST", "/v1/chat/completions",
+                                               body(i, agents, max_tokens))
+            if i >= warmup:
+                if status == 200:
+                    latencies.append(time.perf_counter() - t)
+                    engine_lat.append(reply["topasd"]["latency_s"])
+                else:
+                    errors += 1
+
+    await asyncio.gather(*(worker(c) for c in conns))
+    wall = time.perf_counter() - marks["t0"]
+    state1 = (await conns[0].request("GET", "/v1/state?limit=1"))[1]
+    for c in conns:
+        c.close()
+    s0, s1 = marks["state0"], state1
+    pump = s1["loop"]["pump_wall_s"] - s0["loop"]["pump_wall_s"]
+    decide = s1["loop"]["decide_wall_s"] - s0["loop"]["decide_wall_s"]
+    lat = np.array(latencies) * 1e3
+    decisions = s1["counts"]["decisions"] - s0["counts"]["decisions"]
+    return {
+        "requests": len(latencies), "errors": errors, "wall_s": wall,
+        "rate_req_s": len(latencies) / wall,
+        "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+        "mean_ms": float(lat.mean()),
+        "engine_p50_s": float(np.percentile(engine_lat, 50)),
+        "engine_p99_s": float(np.percentile(engine_lat, 99)),
+        "decisions": decisions,
+        "scheduler_share": decide / wall, "engine_share": (pump - decide) / wall,
+        "outside_share": max(0.0, 1.0 - pump / wall),
+        "engine_time_s": s1["t"] - s0["t"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--agents", type=int, default=4, help="distinct system prompts")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--policy", default="topas")
+    ap.add_argument("--profile", default="qwen2.5-32b-a100")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_daemon(Path(tmp), args.policy, args.profile)
+        try:
+            res = asyncio.run(load(url, args.requests, args.warmup, args.concurrency,
+                                   args.agents, args.max_tokens))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    res.update({"policy": args.policy, "profile": args.profile,
+                "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+                "agents": args.agents, "python": platform.python_version(),
+                "cpus": os.cpu_count()})
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    print(f"/v1/chat/completions on the sim (unpaced), policy {args.policy}, "
+          f"{args.concurrency} clients, {args.agents} agents, max_tokens {args.max_tokens}")
+    print(f"  sustained rate   {res['rate_req_s']:8.1f} req/s  ({res['requests']} requests, "
+          f"{res['errors']} errors, {res['wall_s']:.1f} s)")
+    print(f"  latency          p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms (wall); "
+          f"in the engine p50 {res['engine_p50_s']:.1f} s, p99 {res['engine_p99_s']:.1f} s "
+          "(engine time)")
+    print(f"  daemon wall time scheduler {res['scheduler_share']:.1%}, engine "
+          f"{res['engine_share']:.1%}, outside both {res['outside_share']:.1%}")
+    print(f"  decisions        {res['decisions']}; engine time advanced "
+          f"{res['engine_time_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

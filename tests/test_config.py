@@ -1,0 +1,113 @@
+"""Daemon settings: flag > TOPAS_* environment > topasd.toml > default, each
+value's source shown by `topasd start --print-config`, and one-line errors
+for bad values."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from topasd.cli import main
+from topasd.config import ConfigError, load_settings, render
+
+TOML = """
+policy = "topas-noaging"
+port = 9000
+speed = 4
+seed = 7
+token = "from-file"
+
+[params]
+beta = 3
+"""
+
+
+def test_flag_beats_env_beats_file_beats_default(tmp_path: Path) -> None:
+    cfg = tmp_path / "topasd.toml"
+    cfg.write_text(TOML)
+    env = {"TOPAS_PORT": "9100", "TOPAS_SPEED": "max", "TOPAS_PARAMS": "rho=2,M=3"}
+    loaded = load_settings({"port": 0, "params": {"beta": 5.5}}, config=str(cfg), environ=env)
+    s, src = loaded.settings, loaded.sources
+    assert (s.port, src["port"]) == (0, "flag")  # flag over env over file
+    assert (s.speed, src["speed"]) == ("max", "env TOPAS_SPEED")  # env over file
+    assert (s.seed, src["seed"]) == (7, f"file {cfg}")
+    assert (s.profile, src["profile"]) == ("qwen2.5-32b-a100", "default")
+    assert s.params == {"beta": 5.5, "rho": 2, "m": 3}  # per key: flag > env > file
+    assert src["params"] == "env TOPAS_PARAMS + flag"
+    assert not s.paced and s.loopback
+
+
+def test_print_config_shows_merged_values_and_sources(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "topasd.toml").write_text(TOML)  # found in the working directory
+    for k in [k for k in os.environ if k.startswith("TOPAS_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("TOPAS_SPEED", "2.5")
+    res = CliRunner().invoke(main, ["start", "--port", "0", "--print-config"])
+    assert res.exit_code == 0, res.output
+    lines = {line.split("=")[0].strip(): line for line in res.output.splitlines() if "=" in line}
+    assert lines["port"].split("#")[0].strip() == "port = 0" and lines["port"].endswith("# flag")
+    assert "speed = 2.5" in lines["speed"] and lines["speed"].endswith("# env TOPAS_SPEED")
+    assert 'policy = "topas-noaging"' in lines["policy"]
+    assert lines["policy"].endswith("file topasd.toml")
+    assert 'backend = "sim"' in lines["backend"] and lines["backend"].endswith("# default")
+    assert 'token = "***"' in lines["token"] and "from-file" not in res.output
+    assert "beta = 3" in res.output
+
+
+def test_render_masks_the_token_and_lists_params() -> None:
+    loaded = load_settings({"token": "secret", "params": {"H_age": 30, "K": 4}}, environ={})
+    text = render(loaded)
+    assert "secret" not in text and 'token = "***"' in text
+    assert "h_age = 30" in text and "k = 4" in text
+
+
+@pytest.mark.parametrize(("flags", "env", "words"), [
+    ({"speed": "fast"}, {}, ["setting speed = 'fast' (from flag)", "'max'"]),
+    ({}, {"TOPAS_SPEED": "0"}, ["setting speed = '0' (from env TOPAS_SPEED)"]),
+    ({"port": 70000}, {}, ["setting port = 70000", "65535"]),
+    ({"profile": "h100"}, {}, ["unknown hardware profile", "small"]),
+    ({"policy": "magic"}, {}, ["unknown policy", "topas"]),
+    ({"params": {"beta": -1}}, {}, ["beta=-1 is out of range", "[0.0, 1000.0]"]),
+    ({"params": {"zeta": 1}}, {}, ["unknown TOPAS parameter(s) ['zeta']"]),
+    ({"policy": "fcfs", "params": {"beta": 1}}, {}, ["takes no parameters"]),
+    ({"host": "0.0.0.0"}, {}, ["not a loopback address", "token"]),
+    ({"tasks": 5}, {}, ["tasks needs a workload"]),
+    ({"log_candidates": "some"}, {}, ["top:N"]),
+    ({}, {"TOPAS_PARAMS": "{oops"}, ["TOPAS_PARAMS: not valid JSON"]),
+])
+def test_bad_settings_are_one_clear_error(flags: dict, env: dict, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(flags, environ=env)
+    msg = str(err.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings({}, config=str(bad), environ={})
+    bad.write_text("prot = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['prot'\]"):
+        load_settings({}, config=str(bad), environ={})
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings({}, config=str(tmp_path / "missing.toml"), environ={})
+
+
+def test_cli_start_reports_bad_input_in_one_line(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for args in (["start", "--speed", "fast"], ["start", "--param", "beta"],
+                 ["start", "--param", "beta=2000"], ["start", "--host", "10.1.2.3"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2, (args, res.output)
+        lines = res.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert not (tmp_path / "topasd.db").exists()  # nothing started
