@@ -423,15 +423,6 @@ def _stages(view: TaskView) -> dict[str, Any]:
             for name, s in view.stages.items()}
 
 
-class _Driver(TaskDriver):
-    """The workflow driver; its request-id sequence is shared with external calls."""
-
-    def new_request_id(self) -> int:
-        rid = self._next_id
-        self._next_id += 1
-        return rid
-
-
 @dataclass(slots=True)
 class _OpenTask:
     """A task an application drives itself through OpenAI-compatible calls."""
@@ -550,7 +541,7 @@ class Service:
                                   lambda: self.params_version)
         self.active: dict[str, Workflow] = {}  # workflows in use (the policy's view)
         self._agent_sizes: dict[str, int] = {}
-        self.driver = _Driver(self.active)
+        self.driver = TaskDriver(self.active)
         self.loop = EventLoop(self.active, self.policy, self.backend, self.recorder,
                               driver=self.driver)
         self.loop.on_task_done = self._task_done

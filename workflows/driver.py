@@ -46,6 +46,12 @@ class TaskDriver:
     def in_flight(self) -> int:
         return len(self._runs)
 
+    def new_request_id(self) -> int:
+        """A fresh request id (also for requests built outside the driver)."""
+        rid = self._next_id
+        self._next_id += 1
+        return rid
+
     def start(self, record: TaskRecord, t: float) -> list[Request]:
         """A task arrives: its entry stages' first rounds are ready at `t`."""
         if record.id in self._runs:
@@ -82,7 +88,7 @@ class TaskDriver:
         spec = record.stages[stage][k]
         agent = wf.stages[stage].agent
         req = Request(
-            id=self._next_id,
+            id=self.new_request_id(),
             task_id=record.id,
             workflow=record.workflow,
             stage=stage,
@@ -94,6 +100,5 @@ class TaskDriver:
             task_arrival=record.arrival,
             prefix_tokens=wf.agents[agent].prefix_tokens,
         )
-        self._next_id += 1
         self._requests[req.id] = req
         return req
