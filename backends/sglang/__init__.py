@@ -1,0 +1,69 @@
+"""The SGLang backend: TOPAS inside SGLang 0.5.23's scheduler (docs/sglang.md).
+
+Pieces: `metadata` (workflow metadata on each request, via kv_hints),
+`adapter` (the scheduler-side view and decision execution), `plugin` (SGLang's
+plugin entry point and the scheduler hook), `channel` (scheduler <-> daemon),
+`backend` (the daemon-side Backend that runs an in-process SGLang Engine).
+Importing this package does not import SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_SGLANG = "0.5.23"  # the one version the contract tests pin
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangOptions:
+    """SGLang options `topasd start --backend sglang` passes through (names as
+    SGLang's `ServerArgs`)."""
+
+    model_path: str
+    tp_size: int = 1
+    dp_size: int = 1
+    mem_fraction_static: float | None = None
+    enable_hierarchical_cache: bool = False
+    hicache_size: int | None = None  # GB of host KV pool per rank (0/None: hicache_ratio)
+    hicache_ratio: float | None = None
+    max_running_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    max_prefill_tokens: int | None = None
+    page_size: int | None = None
+    load_format: str | None = None  # "dummy": random weights (the GPU check)
+    context_length: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # any other ServerArgs field
+
+    def server_args(self) -> dict[str, Any]:
+        """Keyword arguments for `sglang.Engine` (None means SGLang's default)."""
+        args: dict[str, Any] = {
+            "model_path": self.model_path, "tp_size": self.tp_size, "dp_size": self.dp_size,
+            "enable_hierarchical_cache": self.enable_hierarchical_cache,
+            # TOPAS orders admissions itself; SGLang's FCFS leaves the queue order alone
+            "schedule_policy": "fcfs",
+        }
+        optional = {
+            "mem_fraction_static": self.mem_fraction_static, "hicache_size": self.hicache_size,
+            "hicache_ratio": self.hicache_ratio,
+            "max_running_requests": self.max_running_requests,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "max_prefill_tokens": self.max_prefill_tokens, "page_size": self.page_size,
+            "load_format": self.load_format, "context_length": self.context_length,
+        }
+        args.update({k: v for k, v in optional.items() if v is not None})
+        args.update(self.extra)
+        return args
+
+
+def make_backend(options: SGLangOptions, profile: Any, **kwargs: Any) -> Any:
+    """The daemon-side SGLang backend (starts an in-process SGLang Engine).
+
+    `profile` is a topasd HardwareProfile: its cost hints feed the policy.
+    """
+    from backends.sglang.backend import SGLangBackend
+
+    return SGLangBackend(options, profile, **kwargs)
+
+
+__all__ = ["SUPPORTED_SGLANG", "SGLangOptions", "make_backend"]

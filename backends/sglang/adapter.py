@@ -1,0 +1,463 @@
+"""TOPAS inside SGLang's scheduler: the view from SGLang's state, and the decision
+carried out through SGLang's own admission, retraction and radix cache.
+
+This module runs inside SGLang's scheduler process (one per tensor-parallel
+rank). It reads and changes these attributes of `sglang.srt.managers.scheduler.
+Scheduler` (SGLang 0.5.23; the contract tests in tests/sglang pin them):
+`waiting_queue`, `running_batch`, `chunked_req`, `tree_cache`,
+`token_to_kv_pool_allocator`, `new_token_ratio_tracker`, `chunked_prefill_size`,
+`max_prefill_tokens`, `enable_hierarchical_cache` and `_add_request_to_queue`.
+
+Mappings (docs/sglang.md has the full table):
+
+- view: W_t = `waiting_queue`, Q_t = `running_batch.reqs` + `chunked_req`, B_t =
+  the token pool's size, an agent prefix is GPU when its tokens match on device
+  in the radix cache (`match_full_device_prefix`, read-only), HOST when only
+  HiCache's host pool holds it, NONE otherwise.
+- admit: the waiting queue is narrowed to the decision's admission list, in its
+  order, for SGLang's own prefill pass (`PrefillAdder`: prefill budget, chunking,
+  KV check); what does not fit this round stays planned for the next rounds.
+- preempt: SGLang's retract path (`ScheduleBatch.release_req`, which frees the
+  request's KV and calls `Req.reset_for_retract`), then the queue; the generated
+  tokens are re-prefilled on re-admission.
+- prefixes: a prefix TOPAS keeps resident is pinned with a radix-tree lock
+  (`tree_cache.lock`), so SGLang's LRU never evicts it; an evicted one is
+  unpinned and reclaimed by SGLang's LRU eviction when room is needed (its
+  admission accounting already counts it free); a load is HiCache's load-back
+  (host hit) or the prefill's recompute, done when the first admitted request of
+  the agent enters a prefill batch.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from backends.sglang.metadata import WorkflowMeta, read_meta
+from topasd.model import (
+    CostHints,
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Location,
+    PrefixState,
+    Request,
+    RequestState,
+    Reservation,
+    TaskView,
+    Workflow,
+)
+
+Clock = Callable[[], float]
+UNCHUNKED = 1 << 30  # chunk_tokens reported when chunked prefill is off
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """The engine half of an `EngineView`, built from SGLang's objects.
+
+    The daemon adds its task book, workflows, cost hints and clock (`view`).
+    `key` changes when a request arrives, leaves, or is retracted by SGLang.
+    """
+
+    budget_tokens: int
+    new_token_ratio: float
+    prefixes: Mapping[str, PrefixState]
+    running: tuple[Request, ...]
+    waiting: tuple[Request, ...]
+    batch_is_full: bool
+    chunk_tokens: int
+    max_prefill_tokens: int
+    key: tuple[frozenset[int], frozenset[int]]
+    seq: int = 0
+
+    def view(self, t: float, tasks: Mapping[int, TaskView], workflows: Mapping[str, Workflow],
+             costs: CostHints) -> EngineView:
+        return EngineView(
+            t=t, budget_tokens=self.budget_tokens, new_token_ratio=self.new_token_ratio,
+            prefixes=self.prefixes, running=self.running, waiting=self.waiting, tasks=tasks,
+            workflows=workflows, costs=costs, batch_is_full=self.batch_is_full,
+            chunk_tokens=self.chunk_tokens, max_prefill_tokens=self.max_prefill_tokens,
+            seq=self.seq)
+
+
+Decider = Callable[[EngineSnapshot], Decision | None]
+"""Returns the decision for a snapshot (None: decide nothing this round)."""
+
+
+@dataclass(slots=True)
+class ApplyReport:
+    """What `apply` did, and what it had to skip (the state moved on)."""
+
+    preempted: list[int] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    planned: list[int] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+class TopasScheduler:
+    """One scheduler process's TOPAS: view, decide (through `decider`), apply.
+
+    Deterministic given the SGLang state, the decisions and the clock: every
+    tensor-parallel rank runs one on identical state and, fed the same decision
+    (`RankSync`), makes identical changes.
+    """
+
+    def __init__(self, decider: Decider, *, clock: Clock = time.monotonic,
+                 sync: Callable[[Decision | None], Decision | None] | None = None) -> None:
+        self.decider = decider
+        self.clock = clock
+        self.sync = sync
+        self.prefix_ids: dict[str, tuple[int, ...]] = {}
+        self.plan: list[int] = []  # admitted by the last decision, not yet in a batch
+        self.pins: dict[str, Any] = {}  # agent -> SGLang TreeLock on its prefix
+        self.released: set[str] = set()  # evicted by TOPAS, still cached until reclaimed
+        self.first_seen: dict[int, float] = {}
+        self.admitted_at: dict[int, float] = {}
+        self.preemptions: dict[int, int] = {}
+        self.last_used: dict[str, float] = {}
+        self.events: list[EngineEvent] = []
+        self.decisions = 0
+        self._key: tuple[frozenset[int], frozenset[int]] | None = None
+        self._retry = False
+        self._seq = 0
+
+    # ------------------------------------------------------------- the view
+
+    def snapshot(self, sched: Any) -> EngineSnapshot:
+        """The engine state from `sched`'s SGLang objects."""
+        now = self.clock()
+        waiting, running = [], []
+        for req in sched.waiting_queue:
+            meta = self._learn(req, now)
+            if meta is not None:
+                waiting.append(self._request(req, meta, RequestState.WAITING))
+        for req in self._running_reqs(sched):
+            meta = self._learn(req, now)
+            if meta is not None:
+                running.append(self._request(req, meta, RequestState.RUNNING))
+        self._seq += 1
+        chunk = sched.chunked_prefill_size
+        return EngineSnapshot(
+            budget_tokens=int(sched.token_to_kv_pool_allocator.size),
+            new_token_ratio=float(sched.new_token_ratio_tracker.current),
+            prefixes=self._prefixes(sched),
+            running=tuple(running),
+            waiting=tuple(waiting),
+            batch_is_full=bool(sched.running_batch.batch_is_full),
+            chunk_tokens=int(chunk) if chunk and chunk > 0 else UNCHUNKED,
+            max_prefill_tokens=int(sched.max_prefill_tokens),
+            key=(frozenset(r.id for r in waiting) | frozenset(r.id for r in running),
+                 frozenset(r.id for r in running)),
+            seq=self._seq,
+        )
+
+    @staticmethod
+    def _running_reqs(sched: Any) -> list[Any]:
+        reqs = list(sched.running_batch.reqs)
+        chunked = sched.chunked_req
+        if chunked is not None and all(r is not chunked for r in reqs):
+            reqs.append(chunked)
+        return reqs
+
+    def _learn(self, req: Any, now: float) -> WorkflowMeta | None:
+        meta = read_meta(req)
+        if meta is None:
+            return None
+        if meta.agent not in self.prefix_ids:
+            self.prefix_ids[meta.agent] = tuple(req.origin_input_ids[: meta.prefix_tokens])
+        self.first_seen.setdefault(meta.request_id, now)
+        return meta
+
+    def _request(self, req: Any, meta: WorkflowMeta, state: RequestState) -> Request:
+        rid = meta.request_id
+        running = state is RequestState.RUNNING
+        return Request(
+            id=rid, task_id=meta.task_id, workflow=meta.workflow, stage=meta.stage,
+            agent=meta.agent, round=meta.round,
+            input_tokens=len(req.origin_input_ids) - meta.prefix_tokens,
+            output_tokens=int(req.sampling_params.max_new_tokens),
+            ready_at=meta.ready_at, task_arrival=meta.task_arrival,
+            prefix_tokens=meta.prefix_tokens, queued_at=self.first_seen[rid],
+            generated=len(req.output_ids), state=state,
+            admitted_at=self.admitted_at.get(rid) if running else None,
+            started_at=self.admitted_at.get(rid) if running else None,
+            reservation=Reservation.OPTIMISTIC if running else Reservation.FULL,
+            preemptions=self.preemptions.get(rid, 0),
+        )
+
+    def _prefixes(self, sched: Any) -> dict[str, PrefixState]:
+        out = {}
+        for agent, ids in self.prefix_ids.items():
+            loc, host_copy = self._locate(sched, ids)
+            if loc is Location.GPU and agent in self.released and agent not in self.pins:
+                loc = Location.HOST if host_copy else Location.NONE  # evicted by TOPAS
+            out[agent] = PrefixState(agent, len(ids), loc, ready=loc is Location.GPU,
+                                     host_copy=host_copy, last_used=self.last_used.get(agent, 0.0))
+        return out
+
+    @staticmethod
+    def _locate(sched: Any, ids: tuple[int, ...]) -> tuple[Location, bool]:
+        """Where the radix cache holds a prefix, and whether HiCache has a host copy."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        cache = sched.tree_cache
+        if not ids:
+            return Location.GPU, False
+        key = RadixKey(array("q", ids))
+        need = len(key.page_aligned(cache.page_size))
+        on_device, _, _ = cache.tree_core.match_full_device_prefix(key)
+        if not sched.enable_hierarchical_cache:
+            return (Location.GPU if on_device >= need else Location.NONE), False
+        # HiCache: the full match (touches LRU order of the matched host nodes).
+        match = cache.match_prefix(MatchPrefixParams(key=key))
+        if on_device >= need:
+            return Location.GPU, bool(cache.is_backuped(match.last_device_node))
+        host = match.device_prefix_len + match.host_hit_length
+        return (Location.HOST, True) if host >= need else (Location.NONE, False)
+
+    # ---------------------------------------------------------- deciding
+
+    def needs_decision(self, snap: EngineSnapshot) -> bool:
+        """A request arrived, left or was retracted, or the last decision asked
+        to decide again once its plan was used up."""
+        expected = self._key
+        return expected is None or snap.key != expected or (self._retry and not self.plan)
+
+    def step(self, sched: Any) -> Decision | None:
+        """Decide if something changed and carry the decision out."""
+        snap = self.snapshot(sched)
+        decision: Decision | None = None
+        if self.needs_decision(snap):
+            decision = self.decider(snap) if self.sync is None or self._is_leader() else None
+            if self.sync is not None:
+                decision = self.sync(decision)
+            self._key = snap.key
+            if decision is not None:
+                self.decisions += 1
+                self.apply(sched, decision)
+                self._key = self.snapshot_key(sched)
+        return decision
+
+    def _is_leader(self) -> bool:
+        return bool(getattr(self.sync, "is_leader", True))
+
+    def snapshot_key(self, sched: Any) -> tuple[frozenset[int], frozenset[int]]:
+        """The key the state has now (after an apply)."""
+        waiting = {m.request_id for m in map(read_meta, sched.waiting_queue) if m is not None}
+        running = {m.request_id for m in map(read_meta, self._running_reqs(sched))
+                   if m is not None}
+        return frozenset(waiting | running), frozenset(running)
+
+    # ---------------------------------------------------------- applying
+
+    def apply(self, sched: Any, decision: Decision) -> ApplyReport:
+        """Carry `decision` out on SGLang's objects (ids the state no longer has
+        are skipped and reported)."""
+        report = ApplyReport()
+        now = self.clock()
+        self._preempt(sched, decision.preempt, report, now)
+        for agent in decision.evict:
+            self._unpin(sched, agent)
+            self.released.add(agent)
+            report.evicted.append(agent)
+            self.events.append(EngineEvent(now, EventKind.PREFIX_EVICT, agent=agent,
+                                           tokens=len(self.prefix_ids.get(agent, ())),
+                                           note="policy"))
+        waiting = {m.request_id: m for m in map(read_meta, sched.waiting_queue)
+                   if m is not None}
+        self.plan = []
+        for rid in decision.admit:
+            if rid in waiting:
+                self.plan.append(rid)
+            else:
+                report.skipped.append(f"admit {rid}: not waiting")
+        report.planned = list(self.plan)
+        for agent in sorted(self._resident_after(sched, decision)):
+            self.released.discard(agent)
+            self._pin(sched, agent)
+        for agent in decision.load:
+            if agent not in {waiting[r].agent for r in self.plan}:
+                report.skipped.append(f"load {agent}: no admitted request of this agent")
+        if self.plan:
+            sched.running_batch.batch_is_full = False
+        self._retry = decision.retry
+        return report
+
+    def _resident_after(self, sched: Any, decision: Decision) -> Iterable[str]:
+        running = {m.agent for m in map(read_meta, self._running_reqs(sched)) if m is not None}
+        kept = {a for a in self.pins if a not in decision.evict}
+        return (running | kept | set(decision.load)) - set(decision.evict)
+
+    def _preempt(self, sched: Any, rids: Iterable[int], report: ApplyReport,
+                 now: float) -> None:
+        """SGLang's retract path for the chosen running requests."""
+        wanted = set(rids)
+        if not wanted:
+            return
+        batch = sched.running_batch
+        chunked = sched.chunked_req
+        metas = [read_meta(r) for r in batch.reqs]
+        victims = [i for i, m in enumerate(metas) if m is not None and m.request_id in wanted]
+        found = {metas[i].request_id for i in victims}  # type: ignore[union-attr]
+        for rid in sorted(wanted - found):
+            why = ("in a chunked prefill (SGLang retracts decoding requests only)"
+                   if chunked is not None and (m := read_meta(chunked)) is not None
+                   and m.request_id == rid else "not running")
+            report.skipped.append(f"preempt {rid}: {why}")
+        if not victims:
+            return
+        keep = [i for i in range(len(batch.reqs)) if i not in set(victims)]
+        reqs = [batch.reqs[i] for i in victims]
+        for n, idx in enumerate(victims):
+            batch.release_req(idx, len(victims) - n - 1 + len(keep))
+        batch.filter_batch(keep_indices=keep)
+        batch.batch_is_full = False
+        for req in reqs:
+            meta = read_meta(req)
+            assert meta is not None
+            rid = meta.request_id
+            self.preemptions[rid] = self.preemptions.get(rid, 0) + 1
+            self.admitted_at.pop(rid, None)
+            sched._add_request_to_queue(req, is_retracted=True)
+            report.preempted.append(rid)
+            self.events.append(EngineEvent(now, EventKind.PREEMPT, rid, meta.task_id,
+                                           meta.agent, meta.stage, tokens=len(req.output_ids)))
+
+    def _pin(self, sched: Any, agent: str) -> None:
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        ids = self.prefix_ids.get(agent)
+        if agent in self.pins or not ids:
+            return
+        cache = sched.tree_cache
+        key = RadixKey(array("q", ids))
+        matched, node, _ = cache.tree_core.match_full_device_prefix(key)
+        if matched >= len(key.page_aligned(cache.page_size)) and matched > 0:
+            self.pins[agent] = cache.lock(node)
+
+    def _unpin(self, sched: Any, agent: str) -> None:
+        lock = self.pins.pop(agent, None)
+        if lock is not None:
+            sched.tree_cache.unlock(lock)
+
+    def release_all(self, sched: Any) -> None:
+        """Drop every pin (shutdown, or handing scheduling back to SGLang)."""
+        for agent in list(self.pins):
+            self._unpin(sched, agent)
+
+    # ----------------------------------------------------- admission pass
+
+    def planned_queue(self, queue: list[Any]) -> tuple[list[Any], list[Any]]:
+        """(the queue SGLang's prefill pass walks: the plan in decision order,
+        then requests topasd did not send; the requests held back)."""
+        by_id: dict[int, Any] = {}
+        untracked, held = [], []
+        for req in queue:
+            meta = read_meta(req)
+            if meta is None:
+                untracked.append(req)
+            else:
+                by_id[meta.request_id] = req
+        planned = [by_id[rid] for rid in self.plan if rid in by_id]
+        chosen = {id(r) for r in planned}
+        held = [r for r in queue if read_meta(r) is not None and id(r) not in chosen]
+        return planned + untracked, held
+
+    def around_prefill(self, original: Callable[..., Any], sched: Any, *args: Any,
+                       **kwargs: Any) -> Any:
+        """The hook on `Scheduler._get_new_batch_prefill_raw`: decide, then let
+        SGLang's prefill pass admit only what TOPAS planned, in its order."""
+        self.step(sched)
+        before = list(sched.waiting_queue)
+        planned, held = self.planned_queue(before)
+        sched.waiting_queue = planned
+        try:
+            return original(sched, *args, **kwargs)
+        finally:
+            self._after_pass(sched, before, held)
+
+    def _after_pass(self, sched: Any, before: list[Any], held: list[Any]) -> None:
+        left = sched.waiting_queue
+        still = {id(r) for r in left}
+        kept = {id(r) for r in held}
+        now = self.clock()
+        for req in before:
+            meta = read_meta(req)
+            if meta is None or id(req) in still or id(req) in kept:
+                continue
+            rid = meta.request_id
+            if rid in self.plan:
+                self.plan.remove(rid)
+            self.admitted_at[rid] = now
+            self.last_used[meta.agent] = now
+            self.released.discard(meta.agent)
+            self.events.append(EngineEvent(now, EventKind.REQUEST_ADMIT, rid, meta.task_id,
+                                           meta.agent, meta.stage,
+                                           tokens=len(req.origin_input_ids)))
+            self.events.append(EngineEvent(now, EventKind.REQUEST_START, rid, meta.task_id,
+                                           meta.agent, meta.stage))
+        order = {id(r): i for i, r in enumerate(before)}
+        merged = list(left) + [h for h in held if id(h) not in still]  # no duplicates
+        merged.sort(key=lambda r: order.get(id(r), len(order)))
+        sched.waiting_queue = merged
+        if self._key is not None:
+            self._key = self.snapshot_key(sched)
+
+    def take_events(self) -> list[EngineEvent]:
+        events, self.events = self.events, []
+        return events
+
+
+class LocalDecider:
+    """Decide in this process with a topasd policy (tests; a single-process run)."""
+
+    def __init__(self, policy: Any, workflows: Mapping[str, Workflow], costs: CostHints,
+                 tasks: Callable[[], Mapping[int, TaskView]], clock: Clock) -> None:
+        self.policy = policy
+        self.workflows = workflows
+        self.costs = costs
+        self.tasks = tasks
+        self.clock = clock
+        self.log: list[Decision] = []
+
+    def __call__(self, snap: EngineSnapshot) -> Decision | None:
+        view = snap.view(self.clock(), self.tasks(), self.workflows, self.costs)
+        decision = replace(self.policy.decide(view), seq=snap.seq)
+        self.log.append(decision)
+        return decision
+
+
+class RankSync:
+    """Every tensor-parallel rank gets the leader's decision: the leader (first
+    rank of the TP group) decides, SGLang's `broadcast_pyobj` sends it over the
+    group's CPU (gloo) group, and every rank applies the same decision."""
+
+    def __init__(self, rank: int, ranks: list[int], cpu_group: Any) -> None:
+        self.rank = rank
+        self.src = ranks[0]
+        self.cpu_group = cpu_group
+        self.is_leader = rank == self.src
+
+    @classmethod
+    def for_scheduler(cls, sched: Any) -> RankSync | None:
+        group = getattr(sched, "tp_group", None)
+        if group is None or getattr(group, "world_size", 1) <= 1:
+            return None
+        return cls(group.ranks[group.rank_in_group], list(group.ranks), group.cpu_group)
+
+    def __call__(self, decision: Decision | None) -> Decision | None:
+        from sglang.srt.utils.common import broadcast_pyobj
+
+        payload = [_portable(decision)] if self.is_leader else []
+        return broadcast_pyobj(payload, self.rank, self.cpu_group, src=self.src)[0]
+
+
+def _portable(decision: Decision | None) -> Decision | None:
+    """The decision without its candidate log (ranks need only the actions)."""
+    return None if decision is None else replace(decision, candidates=(), chosen=None)

@@ -1,0 +1,252 @@
+"""The daemon side: an in-process SGLang Engine whose scheduler asks this
+backend for TOPAS decisions (Backend protocol of backends/base.py).
+
+The Engine's scheduler subprocesses load topasd's SGLang plugin; its hook
+snapshots SGLang's state before each prefill pass and, when something changed,
+sends the snapshot here over `channel` and waits for the decision. `run_until`
+turns each such request into a SCHEDULE event: the caller's `EventLoop` builds
+the view (`view`, with its task book), asks the policy, `apply` answers the
+scheduler, and the decision is logged like the simulator's. Completions come
+back through the Engine's `async_generate` (REQUEST_FINISH); admission, start,
+preemption and prefix events come from the scheduler.
+
+Placement with data parallelism: every request of a task goes to replica
+`task_id % dp_size` (SGLang's `routed_dp_rank`), so a workflow's requests share
+one replica's radix cache and one TOPAS; each replica's leader asks separately
+and its snapshot names its replica.
+
+Tokens: a `Request` carries token counts, so prompts are synthetic token ids: an
+agent's prefix is a fixed sequence derived from its name, the dynamic part one
+derived from the request id (`prompt_ids`). `submit_tokens` takes real ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends.base import InfeasibleDecision
+from backends.sglang import SGLangOptions
+from backends.sglang.adapter import EngineSnapshot
+from backends.sglang.channel import (
+    ENDPOINT_ENV,
+    T0_ENV,
+    DaemonChannel,
+    DecideRequest,
+    EventBatch,
+)
+from backends.sglang.metadata import WorkflowMeta, kv_hints_envelope
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Request,
+    TaskView,
+    Workflow,
+)
+
+POLL_S = 0.005
+TOKEN_LOW, TOKEN_HIGH = 1000, 30000  # synthetic ids stay inside any common vocabulary
+
+
+@dataclass
+class SGLangStats:
+    """Counters for the run summary (same names as the simulator's where shared)."""
+
+    decisions: int = 0
+    decision_timeouts: int = 0
+    preemptions: int = 0
+    prefix_loads: int = 0
+    prefix_evictions: int = 0
+    requests_finished: int = 0
+    skipped_actions: int = 0
+
+
+def prompt_ids(request: Request) -> list[int]:
+    """Synthetic prompt: the agent's prefix ids, then the request's own ids."""
+    return (_ids(f"agent:{request.agent}", request.prefix_tokens)
+            + _ids(f"request:{request.id}", request.input_tokens))
+
+
+def _ids(seed: str, n: int) -> list[int]:
+    out: list[int] = []
+    counter = 0
+    while len(out) < n:
+        digest = hashlib.blake2b(f"{seed}:{counter}".encode(), digest_size=64).digest()
+        out.extend(TOKEN_LOW + int.from_bytes(digest[i:i + 2], "little") % (TOKEN_HIGH - TOKEN_LOW)
+                   for i in range(0, 64, 2))
+        counter += 1
+    return out[:n]
+
+
+def meta_of(request: Request) -> WorkflowMeta:
+    return WorkflowMeta(request_id=request.id, task_id=request.task_id,
+                        workflow=request.workflow, stage=request.stage, agent=request.agent,
+                        round=request.round, prefix_tokens=request.prefix_tokens,
+                        task_arrival=request.task_arrival, ready_at=request.ready_at)
+
+
+def start_engine(options: SGLangOptions) -> Any:
+    """`sglang.Engine` with the options (the plugin reads the endpoint from env)."""
+    import sglang
+
+    return sglang.Engine(**options.server_args())
+
+
+class SGLangBackend:
+    """TOPAS-in-SGLang behind the Backend protocol (wall-clock seconds)."""
+
+    name = "sglang"
+
+    def __init__(self, options: SGLangOptions, profile: Any, *, endpoint: str | None = None,
+                 engine_factory: Callable[[SGLangOptions], Any] = start_engine) -> None:
+        self.options = options
+        self.profile = profile
+        self.costs = profile.cost_hints()
+        self.stats = SGLangStats()
+        self._t0 = time.monotonic()
+        self.endpoint = endpoint or (
+            f"ipc://{tempfile.gettempdir()}/topasd-sglang-{os.getpid()}.sock")
+        self.channel = DaemonChannel(self.endpoint)
+        os.environ[ENDPOINT_ENV] = self.endpoint  # inherited by SGLang's subprocesses
+        os.environ[T0_ENV] = repr(self._t0)
+        self._done: queue.Queue[tuple[int, float, str | None]] = queue.Queue()
+        self._requests: dict[int, Request] = {}
+        self._started: dict[int, float] = {}
+        self._asks: deque[tuple[bytes, DecideRequest]] = deque()
+        self._current: tuple[bytes, DecideRequest] | None = None
+        self._events: list[EngineEvent] = []
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="topasd-sglang",
+                                        daemon=True)
+        self._thread.start()
+        self.engine = engine_factory(options)
+
+    # ------------------------------------------------------------- protocol
+
+    @property
+    def t(self) -> float:
+        return time.monotonic() - self._t0
+
+    def replica(self, task_id: int) -> int:
+        """The DP replica serving every request of `task_id`."""
+        return task_id % max(1, self.options.dp_size)
+
+    def submit(self, request: Request) -> None:
+        self.submit_tokens(request, prompt_ids(request))
+
+    def submit_tokens(self, request: Request, input_ids: Sequence[int]) -> None:
+        """Submit with real prompt ids (the first `prefix_tokens` are the agent's prefix)."""
+        self._requests[request.id] = request
+        self._events.append(EngineEvent(self.t, EventKind.REQUEST_READY, request.id,
+                                        request.task_id, request.agent, request.stage))
+        kwargs: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": request.output_tokens,
+                                "ignore_eos": True},
+            "rid": f"topasd-{request.id}",
+            "kv_hints": kv_hints_envelope(meta_of(request)),
+        }
+        if self.options.dp_size > 1:
+            kwargs["routed_dp_rank"] = self.replica(request.task_id)
+        asyncio.run_coroutine_threadsafe(self._generate(request.id, kwargs), self._loop)
+
+    async def _generate(self, rid: int, kwargs: dict[str, Any]) -> None:
+        try:
+            await self.engine.async_generate(**kwargs)
+            self._done.put((rid, self.t, None))
+        except Exception as exc:  # reported as a finish with a note; the run goes on
+            self._done.put((rid, self.t, f"error: {exc}"))
+
+    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+        while True:
+            self._answer_unapplied()
+            self._collect(0.0)
+            if self._events:
+                events, self._events = self._events, []
+                yield from events
+            if self._asks:
+                self._current = self._asks.popleft()
+                yield EngineEvent(self.t, EventKind.SCHEDULE)
+                continue
+            if t_stop is None and self.idle():
+                return
+            if t_stop is not None and self.t >= t_stop:
+                return
+            wait = POLL_S if t_stop is None else max(0.0, min(POLL_S, t_stop - self.t))
+            self._collect(wait)
+
+    def view(self, tasks: Mapping[int, TaskView], workflows: Mapping[str, Workflow]) -> EngineView:
+        if self._current is None:
+            raise InfeasibleDecision("sglang: no scheduler is waiting for a decision")
+        snap: EngineSnapshot = self._current[1].snapshot
+        return snap.view(self.t, tasks, workflows, self.costs)
+
+    def apply(self, decision: Decision) -> None:
+        if self._current is None:
+            raise InfeasibleDecision("sglang: no scheduler is waiting for a decision")
+        ident, ask = self._current
+        self._current = None
+        self.channel.answer(ident, ask.seq, decision)
+        self.stats.decisions += 1
+
+    def idle(self) -> bool:
+        return not self._requests and not self._asks and self._current is None
+
+    def close(self) -> None:
+        """Shut the engine down and release the socket."""
+        try:
+            self.engine.shutdown()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self.channel.close()
+
+    # -------------------------------------------------------------- helpers
+
+    def _answer_unapplied(self) -> None:
+        """A SCHEDULE the caller did not act on: let the scheduler go on."""
+        if self._current is not None:
+            ident, ask = self._current
+            self._current = None
+            self.channel.answer(ident, ask.seq, None)
+
+    def _collect(self, wait_s: float) -> None:
+        for ident, msg in self.channel.poll(wait_s):
+            if isinstance(msg, DecideRequest):
+                self._scheduler_events(msg.events)
+                self._asks.append((ident, msg))
+            elif isinstance(msg, EventBatch):
+                self._scheduler_events(msg.events)
+        while True:
+            try:
+                rid, t, note = self._done.get_nowait()
+            except queue.Empty:
+                break
+            req = self._requests.pop(rid, None)
+            if req is None:
+                continue
+            started = self._started.pop(rid, t)
+            self.stats.requests_finished += 1
+            self._events.append(EngineEvent(t, EventKind.REQUEST_FINISH, rid, req.task_id,
+                                            req.agent, req.stage, tokens=req.output_tokens,
+                                            value=t - started, note=note or ""))
+
+    def _scheduler_events(self, events: list[EngineEvent]) -> None:
+        for ev in events:
+            if ev.kind is EventKind.REQUEST_START and ev.request_id is not None:
+                self._started[ev.request_id] = ev.t
+            elif ev.kind is EventKind.PREEMPT:
+                self.stats.preemptions += 1
+            elif ev.kind is EventKind.PREFIX_EVICT:
+                self.stats.prefix_evictions += 1
+            self._events.append(ev)
