@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--policy", default="topas")
     ap.add_argument("--profile", default="qwen2.5-32b-a100")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_daemon(Path(tmp), args.policy, args.profile)
@@ -175,17 +176,32 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    print(f"/v1/chat/completions on the sim (unpaced), policy {args.policy}, "
-          f"{args.concurrency} clients, {args.agents} agents, max_tokens {args.max_tokens}")
-    print(f"  sustained rate   {res['rate_req_s']:8.1f} req/s  ({res['requests']} requests, "
-          f"{res['errors']} errors, {res['wall_s']:.1f} s)")
-    print(f"  latency          p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms (wall); "
-          f"in the engine p50 {res['engine_p50_s']:.1f} s, p99 {res['engine_p99_s']:.1f} s "
-          "(engine time)")
-    print(f"  daemon wall time scheduler {res['scheduler_share']:.1%}, engine "
-          f"{res['engine_share']:.1%}, outside both {res['outside_share']:.1%}")
-    print(f"  decisions        {res['decisions']}; engine time advanced "
-          f"{res['engine_time_s']:.0f} s")
+    text = "\n".join([
+        f"/v1/chat/completions on the sim (unpaced), policy {args.policy}, "
+        f"{args.concurrency} clients, {args.agents} agents, max_tokens {args.max_tokens}:",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| sustained rate | {res['rate_req_s']:.1f} req/s ({res['requests']} requests, "
+        f"{res['errors']} errors, {res['wall_s']:.1f} s) |",
+        f"| latency (wall) | p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms |",
+        f"| latency (engine time) | p50 {res['engine_p50_s']:.1f} s, "
+        f"p99 {res['engine_p99_s']:.1f} s |",
+        f"| daemon wall time | scheduler {res['scheduler_share']:.1%}, engine "
+        f"{res['engine_share']:.1%}, outside both {res['outside_share']:.1%} |",
+        f"| decisions | {res['decisions']} ({res['engine_time_s']:.0f} s of engine time) |",
+        "",
+        f"Load average {os.getloadavg()[0]:.2f} on {res['cpus']} CPUs while measuring.",
+    ])
+    print(text)
+    if args.write:
+        import sys
+
+        from _results import update_section  # bench/_results.py
+
+        command = "python " + " ".join(["bench/api_load.py", *sys.argv[1:]])
+        update_section(f"api_load-{args.policy}",
+                       f"## Daemon API load ({args.policy})\n\nCommand: `{command}`\n\n{text}")
 
 
 if __name__ == "__main__":
