@@ -190,6 +190,10 @@ class _Pack:
     v_reuse: float  # Eq. 11
     seq: list[int]  # admission order
     gains: list[float]  # age-weighted conditional progress of each admission (Eq. 7)
+    names: tuple[str, ...] = ()  # the prefix set, sorted (for logs)
+
+    def __post_init__(self) -> None:
+        self.names = tuple(sorted(self.resident))
 
 
 @dataclass(slots=True)
@@ -230,12 +234,12 @@ class _State:
         return zip(self.pack.seq[: self.n_admit], self.pack.gains[: self.n_admit], strict=True)
 
     def candidate(self) -> Candidate:
-        return Candidate(tuple(sorted(self.resident)), self.admit, self.preempt, self.terms())
+        return Candidate(self.pack.names, self.admit, self.preempt, self.terms())
 
     def row(self) -> tuple[Any, ...]:
         """(resident, admit, preempt, j_admit, j_move, j_redo, j_revoke, v_reuse)."""
         p = self.pack
-        return (tuple(sorted(p.resident)), self.admit, p.preempt, self.j_admit,
+        return (p.names, tuple(p.seq[: self.n_admit]), p.preempt, self.j_admit,
                 p.t_move * self.tasks_in, p.j_redo, p.j_revoke, p.v_reuse)
 
 
@@ -255,7 +259,7 @@ def _better(a: _State, b: _State) -> bool:
     kb = (b.total, -len(b.pack.preempt), b.n_admit)
     if ka != kb:
         return ka > kb
-    return (sorted(a.resident), a.admit) < (sorted(b.resident), b.admit)
+    return (a.pack.names, a.admit) < (b.pack.names, b.admit)
 
 
 class CandidateLog(Sequence[Candidate]):
