@@ -278,6 +278,43 @@ class ParamsChanged(ParamsInfo):
     effective_from_decision: int = Field(description="The first decision (seq) that uses it.")
 
 
+class CandidateInfo(BaseModel):
+    """A candidate post-decision state S' = (R', Q') with its Eq. 13 score terms."""
+
+    idx: int = Field(description="Index in the policy's candidate list.")
+    won: bool = Field(description="The state the policy chose.")
+    resident: list[str] = Field(description="R': the agent prefixes on the GPU.")
+    admit: list[int]
+    preempt: list[int]
+    j_admit: float
+    j_move: float
+    j_redo: float
+    j_revoke: float
+    v_reuse: float
+    total: float = Field(description="j_admit - j_move - j_redo - j_revoke + v_reuse.")
+
+
+class DecisionDetail(BaseModel):
+    """One decision: its actions and its candidate states, best total first."""
+
+    seq: int
+    t: float = Field(description="Engine time of the decision.")
+    policy: str
+    admit: list[int]
+    preempt: list[int]
+    load: list[str]
+    evict: list[str]
+    noop: bool
+    blocked: bool
+    retry: bool
+    reservation: str
+    wall_ms: float = Field(description="The policy's wall time for this decision.")
+    n_candidates: int = Field(description="How many candidates the policy generated.")
+    chosen: int | None = Field(description="`idx` of the chosen candidate (baselines: none).")
+    params_version: int
+    candidates: list[CandidateInfo]
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
     engine: bool
@@ -375,13 +412,19 @@ def create_app(service: Service) -> FastAPI:
             raise Unavailable("the engine is not running (starting, shutting down or failed)")
         return Ready(ready=True)
 
-    @app.get("/v1/state", tags=["control"], responses=_errors(422, 503))
+    @app.get("/v1/state", tags=["control"], response_class=JSONResponse,
+             responses={200: {"content": {"application/json": {"schema": {
+                 "type": "object", "additionalProperties": True,
+                 "title": "Response State V1 State Get"}}},
+                 "description": "Successful Response"}, **_errors(422, 503)})
     async def state(limit: int = Query(50, ge=1, le=10_000, description="Entries per list."
-                                       )) -> dict[str, Any]:
+                                       )) -> JSONResponse:
         """Engine time, KV budget, resident prefixes and where they live, running and
-        waiting requests by agent, tasks in flight with their stage progress, recent
-        decisions, counters."""
-        return await _wait(service.state(limit), QUERY_TIMEOUT_S)
+        waiting requests by agent, tasks in flight with their stage progress and
+        expected remaining path, recent decisions, counters, headline statistics."""
+        # plain JSON types already: skip FastAPI's encoder (7x the cost of json.dumps on
+        # a state of hundreds of tasks)
+        return JSONResponse(await _wait(service.state(limit), QUERY_TIMEOUT_S))
 
     @app.get("/v1/events", tags=["control"], responses={
         200: {"content": {"text/event-stream": {}},
@@ -401,6 +444,15 @@ def create_app(service: Service) -> FastAPI:
         return StreamingResponse(_event_stream(service, request, wanted, since, max_events),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/v1/decisions/{seq}", response_model=DecisionDetail, tags=["control"],
+             responses=_errors(404, 422))
+    async def get_decision(seq: int, candidates: int = Query(
+            50, ge=0, le=10_000, description="Candidates to return: the best by total, "
+            "plus the chosen one.")) -> dict[str, Any]:
+        """A recent decision (the last 1024 are kept) with its candidate states and every
+        score term; older ones are in the store."""
+        return service.decision(seq, candidates)
 
     @app.get("/v1/params", response_model=ParamsInfo, tags=["control"])
     async def get_params() -> ParamsInfo:

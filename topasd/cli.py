@@ -534,6 +534,60 @@ def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> N
                      "finishing work (see its log), or send SIGKILL")
 
 
+# --------------------------------------------------------------- console
+
+
+@main.command("console")
+@click.option("--url", default=None, metavar="URL",
+              help="The daemon's address (default: found through its runtime file).")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
+              help="Replay a recorded run of this decision log instead of watching a daemon.")
+@click.option("--run", "run_id", type=int, default=None,
+              help="With --db: the run to replay (default: the latest).")
+@click.option("--at", "at", type=float, default=None,
+              help="With --db: start the time cursor here, in seconds (default: the start).")
+@click.option("--runtime-file", default=None, metavar="FILE",
+              help="The daemon's runtime file (default: as `topasd start`).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML settings file naming runtime_file.")
+@click.option("--token", default=None, envvar="TOPAS_TOKEN", show_envvar=True,
+              help="Bearer token for PATCH /v1/params on a daemon that needs one.")
+@click.option("--keymap", type=click.Path(dir_okay=False), default=None,
+              help="TOML file rebinding keys by binding id (see the help screen, `?`).")
+@click.option("--poll", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+              help="Seconds between state polls of a live daemon.")
+def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: float | None,
+                runtime_file: str | None, config_path: str | None, token: str | None,
+                keymap: str | None, poll: float) -> None:
+    """The operator console (TUI): watch and steer the local daemon, or replay a log.
+
+    Panels: KV residency, tasks in flight, the decision feed with every
+    candidate's score terms, headline numbers; `p` edits the parameters
+    (PATCH /v1/params), `?` lists the keys, ctrl+p opens the command palette.
+
+    \b
+    Try:
+      topasd start --workload chain3 --rate 0.3 --detach
+      topasd console
+      topasd console --db topasd.db --run 1
+    """
+    from console.app import ConsoleApp
+    from console.keys import load_keymap
+    from console.sources import ReplaySource, find_daemon
+
+    if db_path is not None and url is not None:
+        raise TopasError("give --url (a live daemon) or --db (a recorded run), not both")
+    if db_path is None and (run_id is not None or at is not None):
+        raise TopasError("--run and --at need --db FILE (the decision log to replay)")
+    keys = load_keymap(keymap) if keymap else None
+    if db_path is not None:
+        source = ReplaySource(db_path, run_id)
+        ConsoleApp(replay=source, keymap=keys, at=at).run()
+        return
+    target = find_daemon(url, runtime_file, token, config_path)
+    ConsoleApp(target, keymap=keys, poll_s=poll).run()
+
+
 # ----------------------------------------------------------------- gantt
 
 

@@ -57,6 +57,7 @@ from topasd.model import (
 from topasd.profiles import get_profile
 from topasd.runner import EventLoop, RunResult, run_info
 from topasd.scheduler import ALL_POLICY_NAMES
+from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 from workflows.builtin import BUILTIN, Workload, load_workload
 from workflows.driver import DriverStep, TaskDriver
 from workflows.spec import load_workflow
@@ -71,6 +72,8 @@ PACED_SLICE_WALL = 0.1  # paced: at most this much wall time's worth per pump
 KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id} and the run summary
 KEEP_DECISION_MS = 200_000  # decision wall times kept for the run summary
 RECENT_DECISIONS = 50
+DETAIL_DECISIONS = 1024  # decisions kept with their candidates for GET /v1/decisions/{seq}
+STATS_WINDOW = 10_000  # p99 JCT and decision latency over this many recent values
 BUS_SIZE = 16_384
 
 
@@ -277,6 +280,27 @@ class EventBus:
 # ---------------------------------------------------------------- metrics
 
 
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A prefix move under way: `load` (host -> GPU), `offload` (GPU -> host
+    backup) or `compute` (recomputed by prefill; its end is not known ahead)."""
+
+    kind: str
+    since: float
+    until: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "since": self.since, "until": self.until}
+
+
+_TRANSFER_EVENTS = frozenset({
+    EventKind.PREFIX_LOAD_START, EventKind.PREFIX_LOAD_END, EventKind.PREFIX_OFFLOAD_START,
+    EventKind.PREFIX_OFFLOAD_END, EventKind.PREFIX_COMPUTE_START, EventKind.PREFIX_COMPUTE_END,
+    EventKind.PREFIX_EVICT})
+_TRANSFER_ENDS = {EventKind.PREFIX_LOAD_END: "load", EventKind.PREFIX_OFFLOAD_END: "offload",
+                  EventKind.PREFIX_COMPUTE_END: "compute"}
+
+
 JCT_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
                1200.0)
 DECISION_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
@@ -319,11 +343,15 @@ class Metrics:
         self.pump_wall_s = 0.0
         self.decide_wall_s = 0.0
         self.t = 0.0
+        self.recent_jct: deque[float] = deque(maxlen=STATS_WINDOW)
+        self.transfers: dict[str, Transfer] = {}  # prefix moves under way, by agent
 
     def event(self, ev: EngineEvent) -> None:
         kind = ev.kind
         self.counts[kind] += 1
         agent = ev.agent or ""
+        if kind in _TRANSFER_EVENTS:
+            self._transfer(ev)
         if kind is EventKind.REQUEST_READY:
             self.waiting[agent] = self.waiting.get(agent, 0) + 1
         elif kind is EventKind.REQUEST_ADMIT:
@@ -340,6 +368,22 @@ class Metrics:
             self.on_gpu[agent] = 0
         elif kind is EventKind.TASK_FINISH:
             self.jct.observe(ev.value)
+            self.recent_jct.append(ev.value)
+
+    def _transfer(self, ev: EngineEvent) -> None:
+        """Track prefix moves: a load or backup runs [t, t + value), a recompute until
+        its end event; an eviction ends all but a backup (which still completes)."""
+        agent, kind = ev.agent or "", ev.kind
+        now = self.transfers.get(agent)
+        if kind is EventKind.PREFIX_LOAD_START:
+            self.transfers[agent] = Transfer("load", ev.t, ev.t + ev.value)
+        elif kind is EventKind.PREFIX_OFFLOAD_START:
+            self.transfers[agent] = Transfer("offload", ev.t, ev.t + ev.value)
+        elif kind is EventKind.PREFIX_COMPUTE_START:
+            self.transfers[agent] = Transfer("compute", ev.t, None)
+        elif now is not None and (_TRANSFER_ENDS.get(kind) == now.kind or (
+                kind is EventKind.PREFIX_EVICT and now.kind != "offload")):
+            del self.transfers[agent]
 
     def decision(self, wall_ms: float) -> None:
         self.decisions += 1
@@ -364,9 +408,20 @@ class _Recorder:
         self.metrics = metrics
         self.recent: deque[DecisionSummary] = deque(maxlen=RECENT_DECISIONS)
         self._version = version
+        # the last decisions with their candidates (GET /v1/decisions/{seq}); read by
+        # the HTTP thread, so guarded by a lock
+        self._details: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        self._details_lock = threading.Lock()
+        # E[remaining path] for /v1/state: the daemon's own F_{a,v} (Eq. 5), fed by the
+        # same completions as the policy's, whatever the policy
+        self.service_model = ServiceModel()
 
     def decision(self, d: Any) -> None:
         self.store.decision(d)
+        with self._details_lock:
+            self._details[d.seq] = (d, self._version())
+            if len(self._details) > DETAIL_DECISIONS:
+                self._details.popitem(last=False)
         chosen = d.chosen_candidate
         terms = None
         if chosen is not None:
@@ -383,6 +438,43 @@ class _Recorder:
         self.store.event(ev)
         self.bus.put("event", ev)
         self.metrics.event(ev)
+        if ev.kind is EventKind.REQUEST_FINISH:
+            self.service_model.observe_request((ev.agent or "", ev.stage or ""), ev.value)
+        elif ev.kind is EventKind.STAGE_FINISH:
+            self.service_model.observe_stage((ev.agent or "", ev.stage or ""), ev.value)
+
+    def detail(self, seq: int, limit: int) -> dict[str, Any] | None:
+        """Decision `seq` with its best `limit` candidates (and the chosen one);
+        None when it is not among the last DETAIL_DECISIONS."""
+        with self._details_lock:
+            hit = self._details.get(seq)
+        if hit is None:
+            return None
+        d, version = hit
+        order = sorted(range(len(d.candidates)), key=lambda i: (-d.candidates[i].terms.total, i))
+        keep = order[:limit]
+        if d.chosen is not None and d.chosen not in keep and limit > 0:
+            keep = [*keep[:limit - 1], d.chosen]
+        return {
+            "seq": d.seq, "t": d.t, "policy": d.policy, "admit": list(d.admit),
+            "preempt": list(d.preempt), "load": list(d.load), "evict": list(d.evict),
+            "noop": d.is_noop, "blocked": d.blocked, "retry": d.retry,
+            "reservation": str(d.reservation), "wall_ms": d.wall_ms,
+            "n_candidates": len(d.candidates), "chosen": d.chosen, "params_version": version,
+            "candidates": [_candidate_dict(i, d.candidates[i], i == d.chosen) for i in keep],
+        }
+
+    def oldest_detail(self) -> int | None:
+        with self._details_lock:
+            return next(iter(self._details), None)
+
+
+def _candidate_dict(idx: int, c: Any, won: bool) -> dict[str, Any]:
+    tm = c.terms
+    return {"idx": idx, "won": won, "resident": sorted(c.resident), "admit": list(c.admit),
+            "preempt": list(c.preempt), "j_admit": tm.j_admit, "j_move": tm.j_move,
+            "j_redo": tm.j_redo, "j_revoke": tm.j_revoke, "v_reuse": tm.v_reuse,
+            "total": tm.total}
 
 
 # ------------------------------------------------------- task bookkeeping
@@ -553,6 +645,7 @@ class Service:
             rate = settings.rate or _middle(self.workload)
             self.feeder = _Feeder(self.workload, rate, settings.tasks, settings.seed)
         self.rng = np.random.default_rng(settings.seed + 1)
+        self._quantiles = quantile_rows(64, 64, 0)  # E[remaining path] samples (state)
         self.clock = Clock(None if settings.speed == "max" else float(settings.speed))
         self.tasks: OrderedDict[int, _TaskEntry] = OrderedDict()
         self.rejected = 0
@@ -648,6 +741,19 @@ class Service:
     def params(self) -> dict[str, Any]:
         """The policy and its parameters as last published by the loop."""
         return self._published_params
+
+    def decision(self, seq: int, candidates: int = 50) -> dict[str, Any]:
+        """A recent decision with its best `candidates` candidate states (and the
+        chosen one); NotFound when `seq` is unknown or no longer kept in memory."""
+        detail = self.recorder.detail(seq, candidates)
+        if detail is not None:
+            return detail
+        oldest, last = self.recorder.oldest_detail(), self.loop.decisions
+        if 1 <= seq <= last:
+            raise NotFound(f"decision {seq} is older than the last {DETAIL_DECISIONS} kept in "
+                           f"memory (from {oldest}); read it from the store (decisions and "
+                           "candidates tables)")
+        raise NotFound(f"no decision {seq}: decisions are numbered 1..{last} so far")
 
     def _command(self, fn: Callable[..., Any], *args: Any, deferred: bool = False
                  ) -> Future[Any]:
@@ -982,18 +1088,30 @@ class Service:
         view = self.backend.view(self.loop.book.tasks, self.active)
         running: dict[str, list[dict[str, Any]]] = {}
         waiting: dict[str, list[dict[str, Any]]] = {}
+        run_stage: dict[int, dict[str, Request]] = {}
+        wait_stage: dict[int, set[str]] = {}
         for req in view.running:
             running.setdefault(req.agent, []).append(_req_dict(req))
+            run_stage.setdefault(req.task_id, {})[req.stage] = req
         for req in view.waiting:
             waiting.setdefault(req.agent, []).append(_req_dict(req))
+            wait_stage.setdefault(req.task_id, set()).add(req.stage)
         used_prefix = sum(p.tokens for p in view.prefixes.values() if p.location is Location.GPU)
         used_req = sum(r.kv_tokens() for r in view.running)
+        paths = TaskPaths(self.recorder.service_model, view.costs, view.workflows,
+                          self._quantiles, view.t)
         tasks = []
         for task in list(self.loop.book.tasks.values())[:limit]:
             entry = self.tasks.get(task.id)
             item = entry.as_dict(task) if entry is not None else {"id": task.id}
+            on = run_stage.get(task.id, {})
+            item["stages_running"] = sorted(on)
+            item["stages_waiting"] = sorted(wait_stage.get(task.id, set()) - set(on))
+            item["remaining_s"] = (paths.lhat(task, on) if task.workflow in view.workflows
+                                   else None)
             tasks.append(item)
         m = self.metrics
+        transfers = m.transfers.copy()
         counts = {
             "tasks_arrived": m.counts[EventKind.TASK_ARRIVE],
             "tasks_finished": m.counts[EventKind.TASK_FINISH],
@@ -1017,7 +1135,9 @@ class Service:
             "budget": {"tokens": view.budget_tokens, "used": used_prefix + used_req,
                        "prefixes": used_prefix, "requests": used_req},
             "prefixes": [{"agent": p.agent, "tokens": p.tokens, "location": str(p.location),
-                          "ready": p.ready, "host_copy": p.host_copy}
+                          "ready": p.ready, "host_copy": p.host_copy,
+                          "transfer": (tr.as_dict() if (tr := transfers.get(p.agent))
+                                       else None)}
                          for p in sorted(view.prefixes.values(), key=lambda p: p.agent)],
             "running": {a: rs[:limit] for a, rs in sorted(running.items())},
             "waiting": {a: rs[:limit] for a, rs in sorted(waiting.items())},
@@ -1027,8 +1147,27 @@ class Service:
                 "workload": self.feeder.workload.name, "rate": self.feeder.rate,
                 "generated": self.feeder.generated, "limit": self.feeder.limit,
                 "next_arrival": self.feeder.next_arrival},
+            "stats": self._stats(view.t),
+            "started_ts": self.started_wall,
+            "event_id": self.bus.seq,
             "loop": {"pump_wall_s": m.pump_wall_s, "decide_wall_s": m.decide_wall_s},
             "recent_decisions": [d.as_dict() for d in list(self.recorder.recent)[-limit:]],
+        }
+
+    def _stats(self, t: float) -> dict[str, Any]:
+        """Headline numbers: throughput and mean JCT over the whole run, p99 JCT and
+        decision latency over the last STATS_WINDOW values (None before the first)."""
+        m = self.metrics
+        n = sum(m.jct.counts)
+        jcts = np.fromiter(m.recent_jct, float, len(m.recent_jct))
+        ms = np.asarray(self.loop.decision_ms[-STATS_WINDOW:], dtype=float)
+        return {
+            "tasks_finished": int(n),
+            "throughput_task_s": n / t if t > 0 else 0.0,
+            "jct_mean_s": m.jct.sum / n if n else None,
+            "jct_p99_s": float(np.percentile(jcts, 99)) if jcts.size else None,
+            "decision_ms_mean": float(ms.mean()) if ms.size else None,
+            "decision_ms_p99": float(np.percentile(ms, 99)) if ms.size else None,
         }
 
     # ----------------------------------------------------------- helpers

@@ -1,0 +1,174 @@
+"""Does the console keep up with a busy daemon? 500 tasks in flight.
+
+Starts `topasd start` (sim, paced at `--speed`, DAG-4 driver at `--rate`), puts
+`--tasks` tasks in flight through `POST /v1/tasks`, then runs the real console
+app headless (`run_test`, a `--size` terminal) against it for `--seconds` and
+reports:
+
+- the update rate the app sustains: snapshots of `/v1/state` (every task in
+  flight, up to 2000) applied to every panel per second, and decisions taken
+  from the event stream per second, at the app's default pacing (poll 0.5 s,
+  render tick 0.25 s) and unthrottled (poll and render tick 0.02 s: as fast
+  as the app can fetch, parse and redraw);
+- the console process's CPU share (process CPU time / wall time; the daemon
+  is another process);
+- key latency: the wall time from a key press (`s`, re-sort the tasks table)
+  to the table showing the new order, p50 / max over `--keys` presses spread
+  over the window.
+
+    python bench/console_load.py [--tasks 500] [--seconds 20] [--json] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._results import update_section  # noqa: E402
+from console.app import ConsoleApp  # noqa: E402
+from console.sources import Target  # noqa: E402
+from console.widgets.tasks import TaskList  # noqa: E402
+
+
+def start_daemon(workdir: Path, speed: float, rate: float) -> tuple[subprocess.Popen, str]:
+    runtime = workdir / "daemon.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOPAS_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topasd.cli", "start", "--port", "0", "--speed", str(speed),
+         "--workload", "dag4", "--rate", str(rate), "--grace", "0",
+         "--runtime-file", str(runtime), "--db", str(workdir / "bench.db"),
+         "--log-level", "warning"],
+        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"topasd exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            info = json.loads(runtime.read_text())
+            if info.get("pid") == proc.pid and httpx.get(f"{info['url']}/ready").status_code == 200:
+                return proc, info["url"]
+        except (OSError, ValueError, httpx.HTTPError):
+            pass
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("topasd did not start within 60 s")
+
+
+def fill(url: str, tasks: int) -> int:
+    """Submit `tasks` DAG-4 tasks; the tasks in flight afterwards."""
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(tasks):
+            http.post("/v1/tasks", json={"workflow": "dag4"}).raise_for_status()
+        return int(http.get("/v1/state", params={"limit": 1}).json()["counts"]
+                   ["tasks_in_flight"])
+
+
+async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: int,
+                size: tuple[int, int]) -> dict[str, Any]:
+    """Run the app for `seconds`; counters, CPU share and key latencies."""
+    app = ConsoleApp(Target(url), poll_s=poll_s, render_s=render_s)
+    latencies: list[float] = []
+    async with app.run_test(size=size) as pilot:
+        table = app.dashboard.query_one(TaskList)
+        deadline = time.monotonic() + 60
+        while table.row_count < 100 and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        rows_seen = table.row_count
+        base = app.counters.copy()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        gap = seconds / (keys + 1)
+        for _ in range(keys):
+            await asyncio.sleep(gap)
+            before = table.sort_index
+            t0 = time.perf_counter()
+            await pilot.press("s")
+            while table.sort_index == before:
+                await asyncio.sleep(0.001)
+            latencies.append((time.perf_counter() - t0) * 1e3)
+        await asyncio.sleep(max(0.0, seconds - (time.perf_counter() - wall0)))
+        wall = time.perf_counter() - wall0
+        cpu = time.process_time() - cpu0
+        got = app.counters - base
+        tasks_shown = len(app.snapshot.tasks) if app.snapshot else 0
+    return {"poll_s": poll_s, "render_s": render_s, "wall_s": wall,
+            "states_per_s": got["states"] / wall, "renders_per_s": got["renders"] / wall,
+            "decisions_per_s": got["decisions"] / wall, "lag_missed": got["lag"],
+            "cpu_share": cpu / wall, "tasks_shown": tasks_shown, "rows_seen": rows_seen,
+            "key_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
+            "key_max_ms": max(latencies) if latencies else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", type=int, default=500, help="tasks submitted up front")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured window per mode")
+    ap.add_argument("--speed", type=float, default=10.0, help="sim clock of the daemon")
+    ap.add_argument("--rate", type=float, default=0.2, help="driver arrivals, task/s")
+    ap.add_argument("--keys", type=int, default=10, help="key presses timed per window")
+    ap.add_argument("--size", default="160x50", help="terminal COLSxROWS")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
+    args = ap.parse_args()
+    cols, rows = (int(x) for x in args.size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_daemon(Path(tmp), args.speed, args.rate)
+        try:
+            in_flight = fill(url, args.tasks)
+            t0 = time.perf_counter()
+            httpx.get(f"{url}/v1/state", params={"limit": 2000}, timeout=30)
+            state_ms = (time.perf_counter() - t0) * 1e3
+            modes = [asyncio.run(watch(url, args.seconds, p, r, args.keys, (cols, rows)))
+                     for p, r in ((0.5, 0.25), (0.02, 0.02))]
+            after = httpx.get(f"{url}/v1/state", params={"limit": 1}).json()["counts"]
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    res = {"tasks_submitted": args.tasks, "in_flight_start": in_flight,
+           "in_flight_end": after["tasks_in_flight"], "speed": args.speed,
+           "state_fetch_ms": state_ms, "modes": modes, "size": args.size,
+           "python": platform.python_version(), "cpus": os.cpu_count()}
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    lines = [
+        f"The console (headless, {args.size}) on a daemon with {in_flight}–"
+        f"{after['tasks_in_flight']} tasks in flight (DAG-4, sim paced at {args.speed:g}x, "
+        f"{args.seconds:g} s per row; one `/v1/state?limit=2000` takes "
+        f"{state_ms:.0f} ms to fetch):",
+        "",
+        "| pacing (poll / render tick) | snapshots applied/s | decisions/s | console CPU "
+        "| key → redraw p50 / max |",
+        "|---|---|---|---|---|",
+    ]
+    for m in modes:
+        lines.append(
+            f"| {m['poll_s']:g} s / {m['render_s']:g} s | {m['renders_per_s']:.1f} "
+            f"(polls {m['states_per_s']:.1f}/s, {m['tasks_shown']} tasks each) "
+            f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.0%} "
+            f"| {m['key_p50_ms']:.0f} / {m['key_max_ms']:.0f} ms |")
+    lines += ["", f"`python bench/console_load.py --tasks {args.tasks} --seconds "
+              f"{args.seconds:g}` ({platform.python_version()}, {os.cpu_count()} CPUs, the "
+              "daemon on the same machine)."]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        update_section("console_load", "## Console under load\n\n" + text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""`topasd console`: the operator console, a Textual app.
+
+Live (a daemon's HTTP API): two workers post messages. One polls `/v1/state`
+every `poll_s` seconds (and says when the daemon stops or starts answering,
+retrying with backoff, re-reading the runtime file so a restarted daemon is
+found again); the other reads `/v1/events` (decisions) and posts them in the
+batches the daemon sent. The app keeps only the newest snapshot and the
+pending decisions and applies them on a render tick (`render_s`), so the
+screen is redrawn at a bounded rate however busy the daemon is.
+
+Replay (a store file): a time cursor; each move rebuilds every panel as of
+the cursor through `store.queries.RunReplay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from textual.app import App, SystemCommand
+from textual.css.query import NoMatches
+from textual.screen import Screen
+from textual.timer import Timer
+
+from console import keys
+from console.messages import (
+    ConnectionChanged,
+    DecisionsArrived,
+    DetailLoaded,
+    FeedReset,
+    StateArrived,
+)
+from console.screens.dashboard import Dashboard
+from console.screens.goto import GotoScreen
+from console.screens.help import HelpScreen
+from console.screens.params import ParamsScreen
+from console.snapshot import DecisionRow, Numbers, Snapshot, decision_from_event
+from console.sources import ApiError, ConnectionLost, LiveClient, ReplaySource, Target
+
+HISTORY = 60  # headline points kept for the trend lines (live)
+LOG_DECISIONS = 2000  # decisions kept for refilling the feed (live)
+RETRY_S = 0.5  # first reconnect delay; doubles up to RETRY_MAX_S
+RETRY_MAX_S = 2.0
+DETAIL_DEBOUNCE_S = 0.15
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _while_shown(fn: F) -> F:
+    """A UI update that does nothing once the dashboard is torn down (at exit a
+    worker's last message or a timer may still arrive)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: ConsoleApp, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except NoMatches:
+            if self.is_running and self.screen_stack and self.dashboard.is_mounted and \
+                    self.dashboard.children:
+                raise
+            return None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ConsoleApp(App[None]):
+    """The topasd console: live on a daemon, or replaying a store file."""
+
+    CSS_PATH = "console.tcss"
+    TITLE = "topasd console"
+    BINDINGS = keys.APP
+
+    def __init__(self, target: Target | None = None, replay: ReplaySource | None = None, *,
+                 keymap: Mapping[str, str] | None = None, at: float | None = None,
+                 poll_s: float = 0.5, render_s: float = 0.25) -> None:
+        super().__init__()
+        if (target is None) == (replay is None):
+            raise ValueError("give a live target or a replay source, not both")
+        self.target = target
+        self.replay = replay
+        self.client = LiveClient(target) if target is not None else None
+        self.keymap = dict(keymap or {})
+        self.poll_s = poll_s
+        self.render_s = render_s
+        self.history: deque[Numbers] = deque(maxlen=HISTORY)
+        self.decision_log: deque[DecisionRow] = deque(maxlen=LOG_DECISIONS)
+        self.connected: bool | None = None
+        self.paused = False
+        self.snapshot: Snapshot | None = None  # the one on screen
+        self._pending: Snapshot | None = None
+        self._pending_rows: list[DecisionRow] = []
+        self._detail_timer: Timer | None = None
+        self._detail_seq: int | None = None  # shown or loading
+        self.counters: Counter[str] = Counter()  # states, renders, decisions, lag (bench)
+        if replay is not None:
+            self.cursor_seq, self.cursor_t = replay.at(replay.t0 if at is None else at)
+        else:
+            self.cursor_seq, self.cursor_t = None, 0.0
+
+    # ------------------------------------------------------------ set-up
+
+    def get_default_screen(self) -> Screen[Any]:
+        return Dashboard(replay=self.replay is not None)
+
+    @property
+    def dashboard(self) -> Dashboard:
+        if not self.screen_stack or not isinstance(self.screen_stack[0], Dashboard):
+            raise NoMatches("the dashboard is not on screen")
+        return self.screen_stack[0]
+
+    def on_mount(self) -> None:
+        if self.keymap:
+            self.set_keymap(self.keymap)
+
+    def start(self) -> None:
+        """The dashboard is composed: show the replay cursor, or start the workers."""
+        if self.replay is not None:
+            self.sub_title = self.replay.label
+            status = self.dashboard.status()
+            status.replay_label = self.replay.label
+            self._show_replay()
+            return
+        assert self.client is not None
+        self.sub_title = self.client.url
+        self.dashboard.status().set_connection(False, None, 0, self.client.url)
+        self.dashboard.status().connected = None
+        self.dashboard.status().refresh_text()
+        self.set_interval(self.render_s, self._flush)
+        self.run_worker(self._poll(), name="poll", group="poll", exclusive=True,
+                        exit_on_error=False)
+
+    async def on_unmount(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self.replay is not None:
+            self.replay.close()
+
+    # ------------------------------------------------------------ workers
+
+    async def _poll(self) -> None:
+        """Poll /v1/state; report (dis)connection; reset the feed on a new daemon."""
+        assert self.client is not None
+        client = self.client
+        attempt, started = 0, None
+        while True:
+            try:
+                state = await client.state()
+                snap = _snapshot(state)
+            except (ConnectionLost, ApiError, ValueError, KeyError, TypeError) as exc:
+                attempt += 1
+                why = exc.message if isinstance(exc, ApiError) else str(exc)
+                self.post_message(ConnectionChanged(False, why, attempt, client.url))
+                await asyncio.sleep(min(RETRY_MAX_S, RETRY_S * 2 ** min(attempt - 1, 4)))
+                client.retarget()
+                continue
+            if attempt or self.connected is not True:
+                self.post_message(ConnectionChanged(True, None, 0, client.url))
+            attempt = 0
+            if started is None or snap.started_ts != started:
+                recent = [decision_from_event(d) for d in state.get("recent_decisions", [])]
+                self.post_message(FeedReset(recent, state.get("event_id"), started is not None))
+                started = snap.started_ts
+            self.post_message(StateArrived(snap))
+            await asyncio.sleep(self.poll_s)
+
+    async def _events(self, since: int | None) -> None:
+        """Read decisions from /v1/events, posting each batch; reconnect on loss."""
+        assert self.client is not None
+        client = self.client
+        attempt = 0
+        while True:
+            try:
+                async for batch in client.events(since):
+                    attempt = 0
+                    rows: list[DecisionRow] = []
+                    missed = 0
+                    for ident, name, data in batch:
+                        if ident is not None:
+                            since = ident
+                        if name == "decision":
+                            rows.append(decision_from_event(data))
+                        elif name == "lag":
+                            missed += int(data.get("missed", 0))
+                    if rows or missed:
+                        self.post_message(DecisionsArrived(rows, missed))
+            except (ConnectionLost, ValueError, KeyError) as exc:
+                self.log.warning(f"event stream: {exc}")
+            attempt += 1
+            await asyncio.sleep(min(RETRY_MAX_S, RETRY_S * 2 ** min(attempt - 1, 4)))
+
+    # ------------------------------------------------------------ messages
+
+    @_while_shown
+    def on_connection_changed(self, msg: ConnectionChanged) -> None:
+        self.connected = msg.connected
+        self.dashboard.status().set_connection(msg.connected, msg.error, msg.attempt, msg.url)
+        self.dashboard.set_class(not msg.connected, "-disconnected")
+        if msg.connected:
+            self.sub_title = msg.url
+
+    @_while_shown
+    def on_feed_reset(self, msg: FeedReset) -> None:
+        if msg.restarted:
+            self.decision_log.clear()
+            self._pending_rows.clear()
+            self.dashboard.set_decisions([], None)
+            self._detail_seq = None
+            self.dashboard.show_detail(None, "the daemon restarted; select a decision")
+            self.notify("the daemon restarted: decisions start over", severity="warning")
+        self._pending_rows.extend(msg.rows)
+        self.run_worker(self._events(msg.since), name="events", group="events",
+                        exclusive=True, exit_on_error=False)
+
+    def on_state_arrived(self, msg: StateArrived) -> None:
+        self.counters["states"] += 1
+        self._pending = msg.snapshot
+
+    def on_decisions_arrived(self, msg: DecisionsArrived) -> None:
+        self.counters["decisions"] += len(msg.rows)
+        self.counters["lag"] += msg.missed
+        self._pending_rows.extend(msg.rows)
+        if len(self._pending_rows) > LOG_DECISIONS:
+            del self._pending_rows[:-LOG_DECISIONS]
+
+    @_while_shown
+    def _flush(self) -> None:
+        """The render tick: apply the newest snapshot and the pending decisions."""
+        if self.paused:
+            return
+        if self._pending is not None:
+            snap, self._pending = self._pending, None
+            self.snapshot = snap
+            self.history.append(snap.numbers)
+            self.dashboard.show_snapshot(snap, list(self.history))
+            self.counters["renders"] += 1
+        if self._pending_rows:
+            rows, self._pending_rows = self._pending_rows, []
+            self.decision_log.extend(rows)
+            self.dashboard.add_decisions(rows)
+
+    # ------------------------------------------------------------ details
+
+    @_while_shown
+    def request_detail(self, seq: int) -> None:
+        """Show decision `seq`'s candidates (live: after the highlight settles)."""
+        if seq == self._detail_seq:
+            return
+        self._detail_seq = seq
+        if self.replay is not None:
+            try:
+                detail = self.replay.detail(seq)
+            except Exception as exc:  # a damaged row must not end the console
+                self.dashboard.show_detail(None, f"decision {seq}: {exc}")
+                return
+            self.dashboard.show_detail(detail)
+            return
+        if self._detail_timer is not None:
+            self._detail_timer.stop()
+        self._detail_timer = self.set_timer(DETAIL_DEBOUNCE_S, self._load_detail)
+
+    def _load_detail(self) -> None:
+        if self._detail_seq is not None:
+            self.run_worker(self._fetch_detail(self._detail_seq), group="detail",
+                            exclusive=True, exit_on_error=False)
+
+    async def _fetch_detail(self, seq: int) -> None:
+        assert self.client is not None
+        try:
+            detail = await self.client.decision(seq)
+        except (ApiError, ConnectionLost) as exc:
+            self.post_message(DetailLoaded(seq, None, str(exc)))
+            return
+        self.post_message(DetailLoaded(seq, detail))
+
+    @_while_shown
+    def on_detail_loaded(self, msg: DetailLoaded) -> None:
+        if msg.seq != self._detail_seq:
+            return
+        self.dashboard.show_detail(msg.detail, f"decision {msg.seq}: {msg.error}")
+
+    # ------------------------------------------------------------ live actions
+
+    def toggle_pause(self) -> None:
+        self.paused = not self.paused
+        status = self.dashboard.status()
+        status.paused = self.paused
+        status.refresh_text()
+        if not self.paused:
+            self._flush()
+
+    def refill_decisions(self) -> None:
+        """Show the decisions again (after no-ops were shown or hidden)."""
+        if self.replay is not None:
+            self._show_replay()
+            return
+        self.dashboard.set_decisions(list(self.decision_log), None)
+
+    # ------------------------------------------------------------ replay
+
+    def _show_replay(self) -> None:
+        assert self.replay is not None
+        t, seq = self.cursor_t, self.cursor_seq
+        snap = self.replay.snapshot(t)
+        self.snapshot = snap
+        self.dashboard.show_snapshot(snap, self.replay.series(t))
+        feed = self.dashboard.feed()
+        self.dashboard.set_decisions(self.replay.decisions(t, noop=feed.show_noop), seq)
+        self.dashboard.cursor().set_cursor(t, self.replay.t0, self.replay.t1, seq,
+                                           len(self.replay.replay.decision_seqs))
+        if seq is not None:
+            self.request_detail(seq)
+        else:
+            self._detail_seq = None
+            self.dashboard.show_detail(None, "before the first decision")
+        self.counters["renders"] += 1
+
+    def step(self, direction: int) -> None:
+        """Replay: move the cursor to the next (+1) or previous (-1) decision."""
+        if self.replay is None:
+            return
+        self.cursor_seq, self.cursor_t = self.replay.step(self.cursor_seq, direction)
+        self._show_replay()
+
+    def jump(self, seconds: float) -> None:
+        """Replay: move the cursor by `seconds`."""
+        self.goto(self.cursor_t + seconds)
+
+    def goto(self, t: float) -> None:
+        """Replay: put the cursor at time `t` (clamped to the run)."""
+        if self.replay is None:
+            return
+        if math.isinf(t):
+            t = self.replay.t0 if t < 0 else self.replay.t1
+        self.cursor_seq, self.cursor_t = self.replay.at(t)
+        self._show_replay()
+
+    def ask_goto(self) -> None:
+        if self.replay is None:
+            return
+
+        def chosen(t: float | None) -> None:
+            if t is not None:
+                self.goto(t)
+
+        self.push_screen(GotoScreen(self.replay.t0, self.replay.t1, self.cursor_t), chosen)
+
+    # ------------------------------------------------------------ screens
+
+    def open_params(self) -> None:
+        self.push_screen(ParamsScreen(self.cursor_t if self.replay is not None else None))
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.keymap))
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        dash = self.dashboard
+        yield SystemCommand("Parameters", "Edit the policy and its parameters",
+                            self.open_params)
+        yield SystemCommand("Help", "Panels and key bindings", self.action_help)
+        yield SystemCommand("Focus tasks", "Move to the tasks table",
+                            lambda: dash.action_focus("tasks"))
+        yield SystemCommand("Focus decisions", "Move to the decision feed",
+                            lambda: dash.action_focus("decisions"))
+        for key in ("age", "remaining", "progress", "id"):
+            yield SystemCommand(f"Sort tasks by {key}", "Order of the tasks table",
+                                lambda k=key: dash.query_one("#tasks").cycle_sort(k))  # type: ignore[attr-defined]
+        yield SystemCommand("Show or hide no-op decisions", "Decisions that changed nothing",
+                            dash.action_toggle_noop)
+        if self.replay is None:
+            yield SystemCommand("Pause or resume", "Freeze the screen (updates continue "
+                                "in the background)", self.toggle_pause)
+        else:
+            yield SystemCommand("Go to time", "Put the replay cursor at a time",
+                                self.ask_goto)
+            yield SystemCommand("Go to the start", "First event of the run",
+                                lambda: self.goto(-math.inf))
+            yield SystemCommand("Go to the end", "Last event of the run",
+                                lambda: self.goto(math.inf))
+
+
+def _snapshot(state: dict[str, Any]) -> Snapshot:
+    from console.snapshot import snapshot_from_state
+
+    return snapshot_from_state(state)

@@ -1,0 +1,113 @@
+"""The parameter form's model: the fields, their parsing and validation against
+the daemon's ranges, and the change set sent to `PATCH /v1/params`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One editable TOPAS parameter."""
+
+    name: str  # TopasParams field
+    label: str  # the paper's name
+    kind: str  # float | int | bool | choice
+    nullable: bool = False  # empty input: derived (observed / the backend's)
+    choices: tuple[str, ...] = ()
+    help: str = ""
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("beta", "beta", "float", help="V_reuse pressure (Eq. 11)"),
+    Field("rho", "rho", "float", help="aging strength (Eq. 12)"),
+    Field("h_age", "H_age", "float", nullable=True, help="age scale, s (empty: observed)"),
+    Field("m", "M", "int", help="enumerate every prefix set when |A_t| <= M"),
+    Field("k", "K", "int", help="cap on admissions/preemptions per decision (0: none)"),
+    Field("b_swap", "B_swap", "float", nullable=True,
+          help="host link, bytes/s (empty: the backend's)"),
+    Field("mu", "mu", "float", nullable=True,
+          help="KV bytes per prefix token (empty: the backend's)"),
+    Field("samples", "samples", "int", help="E[LP] samples on non-chain DAGs"),
+    Field("seed", "seed", "int", help="seed of the sample quantiles"),
+    Field("reuse", "reuse", "bool", help="V_reuse term"),
+    Field("aging", "aging", "bool", help="task aging"),
+    Field("reservation", "reservation", "choice", choices=("optimistic", "full"),
+          help="decode KV reservation d_r"),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+
+
+def parse(field: Field, text: str, ranges: Mapping[str, tuple[float, float]]) -> Any:
+    """The value of one text input; ValueError with a short reason if invalid."""
+    text = text.strip()
+    if not text:
+        if field.nullable:
+            return None
+        raise ValueError("required")
+    if field.kind == "int":
+        try:
+            value: Any = int(text)
+        except ValueError:
+            raise ValueError("an integer") from None
+    else:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("a number") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError("a finite number")
+    lo, hi = ranges.get(field.name, (float("-inf"), float("inf")))
+    if not lo <= value <= hi:
+        raise ValueError(f"in [{_num(lo)}, {_num(hi)}]")
+    return value
+
+
+def validate(policy: str, values: Mapping[str, Any], current_policy: str,
+             current: Mapping[str, Any], ranges: Mapping[str, tuple[float, float]],
+             policies: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """(changes, errors) of a filled form: `values` holds text for number fields,
+    bools and strings for the others. Only parameters the current policy has and
+    whose value differs are sent; a switch to another policy resets the rest to
+    its defaults (the daemon's rule), and baselines take no parameters."""
+    errors: dict[str, str] = {}
+    changes: dict[str, Any] = {}
+    if policy not in policies:
+        errors["policy"] = f"policy: one of {', '.join(policies)}"
+    elif policy != current_policy:
+        changes["policy"] = policy
+    for name, raw in values.items():
+        if name not in current:
+            continue  # the current policy has no such parameter (a baseline)
+        field = BY_NAME[name]
+        if field.kind in ("int", "float"):
+            try:
+                value = parse(field, str(raw), ranges)
+            except ValueError as exc:
+                errors[name] = f"{field.label}: {exc}"
+                continue
+        elif field.kind == "bool":
+            value = bool(raw)
+        elif raw in field.choices:
+            value = raw
+        else:
+            errors[name] = f"{field.label}: one of {', '.join(field.choices)}"
+            continue
+        if value != current[name] and policy.startswith("topas"):
+            changes[name] = value
+    return changes, errors
+
+
+def text_of(value: Any) -> str:
+    """A parameter value as the form shows it."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value)) if abs(value) < 1e6 else f"{value:g}"
+    return str(value)
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"

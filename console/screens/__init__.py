@@ -1,0 +1,1 @@
+"""The console's screens: the dashboard, parameters, help, go-to-time."""

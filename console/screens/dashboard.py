@@ -1,0 +1,148 @@
+"""The main screen: headline numbers, residency, tasks, decisions and candidates."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header
+
+from console import keys
+from console.snapshot import DecisionDetail, DecisionRow, Numbers, Snapshot
+from console.widgets.decisions import DecisionDetailView, DecisionFeed
+from console.widgets.headline import Headline
+from console.widgets.residency import Residency
+from console.widgets.status import CursorBar, StatusLine
+from console.widgets.tasks import TaskList
+
+if TYPE_CHECKING:
+    from console.app import ConsoleApp
+
+LIVE_ACTIONS = {"pause", "follow"}
+REPLAY_ACTIONS = {"step", "jump", "to_start", "to_end", "goto"}
+
+
+class Dashboard(Screen[None]):
+    """Everything at a glance; live or at the replay cursor."""
+
+    BINDINGS = keys.DASHBOARD + keys.LIVE + keys.REPLAY
+
+    def __init__(self, replay: bool) -> None:
+        super().__init__(id="dashboard")
+        self.replay = replay
+
+    @property
+    def console(self) -> ConsoleApp:
+        return self.app  # type: ignore[return-value]
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield StatusLine(id="status")
+        yield Headline(id="headline")
+        with Horizontal(id="middle"):
+            yield Residency(id="residency")
+            yield TaskList(id="tasks")
+        with Horizontal(id="bottom"):
+            yield DecisionFeed(id="decisions")
+            yield DecisionDetailView(id="detail")
+        if self.replay:
+            yield CursorBar(id="cursor")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#decisions", DecisionFeed).focus()
+        self.console.start()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in LIVE_ACTIONS:
+            return not self.replay
+        if action in REPLAY_ACTIONS:
+            return self.replay
+        return True
+
+    # ------------------------------------------------------------ showing
+
+    def show_snapshot(self, snapshot: Snapshot, history: Sequence[Numbers]) -> None:
+        self.query_one(StatusLine).set_snapshot(snapshot)
+        self.query_one(Headline).show(snapshot.numbers, history)
+        self.query_one(Residency).show(snapshot)
+        self.query_one(TaskList).show(snapshot)
+
+    def add_decisions(self, rows: Sequence[DecisionRow]) -> None:
+        self.query_one(DecisionFeed).append(rows)
+
+    def set_decisions(self, rows: Sequence[DecisionRow], select: int | None) -> None:
+        self.query_one(DecisionFeed).replace(rows, select)
+
+    def show_detail(self, detail: DecisionDetail | None, message: str = "") -> None:
+        view = self.query_one(DecisionDetailView)
+        if detail is None:
+            view.show_message(message)
+        else:
+            view.show(detail)
+
+    # ------------------------------------------------------------ events
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "decisions" and event.row_key.value is not None:
+            self.console.request_detail(int(event.row_key.value))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.data_table.id == "decisions":
+            self.query_one("#candidates", DataTable).focus()
+
+    # ------------------------------------------------------------ actions
+
+    def action_focus(self, target: str) -> None:
+        self.query_one(f"#{target}").focus()
+
+    def action_params(self) -> None:
+        self.console.open_params()
+
+    def action_sort_tasks(self) -> None:
+        self.query_one(TaskList).cycle_sort()
+
+    def action_toggle_noop(self) -> None:
+        feed = self.query_one(DecisionFeed)
+        feed.show_noop = not feed.show_noop
+        self.console.refill_decisions()
+
+    def action_pause(self) -> None:
+        self.console.toggle_pause()
+
+    def action_follow(self) -> None:
+        feed = self.query_one(DecisionFeed)
+        feed.follow = not feed.follow
+        if feed.follow and feed.row_count:
+            feed.move_cursor(row=feed.row_count - 1, animate=False)
+        feed.append([])
+
+    def action_step(self, direction: int) -> None:
+        self.console.step(direction)
+
+    def action_jump(self, seconds: float) -> None:
+        self.console.jump(seconds)
+
+    def action_to_start(self) -> None:
+        self.console.goto(float("-inf"))
+
+    def action_to_end(self) -> None:
+        self.console.goto(float("inf"))
+
+    def action_goto(self) -> None:
+        self.console.ask_goto()
+
+    def status(self) -> StatusLine:
+        return self.query_one(StatusLine)
+
+    def cursor(self) -> CursorBar:
+        return self.query_one(CursorBar)
+
+    def feed(self) -> DecisionFeed:
+        return self.query_one(DecisionFeed)
+
+    def focused_id(self) -> Any:
+        return None if self.focused is None else self.focused.id

@@ -1,0 +1,43 @@
+"""Replay: ask for a time to jump to."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
+
+class GotoScreen(ModalScreen[float | None]):
+    """A time in seconds, within the run; dismissed with it (or None)."""
+
+    CSS_PATH = "../help.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, t0: float, t1: float, now: float) -> None:
+        super().__init__(id="goto")
+        self.t0, self.t1, self.now = t0, t1, now
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="goto-box"):
+            yield Label(f"Go to time (s), {self.t0:.1f} to {self.t1:.1f}:")
+            yield Input(value=f"{self.now:.2f}", id="goto-input", type="number")
+            yield Label("", id="goto-error")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            t = float(event.value)
+        except ValueError:
+            self.query_one("#goto-error", Label).update("a number of seconds, please")
+            return
+        if not self.t0 <= t <= self.t1:
+            self.query_one("#goto-error", Label).update(
+                f"outside the run: {self.t0:.1f} to {self.t1:.1f}")
+            return
+        self.dismiss(t)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,59 @@
+"""The help screen: what each panel shows and every key binding."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from console import keys
+
+PANELS = """\
+[b]Residency[/b]  the KV budget as one bar: each agent's prefix on the GPU (▒ while it \
+loads or is recomputed), running requests' KV (▓) and free space (░); per agent: where \
+its prefix lives, the move under way, running and waiting requests.
+[b]Tasks[/b]  tasks in flight: DAG progress (█ done, ▶ running, · waiting), age, expected \
+remaining longest path (Eq. 5; live only) and expected JCT. ⚠ late: age + remaining \
+passes the p99 JCT so far. Sort with s or by clicking a header.
+[b]Decisions[/b]  the scheduler's decisions (+admitted −preempted ⇡loaded ⇣evicted, \
+chosen score, policy wall time). The highlighted one's candidate states are on the \
+right with every score term: total = J_admit − J_move − J_redo − J_revoke + V_reuse.
+[b]Parameters[/b]  p: the policy and its parameters, validated against the daemon's \
+ranges, applied with PATCH /v1/params (effective at the next decision).
+[b]Replay[/b]  on a store file every panel shows the state as of the time cursor.\
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    """Panels and key bindings."""
+
+    CSS_PATH = "../help.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+
+    def __init__(self, keymap: Mapping[str, str] | None = None) -> None:
+        super().__init__(id="help")
+        self.keymap = dict(keymap or {})
+
+    def compose(self) -> ComposeResult:
+        table = Table(box=None, expand=True, padding=(0, 2))
+        table.add_column("where", style="dim", no_wrap=True)
+        table.add_column("keys", style="bold cyan", no_wrap=True)
+        table.add_column("what")
+        for section, key, what in keys.help_rows(self.keymap):
+            table.add_row(section, key, what)
+        with VerticalScroll(id="help-body"):
+            yield Static(Text.from_markup(PANELS), id="help-panels")
+            yield Static(table, id="help-keys")
+            yield Static("escape closes · keys can be rebound with --keymap FILE",
+                         id="help-hint")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-body").border_title = "topasd console · help"

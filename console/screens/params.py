@@ -1,0 +1,227 @@
+"""The parameter form: the policy and TOPAS's parameters, validated against the
+daemon's ranges before `PATCH /v1/params`; the daemon's answer is shown."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
+
+from console import keys
+from console.params import BY_NAME, FIELDS, parse, text_of, validate
+from console.sources import ApiError, ConnectionLost
+
+if TYPE_CHECKING:
+    from console.app import ConsoleApp
+
+
+class ParamsScreen(Screen[None]):
+    """Live: edit and apply. Replay: the parameters in force at the cursor."""
+
+    CSS_PATH = "../params.tcss"
+    BINDINGS = keys.PARAMS
+
+    def __init__(self, replay_t: float | None = None) -> None:
+        super().__init__(id="params")
+        self.replay_t = replay_t
+        self.info: dict[str, Any] | None = None
+
+    @property
+    def console(self) -> ConsoleApp:
+        return self.app  # type: ignore[return-value]
+
+    @property
+    def read_only(self) -> bool:
+        return self.replay_t is not None
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        with VerticalScroll(id="params-form"):
+            with Horizontal(classes="param-row"):
+                yield Label("policy", classes="param-label")
+                yield Select[str]([], id="policy", allow_blank=True, prompt="(loading)")
+                yield Label("switching resets the parameters to the policy's defaults",
+                            classes="param-help", id="help-policy")
+            for f in FIELDS:
+                with Horizontal(classes="param-row", id=f"row-{f.name}"):
+                    yield Label(f.label, classes="param-label")
+                    if f.kind == "bool":
+                        yield Switch(id=f"param-{f.name}")
+                    elif f.kind == "choice":
+                        yield Select[str]([(c, c) for c in f.choices], id=f"param-{f.name}",
+                                          allow_blank=False)
+                    else:
+                        yield Input(id=f"param-{f.name}", classes="param-input",
+                                    placeholder="derived" if f.nullable else "")
+                    yield Label(Text(f.help), classes="param-help", id=f"help-{f.name}")
+            with Horizontal(id="params-buttons"):
+                yield Button("Apply (ctrl+s)", id="apply", variant="primary")
+                yield Button("Reload (ctrl+r)", id="reload")
+            yield Static("", id="answer")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        form = self.query_one("#params-form")
+        form.border_title = ("Parameters at the replay cursor (read-only)" if self.read_only
+                             else "Parameters · PATCH /v1/params")
+        if self.read_only:
+            for w in self.query("Input, Switch, Select"):
+                w.disabled = True
+            self.query_one("#params-buttons").display = False
+        self.action_reload()
+
+    # -------------------------------------------------------------- data
+
+    def action_reload(self) -> None:
+        if self.read_only:
+            assert self.replay_t is not None and self.console.replay is not None
+            policy, params = self.console.replay.params(self.replay_t)
+            changes = self.console.replay.param_changes(self.replay_t)
+            self.fill({"policy": policy, "params": params, "ranges": {},
+                       "policies": [policy], "version": len(changes)})
+            self.answer(Text(f"{len(changes)} live change(s) up to t={self.replay_t:.2f}s"
+                             + "".join(f"\n  t={c['t']:.2f}s {c['name']}: {c['old']} → "
+                                       f"{c['new']} ({c['source']})" for c in changes[-8:])))
+            return
+        self.run_worker(self._load(), exclusive=True, group="params-load")
+
+    async def _load(self) -> None:
+        client = self.console.client
+        assert client is not None
+        try:
+            info = await client.params()
+        except (ConnectionLost, ApiError) as exc:
+            self.answer(Text(f"cannot read the parameters: {exc}", style="bold red"))
+            return
+        self.fill(info)
+
+    def fill(self, info: dict[str, Any]) -> None:
+        """Show the daemon's policy and parameters."""
+        self.info = info
+        select = self.query_one("#policy", Select)
+        select.set_options([(p, p) for p in info["policies"]])
+        select.value = info["policy"]
+        params = info["params"]
+        for f in FIELDS:
+            widget = self.query_one(f"#param-{f.name}")
+            has = f.name in params
+            self.query_one(f"#row-{f.name}").set_class(not has, "-absent")
+            value = params.get(f.name)
+            if isinstance(widget, Switch):
+                widget.value = bool(value)
+            elif isinstance(widget, Select):
+                if value in f.choices:
+                    widget.value = value
+            elif isinstance(widget, Input):
+                widget.value = text_of(value)
+            self._mark(f.name, None)
+        rng = info.get("ranges", {})
+        for f in FIELDS:
+            if f.name in rng and f.kind in ("int", "float"):
+                lo, hi = rng[f.name]
+                self.query_one(f"#help-{f.name}", Label).update(
+                    Text(f"{f.help} · [{lo:g}, {hi:g}]"))
+        if not params:
+            self.answer(Text(f"policy {info['policy']} takes no parameters; switch to a "
+                             "topas policy to tune it"))
+
+    # -------------------------------------------------------------- form
+
+    def form_values(self) -> tuple[str, dict[str, Any]]:
+        policy = self.query_one("#policy", Select).value
+        values: dict[str, Any] = {}
+        for f in FIELDS:
+            widget = self.query_one(f"#param-{f.name}")
+            if isinstance(widget, (Switch, Select, Input)):
+                values[f.name] = widget.value
+        return (str(policy) if isinstance(policy, str) else "", values)
+
+    @on(Input.Changed, ".param-input")
+    def _check(self, event: Input.Changed) -> None:
+        if self.info is None or event.input.id is None:
+            return
+        name = event.input.id.removeprefix("param-")
+        try:
+            parse(BY_NAME[name], event.value, _ranges(self.info))
+        except ValueError as exc:
+            self._mark(name, str(exc))
+        else:
+            self._mark(name, None)
+
+    def _mark(self, name: str, error: str | None) -> None:
+        f = BY_NAME[name]
+        label = self.query_one(f"#help-{name}", Label)
+        row = self.query_one(f"#row-{name}")
+        row.set_class(error is not None, "-invalid")
+        if error is not None:
+            label.update(Text(f"✗ {f.label}: {error}", style="bold red"))
+        elif self.info is not None and name in _ranges(self.info):
+            lo, hi = _ranges(self.info)[name]
+            label.update(Text(f"{f.help} · [{lo:g}, {hi:g}]"))
+        else:
+            label.update(Text(f.help))
+
+    def answer(self, text: Text) -> None:
+        self.query_one("#answer", Static).update(text)
+
+    @on(Button.Pressed, "#apply")
+    def _apply_button(self) -> None:
+        self.action_apply()
+
+    @on(Button.Pressed, "#reload")
+    def _reload_button(self) -> None:
+        self.action_reload()
+
+    def action_apply(self) -> None:
+        if self.read_only or self.info is None:
+            return
+        policy, values = self.form_values()
+        changes, errors = validate(policy, values, self.info["policy"], self.info["params"],
+                                   _ranges(self.info), self.info["policies"])
+        for f in FIELDS:
+            self._mark(f.name, errors.get(f.name, "").partition(": ")[2] or None)
+        if errors:
+            self.answer(Text("not sent: " + "; ".join(errors.values()), style="bold red"))
+            return
+        if not changes:
+            self.answer(Text("nothing to change"))
+            return
+        self.answer(Text(f"sending {changes} …"))
+        self.run_worker(self._patch(changes), exclusive=True, group="params-patch")
+
+    async def _patch(self, changes: dict[str, Any]) -> None:
+        client = self.console.client
+        assert client is not None
+        try:
+            result = await client.patch_params(changes)
+        except ApiError as exc:
+            self.answer(Text(f"the daemon refused ({exc.status}): {exc.message}",
+                             style="bold red"))
+            return
+        except ConnectionLost as exc:
+            self.answer(Text(f"not applied: {exc}", style="bold red"))
+            return
+        old = self.info["params"] if self.info else {}
+        changed = result.get("changed", [])
+        parts = [f"{k} {text_of(old.get(k)) or '∅'} → {text_of(result['params'].get(k)) or '∅'}"
+                 for k in changed]
+        if "policy" in changes:
+            parts.insert(0, f"policy → {result['policy']}")
+        self.answer(Text(
+            f"applied at t={result['t']:.2f}s, effective from decision "
+            f"{result['effective_from_decision']} (params v{result['version']}): "
+            + (", ".join(parts) or "no change"), style="bold green"))
+        self.fill(result)
+        self.console.notify("parameters applied", timeout=2)
+
+    def action_close(self) -> None:
+        self.app.pop_screen()
+
+
+def _ranges(info: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    return {k: (float(v[0]), float(v[1])) for k, v in info.get("ranges", {}).items()}

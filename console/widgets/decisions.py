@@ -1,0 +1,153 @@
+"""Decisions: the feed, and the candidates of the selected decision."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from console.snapshot import DecisionDetail, DecisionRow
+from console.widgets.format import ids
+
+FEED_ROWS = 300  # decisions the live feed keeps
+CANDIDATE_COLUMNS = ("#", "won", "resident", "admit", "preempt", "J_admit", "J_move", "J_redo",
+                     "J_revoke", "V_reuse", "total")
+
+
+def actions(d: DecisionRow) -> Text:
+    """'+3 −1 ⇡A ⇣C' (admitted, preempted, prefixes loaded and evicted)."""
+    if d.noop:
+        return Text("no-op", style="grey50")
+    text = Text()
+    for n, sign, style in ((len(d.admit), "+", "green"), (len(d.preempt), "−", "red")):
+        if n:
+            text.append(f"{sign}{n} ", style=style)
+    for names, arrow, style in ((d.load, "⇡", "cyan"), (d.evict, "⇣", "magenta")):
+        for a in names:
+            text.append(f"{arrow}{a} ", style=style)
+    if d.blocked:
+        text.append("blocked", style="yellow")
+    return text
+
+
+def num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}" if abs(x) < 1e-3 and x else f"{x:.3f}"
+
+
+class DecisionFeed(DataTable[Text | str]):
+    """Decisions, newest at the bottom; no-ops hidden unless asked for."""
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.show_noop = False
+        self.follow = True
+        self.rows_shown: list[DecisionRow] = []
+        self.border_title = "Decisions"
+
+    def on_mount(self) -> None:
+        for label in ("seq", "t", "actions", "score", "ms"):
+            self.add_column(label, key=label)
+
+    def visible(self, d: DecisionRow) -> bool:
+        return self.show_noop or not d.noop
+
+    def append(self, rows: Sequence[DecisionRow]) -> None:
+        """Add new decisions (live); keeps the last FEED_ROWS."""
+        was_last = not self.row_count or self.cursor_row >= self.row_count - 1
+        for d in rows:
+            if not self.visible(d) or str(d.seq) in self.rows:
+                continue
+            self.add_row(*self._cells(d), key=str(d.seq))
+            self.rows_shown.append(d)
+        extra = len(self.rows_shown) - FEED_ROWS
+        if extra > 0:
+            for d in self.rows_shown[:extra]:
+                self.remove_row(str(d.seq))
+            del self.rows_shown[:extra]
+        if self.follow and was_last and self.row_count:
+            self.move_cursor(row=self.row_count - 1, animate=False)
+        self._title()
+
+    def replace(self, rows: Sequence[DecisionRow], select: int | None = None) -> None:
+        """Show exactly `rows` (replay), the cursor on decision `select`."""
+        self.clear()
+        self.rows_shown = [d for d in rows if self.visible(d) or d.seq == select]
+        for d in self.rows_shown:
+            self.add_row(*self._cells(d), key=str(d.seq))
+        if select is not None and str(select) in self.rows:
+            self.move_cursor(row=self.get_row_index(str(select)), animate=False)
+        elif self.row_count:
+            self.move_cursor(row=self.row_count - 1, animate=False)
+        self._title()
+
+    def selected(self) -> int | None:
+        if not self.row_count:
+            return None
+        key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        return None if key is None else int(key)
+
+    def _title(self) -> None:
+        flags = [] if self.show_noop else ["no-ops hidden"]
+        if not self.follow:
+            flags.append("not following")
+        self.border_title = "Decisions" + "".join(f" · {f}" for f in flags)
+
+    @staticmethod
+    def _cells(d: DecisionRow) -> list[Text | str]:
+        return [str(d.seq), f"{d.t:.2f}", actions(d), num(d.total), f"{d.wall_ms:.2f}"]
+
+
+class DecisionDetailView(Vertical):
+    """What a decision did, and every candidate state with its score terms."""
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.border_title = "Candidates"
+        self.detail: DecisionDetail | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("select a decision", id="detail-summary")
+        table: DataTable[Text | str] = DataTable(id="candidates", cursor_type="row",
+                                                 zebra_stripes=True)
+        yield table
+
+    def on_mount(self) -> None:
+        self._columns()
+
+    def _columns(self) -> None:
+        """(Re)set the columns, so their widths fit the rows shown now."""
+        table = self.query_one("#candidates", DataTable)
+        table.clear(columns=True)
+        for label in CANDIDATE_COLUMNS:
+            table.add_column(label, key=label)
+
+    def show_message(self, text: str) -> None:
+        self.detail = None
+        self.query_one("#detail-summary", Static).update(text)
+        self.query_one("#candidates", DataTable).clear()
+
+    def show(self, detail: DecisionDetail) -> None:
+        self.detail = detail
+        d = detail.row
+        summary = Text()
+        summary.append(f"#{d.seq}", style="bold")
+        summary.append(f" at t={d.t:.3f}s · {detail.policy} · {d.wall_ms:.2f} ms · "
+                       f"{detail.note}\n")
+        for label, values, style in (("admitted", d.admit, "green"),
+                                     ("preempted", d.preempt, "red"),
+                                     ("loaded", d.load, "cyan"), ("evicted", d.evict, "magenta")):
+            summary.append(f"{label} ", style=f"bold {style}")
+            summary.append(ids(list(values), 8) + "  ")
+        self.query_one("#detail-summary", Static).update(summary)
+        self._columns()
+        table = self.query_one("#candidates", DataTable)
+        for c in detail.candidates:
+            style = "bold green" if c.won else ""
+            table.add_row(Text(str(c.idx), style=style), Text("★" if c.won else "", style=style),
+                          ",".join(c.resident) or "∅", ids(list(c.admit)),
+                          ids(list(c.preempt)), num(c.j_admit), num(c.j_move), num(c.j_redo),
+                          num(c.j_revoke), num(c.v_reuse), Text(num(c.total), style=style),
+                          key=str(c.idx))

@@ -1,0 +1,202 @@
+"""Tasks in flight: DAG progress, age, expected remaining path; sortable.
+
+A Line-API widget (`ScrollView`): an update only re-sorts plain rows and marks
+the widget dirty; just the lines on screen are rendered, so hundreds of tasks
+cost about as little as ten (a `DataTable` measures every cell it is given).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Region, Size
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from console.snapshot import Snapshot, TaskRow
+from console.widgets.format import secs
+
+SORTS: tuple[tuple[str, str, Callable[[TaskRow], float]], ...] = (
+    ("age", "age ▼", lambda r: -r.age),
+    ("remaining", "E[remaining] ▼", lambda r: -(r.remaining_s or -1.0)),
+    ("progress", "progress ▲", lambda r: r.stages_done / (r.stages_total or 1)),
+    ("id", "task ▲", lambda r: r.id),
+)
+# (header, width, the sort it selects when clicked)
+COLUMNS: tuple[tuple[str, int, str | None], ...] = (
+    ("task", 7, "id"), ("workflow", 11, None), ("age", 8, "age"),
+    ("progress", 13, "progress"), ("running", 9, None), ("waiting", 9, None),
+    ("E[rem]", 8, "remaining"), ("E[JCT]", 8, None))
+
+
+def progress_bar(row: TaskRow, width: int = 8) -> Text:
+    """Stages done (█), running (▶) and waiting (·) as a bar, then 'done/total'."""
+    total = row.stages_total or max(row.stages_done + len(row.running) + len(row.waiting), 1)
+    done = min(width, round(width * row.stages_done / total))
+    run = min(width - done, round(width * len(row.running) / total))
+    wait = min(width - done - run, round(width * len(row.waiting) / total))
+    text = Text("█" * done, style="green")
+    text.append("▶" * run, style="yellow")
+    text.append("·" * wait, style="cyan")
+    text.append("░" * (width - done - run - wait), style="grey35")
+    text.append(f" {row.stages_done}/{row.stages_total if row.stages_total else '?'}")
+    return text
+
+
+def task_cells(s: Snapshot, r: TaskRow) -> list[Text]:
+    """The cells of one task's line."""
+    late = s.late(r)
+    style = "bold red" if late else ""
+    return [Text(f"{'⚠' if late else ' '}{r.id}", style=style), Text(r.workflow),
+            Text(secs(r.age), style=style), progress_bar(r),
+            Text(",".join(r.running) or "—"), Text(",".join(r.waiting) or "—"),
+            Text(secs(r.remaining_s)), Text(secs(r.expected_jct), style=style)]
+
+
+class TaskList(ScrollView, can_focus=True):
+    """One line per task in flight, under a header; late tasks in red (see
+    `Snapshot.late`). Keys move the cursor; `s` (or a click on a header) sorts."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "tasklist--header", "tasklist--cursor", "tasklist--odd"}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up", "move(-1)", "Up", show=False),
+        Binding("down", "move(1)", "Down", show=False),
+        Binding("pageup", "move(-20)", "Page up", show=False),
+        Binding("pagedown", "move(20)", "Page down", show=False),
+        Binding("home", "move(-1000000)", "First", show=False),
+        Binding("end", "move(1000000)", "Last", show=False),
+    ]
+    cursor: reactive[int] = reactive(0)
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.sort_index = 0
+        self.snapshot: Snapshot | None = None
+        self.shown: list[TaskRow] = []
+        self._lines: dict[int, Strip] = {}  # rendered rows of this update, by index
+        self.border_title = "Tasks"
+
+    # ------------------------------------------------------------ data
+
+    @property
+    def sort_key(self) -> str:
+        return SORTS[self.sort_index][0]
+
+    @property
+    def row_count(self) -> int:
+        return len(self.shown)
+
+    def task_ids(self) -> list[int]:
+        """The tasks, in display order."""
+        return [r.id for r in self.shown]
+
+    def cells(self, index: int) -> list[Text]:
+        """The cells of line `index` (for tests and tooling)."""
+        assert self.snapshot is not None
+        return task_cells(self.snapshot, self.shown[index])
+
+    def cycle_sort(self, key: str | None = None) -> None:
+        """Sort by the next key (or by `key`)."""
+        if key is None:
+            self.sort_index = (self.sort_index + 1) % len(SORTS)
+        else:
+            self.sort_index = next(i for i, s in enumerate(SORTS) if s[0] == key)
+        if self.snapshot is not None:
+            self.show(self.snapshot)
+
+    def show(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        _, _, key = SORTS[self.sort_index]
+        self.shown = sorted(snapshot.tasks, key=lambda r: (key(r), r.id))
+        late = sum(1 for r in self.shown if snapshot.late(r))
+        self.border_title = (f"Tasks · {len(self.shown)} in flight · {late} late · "
+                             f"by {SORTS[self.sort_index][1]}")
+        self._lines.clear()
+        self.virtual_size = Size(sum(w for _, w, _ in COLUMNS), len(self.shown) + 1)
+        self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
+        self.refresh()
+
+    # ------------------------------------------------------------ cursor
+
+    def action_move(self, delta: int) -> None:
+        if self.shown:
+            self.cursor = min(max(self.cursor + delta, 0), len(self.shown) - 1)
+
+    def watch_cursor(self, old: int, new: int) -> None:
+        self._lines.pop(old, None)
+        self._lines.pop(new, None)
+        # line 0 is the header: keep the cursor's line below it in view
+        self.scroll_to_region(Region(0, new, 1, 2), animate=False, force=True)
+        self.refresh()
+
+    def on_click(self, event: events.Click) -> None:
+        if event.y == 0:
+            x = event.x + int(self.scroll_x)
+            for _, width, sort in COLUMNS:
+                if x < width:
+                    if sort is not None:
+                        self.cycle_sort(sort)
+                    return
+                x -= width
+            return
+        index = int(self.scroll_y) + event.y - 1
+        if 0 <= index < len(self.shown):
+            self.cursor = index
+
+    # ------------------------------------------------------------ rendering
+
+    def render_line(self, y: int) -> Strip:
+        width = self.size.width
+        scroll_x = int(self.scroll_x)
+        if y == 0:
+            style = self.get_component_rich_style("tasklist--header")
+            text = Text()
+            for label, w, _ in COLUMNS:
+                text.append(label.ljust(w)[:w])
+            return self._strip(text, style, scroll_x, width)
+        index = int(self.scroll_y) + y - 1
+        if index >= len(self.shown) or self.snapshot is None:
+            return Strip.blank(width, self.rich_style)
+        strip = self._lines.get(index)
+        if strip is None:
+            text = Text(no_wrap=True)
+            for cell, (_, w, _) in zip(task_cells(self.snapshot, self.shown[index]), COLUMNS,
+                                       strict=True):
+                cell.truncate(w - 1, overflow="ellipsis")
+                cell.pad_right(w - cell.cell_len)
+                text.append_text(cell)
+            base = self.rich_style
+            if index == self.cursor:
+                base += self.get_component_rich_style("tasklist--cursor")
+                if not self.has_focus:
+                    base += Style(dim=True)
+            elif index % 2:
+                base += self.get_component_rich_style("tasklist--odd")
+            strip = Strip(list(text.render(self.app.console))).apply_style(base)
+            self._lines[index] = strip
+        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+
+    def _strip(self, text: Text, style: Style, scroll_x: int, width: int) -> Strip:
+        segments = [Segment(s.text, style + s.style if s.style else style)
+                    for s in text.render(self.app.console)]
+        return Strip(segments).crop_extend(scroll_x, scroll_x + width, style)
+
+    def on_focus(self) -> None:
+        self._lines.pop(self.cursor, None)
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self._lines.pop(self.cursor, None)
+        self.refresh()
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        self.refresh()

@@ -1,0 +1,119 @@
+"""What the daemon's API gained for the console: `GET /v1/decisions/{seq}`
+(a decision with its candidate states) and, in `/v1/state`, each task's
+expected remaining path and running/waiting stages, prefix moves under way,
+headline statistics and the event id to resume the stream from.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from store import Store
+from store import queries as q
+from tests.daemonkit import Daemon
+from topasd.model import EngineEvent, EventKind
+from topasd.profiles import get_profile
+from topasd.service import Metrics
+
+
+def test_decision_detail_matches_the_store(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--workload", "dag4", "--tasks", "8", "--log-candidates", "all",
+                speed="max") as d:
+        st = d.wait_for(lambda s: s["counts"]["tasks_finished"] == 8)
+        last = st["counts"]["decisions"]
+        seqs = [s for s in range(1, last + 1)]
+        details = {s: d.http.get(f"/v1/decisions/{s}", params={"candidates": 1000}).json()
+                   for s in seqs}
+        one = d.http.get(f"/v1/decisions/{last}", params={"candidates": 1}).json()
+        missing = d.http.get(f"/v1/decisions/{last + 1}")
+        zero = d.http.get("/v1/decisions/0")
+        assert d.stop() == 0
+    assert missing.status_code == 404 and zero.status_code == 404
+    assert f"1..{last}" in missing.json()["error"]["message"]
+    store = Store(d.db, create=False)
+    run_id = d.info["run_id"]
+    for seq, det in details.items():
+        row = q.decision_row(store.db, run_id, seq)
+        assert det["t"] == pytest.approx(row["t"])
+        assert det["admit"] == (row["admit"] or []) and det["evict"] == (row["evict"] or [])
+        assert det["n_candidates"] == row["n_candidates"] == len(det["candidates"])
+        stored = {c["idx"]: c for c in q.candidates(store.db, run_id, seq)}
+        totals = [c["total"] for c in det["candidates"]]
+        assert totals == sorted(totals, reverse=True)
+        for c in det["candidates"]:
+            s = stored[c["idx"]]
+            for term in ("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse", "total"):
+                assert c[term] == pytest.approx(s[term])
+            assert c["won"] == bool(s["won"]) == (c["idx"] == det["chosen"])
+            assert c["total"] == pytest.approx(c["j_admit"] - c["j_move"] - c["j_redo"]
+                                               - c["j_revoke"] + c["v_reuse"])
+    assert [c["idx"] for c in one["candidates"]] == [one["chosen"]]  # the chosen one stays
+    store.close()
+
+
+def test_state_shows_remaining_path_stages_and_stats(tmp_path: Path) -> None:
+    # a crawling clock, no observations yet: E[remaining] is the profiled path
+    # a -> max(b, c) -> d of three equal stages, less what stage a already ran (the
+    # engine's first step may have run past the clock: at most t)
+    with Daemon(tmp_path, "--grace", "0", speed="0.001") as d:
+        r = d.http.post("/v1/tasks", json={"workflow": "dag4"})
+        assert r.status_code == 201
+        task = r.json()["id"]
+        st = d.state()
+        assert d.stop() == 0
+    item = next(t for t in st["tasks"] if t["id"] == task)
+    stage = get_profile("qwen2.5-32b-a100").cost_hints().t_request(200, 300)
+    assert 3 * stage - st["t"] - 1e-6 <= item["remaining_s"] <= 3 * stage + 1e-6
+    assert st["t"] < stage / 2
+    assert item["stages_running"] + item["stages_waiting"] == ["a"]
+    assert {p["agent"]: p["transfer"] for p in st["prefixes"]}.keys() <= {"A", "B", "C", "D"}
+    assert st["stats"] == {"tasks_finished": 0, "throughput_task_s": 0.0, "jct_mean_s": None,
+                           "jct_p99_s": None, "decision_ms_mean": st["stats"]["decision_ms_mean"],
+                           "decision_ms_p99": st["stats"]["decision_ms_p99"]}
+    assert isinstance(st["event_id"], int) and st["started_ts"] <= time.time()
+
+
+def test_state_stats_match_the_finished_tasks(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--workload", "chain3", "--tasks", "5", speed="max") as d:
+        st = d.wait_for(lambda s: s["counts"]["tasks_finished"] == 5)
+        events = d.http.get("/v1/events", params={"since": 0, "kinds": "decision",
+                                                  "max_events": 1}).text
+        assert d.stop() == 0
+    store = Store(d.db, create=False)
+    jct = q.jct_stats(store.db, d.info["run_id"])
+    stats = st["stats"]
+    assert stats["tasks_finished"] == 5
+    assert stats["jct_mean_s"] == pytest.approx(jct["mean_jct_s"])
+    assert stats["jct_p99_s"] == pytest.approx(jct["p99_jct_s"])
+    assert stats["throughput_task_s"] == pytest.approx(5 / st["t"])
+    wall = [r["wall_ms"] for r in q.decisions(store.db, d.info["run_id"])]
+    assert stats["decision_ms_mean"] == pytest.approx(sum(wall) / len(wall))
+    assert "event: decision" in events
+    store.close()
+
+
+def test_metrics_track_prefix_moves() -> None:
+    m = Metrics()
+
+    def ev(t: float, kind: EventKind, agent: str = "A", value: float = 0.0) -> None:
+        m.event(EngineEvent(t, kind, agent=agent, tokens=100, value=value))
+
+    ev(1.0, EventKind.PREFIX_LOAD_START, value=0.5)
+    assert m.transfers["A"].as_dict() == {"kind": "load", "since": 1.0, "until": 1.5}
+    ev(1.5, EventKind.PREFIX_LOAD_END)
+    assert "A" not in m.transfers
+    ev(2.0, EventKind.PREFIX_COMPUTE_START, "B")
+    assert m.transfers["B"].as_dict() == {"kind": "compute", "since": 2.0, "until": None}
+    ev(2.5, EventKind.PREFIX_LOAD_END, "B")  # another kind's end leaves it
+    assert m.transfers["B"].kind == "compute"
+    ev(3.0, EventKind.PREFIX_COMPUTE_END, "B")
+    ev(3.0, EventKind.PREFIX_OFFLOAD_START, "B", value=0.25)
+    ev(3.1, EventKind.PREFIX_EVICT, "B")  # a backup under way outlives the eviction
+    assert m.transfers["B"].kind == "offload"
+    ev(3.25, EventKind.PREFIX_OFFLOAD_END, "B")
+    ev(4.0, EventKind.PREFIX_COMPUTE_START, "C")
+    ev(4.1, EventKind.PREFIX_EVICT, "C")  # a cancelled recompute ends
+    assert m.transfers == {}

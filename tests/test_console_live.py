@@ -1,0 +1,198 @@
+"""The console against a real daemon (`topasd start`, sim backend, a fast paced
+clock, 127.0.0.1): the app runs under `run_test()` and is driven with Pilot.
+
+Waits poll the app's state with a bound (no assertion on how long anything
+takes); every daemon runs the DAG-4 driver so tasks stay in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from textual.widgets import DataTable, Input, Static
+
+from console.app import ConsoleApp
+from console.screens.params import ParamsScreen
+from console.sources import Target
+from console.widgets.decisions import DecisionDetailView
+from console.widgets.residency import Residency
+from console.widgets.tasks import TaskList
+from store import Store
+from store import queries as q
+from tests.daemonkit import Daemon
+
+SIZE = (150, 45)
+ARGS = ("--workload", "dag4", "--rate", "1.0", "--speed", "10")
+WAIT_S = 45.0
+
+
+async def until(pilot: Any, cond: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
+    """Let the app run until `cond()` is truthy (bounded; fails naming `what`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def run(app: ConsoleApp, scenario: Callable[[Any], Any]) -> None:
+    async def main() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await scenario(pilot)
+
+    asyncio.run(main())
+
+
+def live_app(d: Daemon) -> ConsoleApp:
+    return ConsoleApp(Target(d.url), poll_s=0.2, render_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with Daemon(tmp_path_factory.mktemp("console-live"), *ARGS, speed="10") as d:
+        d.wait_for(lambda s: s["counts"]["decisions"] >= 5 and s["counts"]["tasks_in_flight"])
+        yield d
+
+
+def test_the_panels_fill(daemon: Daemon) -> None:
+    app = live_app(daemon)
+
+    async def scenario(pilot: Any) -> None:
+        dash = app.dashboard
+        tasks = dash.query_one(TaskList)
+        feed = dash.query_one("#decisions", DataTable)
+        await until(pilot, lambda: tasks.row_count and feed.row_count, "tasks and decisions")
+        res = dash.query_one(Residency)
+        assert res.snapshot is not None
+        assert "A" in {a.agent for a in res.snapshot.agents} <= {"A", "B", "C", "D"}
+        assert res.snapshot.budget == 18000
+        assert app.connected is True
+        status = str(dash.query_one("#status", Static).render())
+        assert "connected" in status and daemon.url in status
+        # the tasks table lists the daemon's tasks in flight (those it knew lately)
+        known = {t["id"] for t in daemon.state(limit=2000)["tasks"]} | {
+            t.id for t in app.snapshot.tasks}  # type: ignore[union-attr]
+        assert set(tasks.task_ids()) <= known
+        await until(pilot, lambda: app.snapshot and app.snapshot.numbers.decision_ms,
+                    "decision latency")
+        value = str(dash.query_one("#metric-decision .value", Static).render())
+        assert "ms" in value
+        # decisions keep arriving through the event stream
+        seen = app.counters["decisions"]
+        await until(pilot, lambda: app.counters["decisions"] > seen + 3, "more decisions")
+
+    run(app, scenario)
+
+
+def test_selecting_a_decision_shows_its_candidates(daemon: Daemon) -> None:
+    app = live_app(daemon)
+
+    async def scenario(pilot: Any) -> None:
+        dash = app.dashboard
+        feed = dash.query_one("#decisions", DataTable)
+        await until(pilot, lambda: feed.row_count >= 3, "three decisions")
+        await pilot.press("f")  # stop following, so the cursor stays where we put it
+        await pilot.press("d", "up", "up")
+        row = feed.cursor_row
+        seq = int(feed.get_row_at(row)[0])
+        view = dash.query_one(DecisionDetailView)
+        await until(pilot, lambda: view.detail is not None and view.detail.row.seq == seq,
+                    f"the candidates of decision {seq}")
+        api = daemon.http.get(f"/v1/decisions/{seq}").json()
+        table = dash.query_one("#candidates", DataTable)
+        assert table.row_count == len(api["candidates"]) >= 1
+        won = [c for c in api["candidates"] if c["won"]]
+        first = table.get_row_at(0)
+        assert first[0].plain == str(max(api["candidates"], key=lambda c: c["total"])["idx"])
+        if won:
+            row_won = next(i for i in range(table.row_count)
+                           if table.get_row_at(i)[1].plain == "★")
+            assert table.get_row_at(row_won)[0].plain == str(won[0]["idx"])
+            assert float(table.get_row_at(row_won)[10].plain) == pytest.approx(
+                won[0]["total"], abs=1e-3)
+        summary = str(dash.query_one("#detail-summary", Static).render())
+        assert f"#{seq}" in summary
+
+    run(app, scenario)
+
+
+def test_changing_beta_in_the_form_changes_the_daemon(daemon: Daemon) -> None:
+    app = live_app(daemon)
+    before = daemon.http.get("/v1/params").json()
+
+    async def scenario(pilot: Any) -> None:
+        await until(pilot, lambda: app.connected, "the connection")
+        await pilot.press("p")
+        screen = app.screen
+        assert isinstance(screen, ParamsScreen)
+        await until(pilot, lambda: screen.info is not None, "the daemon's parameters")
+        beta = screen.query_one("#param-beta", Input)
+        assert float(beta.value) == before["params"]["beta"]
+        # out of range: refused here, nothing sent
+        beta.value = "5000"
+        await pilot.press("ctrl+s")
+        answer = screen.query_one("#answer", Static)
+        assert "not sent" in str(answer.render()) and "beta" in str(answer.render())
+        assert daemon.http.get("/v1/params").json()["version"] == before["version"]
+        beta.value = "7.5"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: "applied" in str(answer.render()), "the daemon's answer")
+        assert "beta 20 → 7.5" in str(answer.render())
+
+    run(app, scenario)
+    after = daemon.http.get("/v1/params").json()
+    assert after["params"]["beta"] == 7.5
+    assert after["version"] == before["version"] + 1
+    deadline = time.monotonic() + WAIT_S
+    while True:  # the store's writer commits within its flush interval
+        store = Store(daemon.db, create=False)
+        changes = q.param_changes(store.db, daemon.info["run_id"])
+        store.close()
+        if changes or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert [(c["name"], c["old"], c["new"], c["source"]) for c in changes][-1:] == [
+        ("beta", before["params"]["beta"], 7.5, "api")]
+
+
+def test_a_killed_daemon_shows_disconnected_and_reconnects(tmp_path: Path) -> None:
+    first = Daemon(tmp_path / "a", *ARGS, speed="10")
+    port = first.info["port"]
+    app = ConsoleApp(Target(first.url), poll_s=0.2, render_s=0.1)
+    second: list[Daemon] = []
+
+    async def scenario(pilot: Any) -> None:
+        dash = app.dashboard
+        feed = dash.query_one("#decisions", DataTable)
+        await until(pilot, lambda: app.connected and feed.row_count, "the first daemon")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(30)
+        await until(pilot, lambda: app.connected is False, "the disconnected state")
+        status = dash.query_one("#status", Static)
+        assert "disconnected" in str(status.render()) and "retrying" in str(status.render())
+        assert dash.has_class("-disconnected")
+        assert dash.query_one(Residency).snapshot is not None  # the last state stays
+        second.append(Daemon(tmp_path / "b", *ARGS, "--port", str(port), speed="10"))
+        await until(pilot, lambda: app.connected is True, "the reconnection")
+        assert "● connected" in str(status.render())
+        assert not dash.has_class("-disconnected")
+        started = httpx.get(f"{second[0].url}/v1/state", params={"limit": 1}).json()
+        await until(pilot, lambda: app.snapshot is not None
+                    and app.snapshot.started_ts == started["started_ts"], "the new daemon")
+
+    try:
+        run(app, scenario)
+    finally:
+        first.__exit__(None, None, None)
+        for d in second:
+            assert d.stop() == 0

@@ -1,0 +1,237 @@
+"""The console on a recorded store: `store.queries.RunReplay` against the raw
+event rows, and the real app (`run_test` + Pilot) stepping its time cursor.
+
+The store is the committed fixture (tests/console_fixture.py), copied to a
+temporary folder because opening a log may migrate it or switch it to WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from console.app import ConsoleApp
+from console.screens.params import ParamsScreen
+from console.sources import ReplaySource
+from console.widgets.residency import Residency
+from console.widgets.tasks import TaskList
+from store import Store
+from store import queries as q
+from tests.console_fixture import FIXTURE
+
+SIZE = (150, 45)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "run.db"
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+def sql(db: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(query, args).fetchall()
+    finally:
+        conn.close()
+
+
+def where_at(db: Path, t: float) -> dict[str, str]:
+    """Each agent's prefix place at `t`, straight from the events: the GPU after a
+    load or recompute starts, then the host (its backup finished) or nowhere."""
+    place: dict[str, str] = {}
+    backed: set[str] = set()
+    for agent, kind in sql(db, "SELECT agent, kind FROM engine_events WHERE kind LIKE "
+                               "'prefix_%' AND t <= ? ORDER BY t, id", t):
+        if kind in ("prefix_load_start", "prefix_compute_start"):
+            place[agent] = "gpu"
+        elif kind == "prefix_offload_end":
+            backed.add(agent)
+        elif kind == "prefix_evict":
+            place[agent] = "host" if agent in backed else "none"
+    return place
+
+
+def in_flight_at(db: Path, t: float) -> set[int]:
+    arrived = {r[0] for r in sql(db, "SELECT task_id FROM engine_events WHERE "
+                                     "kind = 'task_arrive' AND t <= ?", t)}
+    done = {r[0] for r in sql(db, "SELECT task_id FROM engine_events WHERE "
+                                  "kind = 'task_finish' AND t <= ?", t)}
+    return arrived - done
+
+
+def run_app(db: Path, scenario: Callable[[Any, ConsoleApp], Any], **kw: Any) -> None:
+    async def main() -> None:
+        app = ConsoleApp(replay=ReplaySource(db), **kw)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            await scenario(pilot, app)
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------- the queries
+
+
+def test_state_at_matches_the_recorded_events(db: Path) -> None:
+    store = Store(db, create=False)
+    replay = q.RunReplay(store.db)
+    t0, t1 = replay.span
+    assert t0 == 0.0 and t1 == pytest.approx(sql(db, "SELECT max(t) FROM engine_events")[0][0])
+    budget = replay.budget_tokens
+    assert budget == 18000
+    for t in (0.5, 17.7, 40.75, 41.0, 62.2, 77.7, 93.0, t1):
+        s = replay.state_at(t)
+        assert {p.agent: p.location for p in s.prefixes} == where_at(db, t)
+        assert {tk.task_id for tk in s.tasks} == in_flight_at(db, t)
+        admitted = sql(db, "SELECT count(*) FROM engine_events WHERE kind = 'request_admit' "
+                           "AND t <= ?", t)[0][0]
+        left = sql(db, "SELECT count(*) FROM engine_events WHERE kind IN ('request_finish', "
+                       "'preempt', 'retract') AND t <= ?", t)[0][0]
+        assert len(s.running) == admitted - left
+        assert s.decisions == sql(db, "SELECT count(*) FROM decisions WHERE t <= ?", t)[0][0]
+        used = sum(p.tokens for p in s.prefixes if p.location == "gpu")
+        used += sum(r.kv_tokens for r in s.running)
+        assert used <= budget
+        for r in s.running:
+            inp, out = sql(db, "SELECT input_tokens, output_tokens FROM requests "
+                               "WHERE request_id = ?", r.request_id)[0]
+            assert inp <= r.kv_tokens <= inp + out
+        finished = sql(db, "SELECT completion - arrival FROM tasks WHERE completion <= ?", t)
+        assert s.headline.tasks_finished == len(finished)
+        if finished:
+            mean = sum(x[0] for x in finished) / len(finished)
+            assert s.headline.jct_mean_s == pytest.approx(mean)
+    store.close()
+
+
+def test_checkpoints_do_not_change_the_state(db: Path) -> None:
+    store = Store(db, create=False)
+    fine = q.RunReplay(store.db, checkpoint_every=7)
+    whole = q.RunReplay(store.db, checkpoint_every=10**9)
+    assert len(fine._checkpoints) > 10
+    for t in (0.0, 3.3, 35.0, 40.7675437437803, 66.0, 99.9, 200.0):
+        assert fine.state_at(t) == whole.state_at(t)
+    store.close()
+
+
+def test_params_at_applies_logged_changes(db: Path) -> None:
+    store = Store(db, create=False)
+    run = q.get_run(store.db)
+    assert q.params_at(store.db, run, 50.0) == ("topas", run.params["policy"])
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source) "
+                     "VALUES (?, 30.0, 0, 'beta', '20.0', '5.0', 'api')", [run.id])
+        conn.execute("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source) "
+                     "VALUES (?, 60.0, 0, 'policy', '\"topas\"', '\"lpm\"', 'api')", [run.id])
+    conn.close()
+    assert q.params_at(store.db, run, 29.0)[1]["beta"] == 20.0
+    policy, params = q.params_at(store.db, run, 30.0)
+    assert (policy, params["beta"]) == ("topas", 5.0)
+    assert q.params_at(store.db, run, 61.0)[0] == "lpm"
+    store.close()
+
+
+# ------------------------------------------------------------- the app
+
+
+def test_stepping_the_cursor_shows_residency_and_decisions_at_that_time(db: Path) -> None:
+    seqs = [r[0] for r in sql(db, "SELECT seq FROM decisions ORDER BY seq")]
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        start = sql(db, "SELECT max(seq) FROM decisions WHERE t <= 34")[0][0]
+        assert app.cursor_seq == start
+        i = seqs.index(start) + 7
+        for _ in range(7):
+            await pilot.press("full_stop")
+        await pilot.pause()
+        seq = seqs[i]
+        t = sql(db, "SELECT t FROM decisions WHERE seq = ?", seq)[0][0]
+        assert (app.cursor_seq, app.cursor_t) == (seq, t)
+        res = app.dashboard.query_one(Residency)
+        assert res.snapshot is not None
+        assert {a.agent: a.location for a in res.snapshot.agents} == where_at(db, t)
+        feed = app.dashboard.query_one("#decisions", DataTable)
+        assert feed.get_row_at(feed.cursor_row)[0] == str(seq)
+        last_shown = int(feed.get_row_at(feed.row_count - 1)[0])
+        assert last_shown == sql(db, "SELECT max(seq) FROM decisions WHERE t <= ? AND "
+                                     "(noop = 0 OR seq = ?)", t, seq)[0][0]
+        cands = app.dashboard.query_one("#candidates", DataTable)
+        expected = sql(db, "SELECT count(*) FROM candidates WHERE decision_seq = ?", seq)[0][0]
+        assert cands.row_count == expected > 0
+        won = sql(db, "SELECT idx FROM candidates WHERE decision_seq = ? AND won", seq)[0][0]
+        assert any(cands.get_row_at(i)[1].plain == "★" and cands.get_row_at(i)[0].plain
+                   == str(won) for i in range(cands.row_count))
+        tasks = app.dashboard.query_one(TaskList)
+        assert set(tasks.task_ids()) == in_flight_at(db, t)
+        # one step back
+        await pilot.press("comma")
+        await pilot.pause()
+        assert app.cursor_seq == seqs[i - 1]
+
+    run_app(db, scenario, at=34.0)
+
+
+def test_jumping_in_time_and_go_to(db: Path) -> None:
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        await pilot.press("right_square_bracket", "right_square_bracket")
+        await pilot.pause()
+        assert app.cursor_t == pytest.approx(20.0)
+        assert app.cursor_seq == sql(db, "SELECT max(seq) FROM decisions WHERE t <= 20")[0][0]
+        tasks = app.dashboard.query_one(TaskList)
+        assert set(tasks.task_ids()) == in_flight_at(db, 20.0)
+        await pilot.press("g")
+        await pilot.pause()
+        field = app.screen.query_one("#goto-input", Input)
+        field.value = "62.2"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.cursor_t == pytest.approx(62.2)
+        assert app.dashboard.query_one(Residency).snapshot.t == pytest.approx(62.2)  # type: ignore[union-attr]
+        await pilot.press("dollar_sign")
+        await pilot.pause()
+        assert app.dashboard.query_one(TaskList).row_count == 0  # all done
+
+    run_app(db, scenario)
+
+
+def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        await pilot.press("p")
+        await pilot.pause()
+        assert isinstance(app.screen, ParamsScreen)
+        beta = app.screen.query_one("#param-beta", Input)
+        assert beta.value == "20" and beta.disabled
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.dashboard
+
+    run_app(db, scenario, at=50.0)
+
+
+def test_noop_toggle_and_sorting(db: Path) -> None:
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        feed = app.dashboard.query_one("#decisions", DataTable)
+        hidden = feed.row_count
+        await pilot.press("n")
+        await pilot.pause()
+        assert feed.row_count == sql(db, "SELECT count(*) FROM decisions WHERE t <= 60")[0][0]
+        assert feed.row_count > hidden
+        tasks = app.dashboard.query_one(TaskList)
+        ages = [float(tasks.cells(i)[2].plain.rstrip("s")) for i in range(tasks.row_count)]
+        assert ages == sorted(ages, reverse=True) and len(ages) > 1
+        await pilot.press("s", "s", "s")  # age -> remaining -> progress -> id
+        await pilot.pause()
+        ids = [int(tasks.cells(i)[0].plain.strip("⚠ ")) for i in range(tasks.row_count)]
+        assert ids == sorted(ids) == tasks.task_ids()
+
+    run_app(db, scenario, at=60.0)
