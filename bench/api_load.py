@@ -26,37 +26,17 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
+from _daemon import start_daemon as _start_daemon  # bench/_daemon.py
 
 
 def start_daemon(workdir: Path, policy: str, profile: str) -> tuple[subprocess.Popen, str]:
-    runtime = workdir / "daemon.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOPAS_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "topasd.cli", "start", "--port", "0", "--speed", "max",
-         "--policy", policy, "--profile", profile, "--runtime-file", str(runtime),
-         "--db", str(workdir / "bench.db"), "--log-level", "warning"],
-        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"topasd exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            info = json.loads(runtime.read_text())
-            if info.get("pid") == proc.pid and httpx.get(f"{info['url']}/ready").status_code == 200:
-                return proc, info["url"]
-        except (OSError, ValueError, httpx.HTTPError):
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("topasd did not start within 60 s")
+    return _start_daemon(workdir, "--speed", "max", "--policy", policy, "--profile", profile)
 
 
 def body(i: int, agents: int, max_tokens: int) -> dict[str, Any]:

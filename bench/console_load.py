@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from _daemon import start_daemon as _start_daemon  # bench/_daemon.py
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -46,27 +47,8 @@ from console.widgets.tasks import TaskList  # noqa: E402
 
 
 def start_daemon(workdir: Path, speed: float, rate: float) -> tuple[subprocess.Popen, str]:
-    runtime = workdir / "daemon.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOPAS_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "topasd.cli", "start", "--port", "0", "--speed", str(speed),
-         "--workload", "dag4", "--rate", str(rate), "--grace", "0",
-         "--runtime-file", str(runtime), "--db", str(workdir / "bench.db"),
-         "--log-level", "warning"],
-        cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"topasd exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            info = json.loads(runtime.read_text())
-            if info.get("pid") == proc.pid and httpx.get(f"{info['url']}/ready").status_code == 200:
-                return proc, info["url"]
-        except (OSError, ValueError, httpx.HTTPError):
-            pass
-        time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("topasd did not start within 60 s")
+    return _start_daemon(workdir, "--speed", str(speed), "--workload", "dag4",
+                         "--rate", str(rate), "--grace", "0")
 
 
 def fill(url: str, tasks: int) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import sqlite3
 import threading
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING
 from sqlite_utils import Database
 
 from store.schema import MIGRATIONS_TABLE, migrate, unknown
-from topasd.model import TopasError
+from topasd.model import TopasError, pid_alive
 
 if TYPE_CHECKING:
     from store.writer import CandidateLog, StoreSink, WriterProcess
@@ -95,7 +94,7 @@ class Store:
         host = socket.gethostname()
         stale = [r["id"] for r in self.db.query(
             "SELECT id, pid FROM runs WHERE status = 'running' AND host = ?", [host])
-            if not _alive(r["pid"])]
+            if not pid_alive(r["pid"])]
         try:
             for run_id in stale:
                 self.db.execute("UPDATE runs SET status = 'interrupted' WHERE id = ?",
@@ -121,17 +120,3 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

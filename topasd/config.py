@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topasd.model import TopasError
+from topasd.model import TopasError, pid_alive
 from topasd.profiles import DEFAULT_PROFILE, PROFILES
 
 ENV_PREFIX = "TOPAS_"
@@ -342,16 +342,3 @@ def read_runtime(path: str | Path) -> dict[str, Any] | None:
     if not isinstance(info, dict) or not pid_alive(info.get("pid")):
         return None
     return info
-
-
-def pid_alive(pid: Any) -> bool:
-    """A process with this id exists."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

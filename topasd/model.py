@@ -8,6 +8,7 @@ and the store writes that same `Decision` as its row.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
@@ -24,6 +25,19 @@ class TopasError(Exception):
 
 class WorkflowError(TopasError):
     """A workflow definition is invalid (cycle, unknown agent, ...)."""
+
+
+def pid_alive(pid: Any) -> bool:
+    """A process with this id exists (ours counts)."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def replace_known(obj: Any, what: str, **changes: Any) -> Any:
