@@ -134,7 +134,7 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     \b
     Try:
       topasd model tiny -o tiny-model
-      topasd replay --workload chain3 --tasks 3 --backend vllm --model tiny-model
+      topasd replay --workload chain3 --tasks 3 -p topas --backend vllm --model tiny-model
     """
     vllm_opts = _vllm_options(backend, model, budget)
     store = _open_store(db_path, log_candidates)
@@ -294,7 +294,7 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
     \b
     Try:
       topasd model tiny -o tiny-model
-      topasd replay --workload chain3 --tasks 3 --backend vllm --model tiny-model
+      topasd replay --workload chain3 --tasks 3 -p topas --backend vllm --model tiny-model
     """
     from backends.vllm.tiny import write_tiny_model
 

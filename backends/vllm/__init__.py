@@ -1,0 +1,27 @@
+"""vLLM v1 backend: TOPAS as vLLM's `scheduler_cls` (see docs/vllm.md).
+
+Importing this package does not import vLLM; `make_backend` does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from backends.vllm.tiny import read_model_config, write_tiny_model
+
+__all__ = ["available", "make_backend", "read_model_config", "write_tiny_model"]
+
+
+def available() -> bool:
+    """Whether vLLM is installed (the `vllm` extra: `pip install -e '.[vllm]'`)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_backend(model: str, **options: Any) -> Any:
+    """A `VllmBackend` on the model directory `model` (options: budget_tokens,
+    block_size, chunk_tokens, max_num_seqs, profile, clock, native, seed, audit)."""
+    read_model_config(model)  # one-line errors before vLLM is imported
+    from backends.vllm.backend import VllmBackend
+
+    return VllmBackend(model, **options)

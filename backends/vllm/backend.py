@@ -1,0 +1,682 @@
+"""`VllmBackend`: the Backend protocol over an in-process vLLM v1 engine.
+
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so
+the backend reaches its scheduler (`TopasScheduler`) between steps. A request
+is added to vLLM when it becomes ready (synthetic token ids, `ignore_eos`,
+`min_tokens = max_tokens = output_tokens`, workflow metadata in
+`SamplingParams.extra_args["topasd"]`); the policy's decision is handed to the
+scheduler, which carries it out inside the next `schedule()`.
+
+Clock (`clock=`): `"steps"` (default) is virtual time made of measured engine
+steps: each `LLMEngine.step()` advances it by its wall duration, and idle time
+jumps to the next arrival, as in the simulator; policy time is not charged
+(the runner reports it per decision). `"cpu"` is the same with each step's CPU
+time in the engine thread instead of its wall time (vLLM runs the CPU model in
+the calling thread), leaving out time the OS gave other processes. `"wall"` is
+seconds since the first `run_until`, sleeping through idle gaps. `"profile"`
+advances each step by the profile's modelled time for the step's shape
+(prefill tokens, attention pairs, decode batch, KV read): vLLM still runs
+every step, but the run is deterministic and matches the simulator's.
+
+KV accounting: the pool is `budget_tokens` rounded up to whole blocks. The
+view gives each agent prefix its full blocks (`prefix // B * B` tokens, the
+part vLLM's prefix cache shares) and each request the blocks it really holds
+(its partial prefix block, fresh input and output, rounded up to blocks,
+shown as input tokens), with `new_token_ratio = 1`: a request reserves its
+whole output. A policy that keeps Eq. 2 therefore never makes vLLM run out of
+blocks. See docs/vllm.md for every mapping and what vLLM cannot express.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from backends.base import InfeasibleDecision
+from backends.vllm.tiny import read_model_config
+from backends.vllm.tokens import SyntheticTokens
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Location,
+    PrefixState,
+    Request,
+    RequestState,
+    TaskView,
+    TopasError,
+    Workflow,
+)
+from topasd.profiles import HardwareProfile
+
+Clock = Literal["steps", "cpu", "wall", "profile"]
+
+
+class EngineMismatch(TopasError):
+    """vLLM did something other than what the backend asked of it."""
+
+
+@dataclass
+class VllmStats:
+    """Counters of one run (the replay table reads the simulator's names)."""
+
+    steps: int = 0
+    decode_steps: int = 0  # steps that decoded at least one request
+    prefill_steps: int = 0
+    batch_token_steps: int = 0
+    peak_batch: int = 0
+    prefix_loads: int = 0  # host loads: none (recomputed on this platform)
+    prefix_load_bytes: float = 0.0
+    prefix_computes: int = 0
+    preemptions: int = 0
+    retractions: int = 0  # vLLM's own preemptions (out of blocks)
+    recomputed_tokens: int = 0
+    busy_s: float = 0.0  # sum of measured step times
+    sched_s: float = 0.0  # scheduler time inside the steps (schedule + update)
+    policy_io_s: float = 0.0  # building views and validating/handing over decisions
+
+    @property
+    def mean_batch(self) -> float:
+        return self.batch_token_steps / self.decode_steps if self.decode_steps else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured step: its shape and wall time (for profile fitting)."""
+
+    prefill_tokens: int
+    attn_pairs: float
+    decode_batch: int
+    context_tokens: int
+    step_s: float  # wall time
+    sched_s: float
+    cpu_s: float = 0.0  # CPU time of the engine thread (the `cpu` clock)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """Engine truth after one step, for checking that decisions were carried out.
+
+    `pinned`: agents whose every prefix block is cached and held by our pin;
+    `cached`: agents with any cached prefix block; `preempted`: request ids
+    the scheduler preempted for the policy in this step (topasd ids).
+    """
+
+    t: float
+    decisions: tuple[int, ...]
+    preempted: tuple[int, ...]
+    engine_preempted: tuple[int, ...]
+    pinned: frozenset[str]
+    cached: frozenset[str]
+    book_ready: frozenset[str]  # the backend's view: on GPU and ready
+    book_gpu: frozenset[str]  # the backend's view: on GPU (ready or computing)
+
+
+class _Prefix:
+    __slots__ = ("agent", "last_used", "location", "ready", "ready_at", "tokens")
+
+    def __init__(self, agent: str, tokens: int) -> None:
+        self.agent = agent
+        self.tokens = tokens
+        self.location = Location.NONE
+        self.ready = False
+        self.last_used = 0.0
+        self.ready_at: float | None = None
+
+
+@dataclass(slots=True)
+class _Live:
+    req: Request  # as submitted (true token counts)
+    admitted_at: float
+    started_at: float | None = None
+    generated: int = 0
+
+
+@dataclass
+class _Pending:
+    seq: int
+    preempt: list[int] = field(default_factory=list)
+
+
+class VllmBackend:
+    """topasd's Backend over vLLM v1 with `TopasScheduler` (or, `native=True`,
+    vLLM's default scheduler deciding alone: no SCHEDULE events)."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, *, budget_tokens: int = 4096, block_size: int = 32,
+                 chunk_tokens: int = 512, max_num_seqs: int = 64,
+                 profile: HardwareProfile | None = None, clock: Clock = "steps",
+                 native: bool = False, seed: int = 0, audit: bool = False,
+                 max_model_len: int | None = None) -> None:
+        cfg = read_model_config(model)
+        if clock not in ("steps", "cpu", "wall", "profile"):
+            raise TopasError(f"clock must be 'steps', 'cpu', 'wall' or 'profile', got {clock!r}")
+        if block_size % 32:
+            raise TopasError(f"block_size must be a multiple of 32 (vLLM's CPU attention), "
+                             f"got {block_size}")
+        if budget_tokens < 2 * block_size:
+            raise TopasError(f"the KV budget must hold at least two blocks "
+                             f"({2 * block_size} tokens), got {budget_tokens}")
+        self.model = str(model)
+        self.block_size = block_size
+        self.chunk_tokens = chunk_tokens
+        self.clock = clock
+        self.native = native
+        self.audit_enabled = audit
+        self.tokens = SyntheticTokens(int(cfg["vocab_size"]), seed)
+        blocks = math.ceil(budget_tokens / block_size)
+        self.max_model_len = max_model_len or min(
+            int(cfg.get("max_position_embeddings", blocks * block_size)), blocks * block_size)
+        self.engine, self.sched = _make_engine(
+            self.model, blocks=blocks + 1, block_size=block_size, chunk_tokens=chunk_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=self.max_model_len, native=native,
+            seed=seed, kv_bytes_per_token=kv_bytes_per_token(cfg))
+        self.budget_tokens = self.sched.kv_cache_manager.block_pool.get_num_free_blocks() \
+            * block_size
+        self.profile = profile or cpu_profile(self.budget_tokens, chunk_tokens, cfg)
+        self._costs = self.profile.cost_hints()
+        self.stats = VllmStats()
+        self.samples: list[StepSample] = []
+        self.audit: list[AuditRow] = []
+        self.finished_tokens: dict[int, int] = {}  # topasd id -> output length vLLM returned
+        self._t = 0.0
+        self._wall0: float | None = None
+        self._timed: list[tuple[float, int, Request]] = []
+        self._tseq = 0
+        self._waiting: dict[int, Request] = {}
+        self._running: dict[int, _Live] = {}
+        self._prefixes: dict[str, _Prefix] = {}
+        self._vid: dict[int, str] = {}
+        self._tid: dict[str, int] = {}
+        self._events: list[EngineEvent] = []
+        self._need_schedule = False
+        self._retry = False
+        self.batch_is_full = False
+        self._seq = 0
+        self._pending: list[_Pending] = []
+        self._await_prefix: dict[str, list[int]] = {}  # agent -> requests computing it
+
+    # ------------------------------------------------------------------ API
+
+    @property
+    def t(self) -> float:
+        return self._t
+
+    def submit(self, request: Request) -> None:
+        self._check_fits(request)
+        if request.agent not in self._prefixes:
+            self._prefixes[request.agent] = _Prefix(request.agent, self._shared(request))
+        if request.ready_at > self._t:
+            self._tseq += 1
+            heapq.heappush(self._timed, (request.ready_at, self._tseq, request))
+        else:
+            self._enqueue(request, max(request.ready_at, 0.0))
+
+    def idle(self) -> bool:
+        return not (self._running or self._timed or (self.native and self._waiting))
+
+    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+        stop = math.inf if t_stop is None else t_stop
+        if self._wall0 is None:
+            self._wall0 = time.perf_counter() - self._t
+        while True:
+            self._fire_timed()
+            if self._events:
+                yield from self._drain()
+            if self._need_schedule and not self.native:
+                self._need_schedule = False
+                yield EngineEvent(self._t, EventKind.SCHEDULE)
+                if self._events:
+                    yield from self._drain()
+                continue
+            if self._t >= stop:
+                return
+            if self._running or self._pending or (self.native and self._waiting):
+                self._step()
+                continue
+            target = min(self._timed[0][0] if self._timed else math.inf, stop)
+            if math.isinf(target):
+                return  # idle, nothing scheduled
+            self._wait(target)
+
+    def view(self, tasks: Mapping[int, TaskView],
+             workflows: Mapping[str, Workflow]) -> EngineView:
+        w0 = time.perf_counter()
+        self._seq += 1
+        view = EngineView(
+            t=self._t,
+            budget_tokens=self.budget_tokens,
+            new_token_ratio=1.0,
+            new_request_ratio=1.0,
+            prefixes={a: PrefixState(a, p.tokens, p.location, p.ready, False, p.last_used,
+                                     p.ready_at) for a, p in self._prefixes.items()},
+            running=tuple(self._snapshot(lv) for lv in self._running.values()),
+            waiting=tuple(self._as_view(r) for r in self._waiting.values()),
+            tasks=tasks,
+            workflows=workflows,
+            costs=self._costs,
+            batch_is_full=self.batch_is_full,
+            chunk_tokens=self.chunk_tokens,
+            max_prefill_tokens=self.chunk_tokens,
+            seq=self._seq,
+        )
+        self.stats.policy_io_s += time.perf_counter() - w0
+        return view
+
+    def apply(self, decision: Decision) -> None:
+        w0 = time.perf_counter()
+        try:
+            self._apply(decision)
+        finally:
+            self.stats.policy_io_s += time.perf_counter() - w0
+
+    def _apply(self, decision: Decision) -> None:
+        from backends.vllm.scheduler import Plan
+
+        if self.native:
+            raise InfeasibleDecision("this vLLM backend runs vLLM's own scheduler "
+                                     "(native=True); it takes no decisions")
+        self._validate(decision)
+        t = self._t
+        plan = Plan()
+        for rid in decision.preempt:
+            lv = self._running.pop(rid)
+            self._requeue(lv, t)
+            plan.preempt.append(self._vid[rid])
+            self.stats.preemptions += 1
+            self._emit(t, EventKind.PREEMPT, lv.req, tokens=lv.generated, note="policy")
+        for agent in decision.evict:
+            p = self._prefixes[agent]
+            p.location, p.ready, p.ready_at = Location.NONE, False, None
+            plan.evict.append(agent)
+            self._emit(t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note="policy")
+        for agent in decision.load:
+            p = self._prefixes[agent]
+            p.location, p.ready = Location.GPU, False
+            self.sched.keep_resident(agent)
+            self.stats.prefix_computes += 1
+            self._emit(t, EventKind.PREFIX_COMPUTE_START, agent=agent, tokens=p.tokens)
+        for rid in decision.admit:
+            req = self._waiting.pop(rid)
+            lv = _Live(req, t, generated=req.generated)
+            self._running[rid] = lv
+            plan.admit.append(self._vid[rid])
+            self._prefixes[req.agent].last_used = t
+            self._emit(t, EventKind.REQUEST_ADMIT, req, tokens=req.input_tokens + req.generated)
+        self.batch_is_full = decision.blocked
+        self._retry = decision.retry
+        self.sched.plan(plan)
+        if plan.preempt or plan.admit or plan.evict:
+            self._pending.append(_Pending(decision.seq, list(decision.preempt)))
+
+    # ----------------------------------------------------------- validation
+
+    def _validate(self, d: Decision) -> None:
+        """Refuse a decision that breaks a rule, before changing anything."""
+        problems = []
+        pre, adm = set(d.preempt), set(d.admit)
+        if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
+            problems.append("a request id is listed twice")
+        if bad := sorted(r for r in pre if r not in self._running):
+            problems.append(f"preempt names requests that are not running: {bad[:5]}")
+        if bad := sorted(r for r in adm if r not in self._waiting):
+            problems.append(f"admit names requests that are not waiting: {bad[:5]}")
+        gpu = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
+        kept = [lv for rid, lv in self._running.items() if rid not in pre]
+        for agent in d.evict:
+            p = self._prefixes.get(agent)
+            if p is None or p.location is not Location.GPU:
+                problems.append(f"evict {agent!r}: its prefix is not resident")
+            elif any(lv.req.agent == agent for lv in kept):
+                problems.append(f"evict {agent!r}: requests of this agent keep running")
+            gpu.discard(agent)
+        for agent in d.load:
+            p = self._prefixes.get(agent)
+            if p is None or p.location is Location.GPU:
+                problems.append(f"load {agent!r}: unknown agent or already resident")
+            gpu.add(agent)
+        if not problems:
+            admitted = [self._waiting[r] for r in d.admit]
+            if bad := sorted({r.agent for r in admitted} - gpu):
+                problems.append(f"admit needs prefixes {bad} resident; load them")
+            demand = sum(self._prefixes[a].tokens for a in gpu)
+            demand += sum(self._footprint(lv.req) for lv in kept)
+            demand += sum(self._footprint(r) for r in admitted)
+            if (admitted or d.load) and demand > self.budget_tokens:
+                problems.append(f"the state needs {demand} KV tokens in whole blocks but the "
+                                f"pool holds {self.budget_tokens} (Eq. 2)")
+        if problems:
+            raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
+                                     + "; ".join(problems))
+
+    # -------------------------------------------------------- KV accounting
+
+    def _shared(self, req: Request) -> int:
+        return shared_prefix_tokens(req.prefix_tokens, self.block_size)
+
+    def _footprint(self, req: Request) -> int:
+        return kv_footprint(req, self.block_size)
+
+    def _check_fits(self, req: Request) -> None:
+        need = req.prefix_tokens + max(1, req.input_tokens) + req.output_tokens
+        if need > self.max_model_len:
+            raise TopasError(f"request {req.id} (task {req.task_id}, stage {req.stage!r}) needs "
+                             f"{need} tokens but vLLM's max_model_len is {self.max_model_len}; "
+                             "give the vLLM backend a larger --budget")
+        if self._shared(req) + self._footprint(req) > self.budget_tokens:
+            raise TopasError(f"request {req.id} needs {self._shared(req) + self._footprint(req)}"
+                             f" KV tokens in whole blocks but the pool holds "
+                             f"{self.budget_tokens}; give a larger --budget")
+
+    def _as_view(self, req: Request) -> Request:
+        """The request as the policy sees it: block-rounded KV (module docstring)."""
+        return replace(req, prefix_tokens=self._shared(req),
+                       input_tokens=self._footprint(req) - req.output_tokens)
+
+    def _snapshot(self, lv: _Live) -> Request:
+        return replace(self._as_view(lv.req), generated=lv.generated,
+                       state=RequestState.RUNNING, admitted_at=lv.admitted_at,
+                       started_at=lv.started_at)
+
+    # ------------------------------------------------------- state changes
+
+    def _enqueue(self, req: Request, t: float) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=req.output_tokens, min_tokens=req.output_tokens, ignore_eos=True,
+            temperature=0.0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args={"topasd": {"request_id": req.id, "task_id": req.task_id,
+                                   "workflow": req.workflow, "stage": req.stage,
+                                   "agent": req.agent, "round": req.round,
+                                   "task_arrival": req.task_arrival}})
+        prompt = self.engine.renderer.render_cmpl(
+            [{"prompt_token_ids": self.tokens.prompt(req)}])[0]
+        vid = self.engine.add_request(str(req.id), prompt, params)
+        self._vid[req.id] = vid
+        self._tid[vid] = req.id
+        if not self.native:
+            self.sched.register_prefix(req.agent, self.sched.requests[vid], req.prefix_tokens)
+        self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
+        self._emit(t, EventKind.REQUEST_READY, req)
+        self._need_schedule = True
+
+    def _requeue(self, lv: _Live, t: float) -> None:
+        """Back to waiting with its output kept (vLLM recomputes it on resume)."""
+        self.stats.recomputed_tokens += lv.req.input_tokens + lv.generated
+        waiting_for = self._await_prefix.get(lv.req.agent, [])
+        if lv.req.id in waiting_for:  # it no longer computes the prefix
+            waiting_for.remove(lv.req.id)
+        self._waiting[lv.req.id] = replace(lv.req, generated=lv.generated, queued_at=t,
+                                           preemptions=lv.req.preemptions + 1,
+                                           state=RequestState.WAITING)
+
+    # ------------------------------------------------------------- stepping
+
+    def _fire_timed(self) -> None:
+        while self._timed and self._timed[0][0] <= self._t:
+            t_ev, _, req = heapq.heappop(self._timed)
+            self._enqueue(req, t_ev)
+
+    def _wait(self, target: float) -> None:
+        """Nothing runs: jump (steps clock) or sleep (wall clock) to `target`."""
+        if self.clock == "wall" and math.isfinite(target):
+            assert self._wall0 is not None
+            time.sleep(max(0.0, target - (time.perf_counter() - self._wall0)))
+            self._t = max(self._t, time.perf_counter() - self._wall0)
+        else:
+            self._t = max(self._t, target)
+
+    def _step(self) -> None:
+        t0 = self._t
+        calls = self.sched.steps
+        w0, c0 = time.perf_counter(), time.thread_time()
+        outputs = self.engine.step()
+        dt, cpu = time.perf_counter() - w0, time.thread_time() - c0
+        # vLLM skips schedule() when it holds no request: carry the plan out here
+        rec = self.sched.last if self.sched.steps > calls else self.sched.flush()
+        if self.clock == "wall":
+            assert self._wall0 is not None
+            self._t = time.perf_counter() - self._wall0
+        elif self.clock == "profile":
+            self._t = t0 + self.profile.step_time(rec.prefill_tokens, rec.attn_pairs,
+                                                  rec.decode_batch, rec.context_tokens)
+        elif self.clock == "cpu":
+            self._t = t0 + cpu
+        else:
+            self._t = t0 + dt
+        pending, self._pending = self._pending, []
+        self._count(rec, dt, cpu)
+        self._started(rec.admitted, t0)
+        self._carried_out(rec, pending)
+        for vid in rec.engine_preempted:
+            self._retracted(vid, t0)
+        for agent in rec.pinned:
+            p = self._prefixes[agent]
+            p.ready, p.ready_at = True, self._t
+            self._emit(self._t, EventKind.PREFIX_COMPUTE_END, agent=agent, tokens=p.tokens)
+            for rid in self._await_prefix.pop(agent, ()):
+                if rid in self._running:  # its own prefill starts now (as in the simulator)
+                    self._running[rid].started_at = self._t
+                    self._emit(self._t, EventKind.REQUEST_START, self._running[rid].req)
+        for lv in self._running.values():
+            vreq = self.sched.requests.get(self._vid[lv.req.id])
+            if vreq is not None:
+                lv.generated = vreq.num_output_tokens
+        for out in outputs:
+            if out.finished:
+                self._finished(int(out.request_id), len(out.outputs[0].token_ids))
+        if self._retry:
+            self._retry = False
+            self._need_schedule = self._need_schedule or bool(self._waiting)
+        if self.audit_enabled and not self.native:
+            self._audit(rec, pending)
+        if not self._running and not self.native and self.sched.pending_admissions():
+            raise EngineMismatch(f"vLLM holds admitted requests it never started: "
+                                 f"{self.sched.pending_admissions()[:5]}")
+
+    def _count(self, rec: Any, dt: float, cpu: float) -> None:
+        s = self.stats
+        s.steps += 1
+        s.busy_s += dt
+        s.sched_s += rec.sched_s
+        if rec.decode_batch:
+            s.decode_steps += 1
+            s.batch_token_steps += rec.decode_batch
+            s.peak_batch = max(s.peak_batch, rec.decode_batch)
+        if rec.prefill_tokens:
+            s.prefill_steps += 1
+        self.samples.append(StepSample(rec.prefill_tokens, rec.attn_pairs, rec.decode_batch,
+                                       rec.context_tokens, dt, rec.sched_s, cpu))
+
+    def _started(self, vids: list[str], t: float) -> None:
+        for vid in vids:
+            rid = self._tid[vid]
+            lv = self._running.get(rid)
+            if lv is None:
+                if not self.native:
+                    raise EngineMismatch(f"vLLM started request {rid}, which the policy did "
+                                         "not admit")
+                req = self._waiting.pop(rid)
+                lv = self._running[rid] = _Live(req, t, generated=req.generated)
+                self._emit(t, EventKind.REQUEST_ADMIT, req,
+                           tokens=req.input_tokens + req.generated)
+            p = self._prefixes[lv.req.agent]
+            if not self.native and p.location is Location.GPU and not p.ready:
+                # this request computes the agent's prefix first: its service (and
+                # REQUEST_START) begins once the prefix blocks are cached
+                self._await_prefix.setdefault(lv.req.agent, []).append(rid)
+                continue
+            lv.started_at = t
+            self._emit(t, EventKind.REQUEST_START, lv.req)
+
+    def _carried_out(self, rec: Any, pending: list[_Pending]) -> None:
+        """The decisions applied before this step: their preemptions happened."""
+        asked = [rid for p in pending for rid in p.preempt]
+        done = sorted(self._tid[v] for v in rec.preempted)
+        if sorted(asked) != done:
+            raise EngineMismatch(f"the policy preempted {sorted(asked)} but vLLM's scheduler "
+                                 f"preempted {done}")
+
+    def _retracted(self, vid: str, t: float) -> None:
+        """vLLM preempted a request on its own (out of KV blocks)."""
+        rid = self._tid[vid]
+        lv = self._running.pop(rid, None)
+        if lv is None:
+            if self.native:
+                return
+            raise EngineMismatch(f"vLLM preempted request {rid}, which was not running")
+        self._requeue(lv, t)
+        self.stats.retractions += 1
+        self._emit(t, EventKind.RETRACT, lv.req, tokens=lv.generated, note="vllm")
+        self._need_schedule = True
+
+    def _finished(self, rid: int, n_tokens: int) -> None:
+        lv = self._running.pop(rid)
+        self.finished_tokens[rid] = n_tokens
+        self.batch_is_full = False
+        self._prefixes[lv.req.agent].last_used = self._t
+        started = lv.started_at if lv.started_at is not None else lv.admitted_at
+        self._emit(self._t, EventKind.REQUEST_FINISH, lv.req, tokens=n_tokens,
+                   value=self._t - started)
+        del self._tid[self._vid.pop(rid)]
+        self._need_schedule = True
+
+    def _audit(self, rec: Any, pending: list[_Pending]) -> None:
+        pinned = frozenset(a for a, blocks in self.sched.pins.items()
+                           if self.sched.prefix_blocks(a) == blocks
+                           and all(b.ref_cnt >= 1 for b in blocks))
+        cached = frozenset(a for a in self._prefixes if self.sched.prefix_blocks_any(a))
+        gpu = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
+        self.audit.append(AuditRow(
+            t=self._t, decisions=tuple(p.seq for p in pending),
+            preempted=tuple(sorted(self._tid.get(v, -1) for v in rec.preempted)),
+            engine_preempted=tuple(sorted(self._tid.get(v, -1) for v in rec.engine_preempted)),
+            pinned=pinned, cached=cached,
+            book_ready=frozenset(a for a in gpu if self._prefixes[a].ready),
+            book_gpu=frozenset(gpu)))
+
+    # ---------------------------------------------------------------- misc
+
+    def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
+              agent: str | None = None, tokens: int = 0, value: float = 0.0,
+              note: str = "") -> None:
+        if req is not None:
+            self._events.append(EngineEvent(t, kind, req.id, req.task_id, req.agent, req.stage,
+                                            tokens, value, note))
+        else:
+            self._events.append(EngineEvent(t, kind, agent=agent, tokens=tokens, value=value,
+                                            note=note))
+
+    def _drain(self) -> Iterator[EngineEvent]:
+        events, self._events = self._events, []
+        yield from events
+
+    def close(self) -> None:
+        """Shut the engine down (its worker and memory)."""
+        core = getattr(self.engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
+
+def cpu_profile(budget_tokens: int, chunk_tokens: int,
+                model_config: Mapping[str, Any] | None = None) -> HardwareProfile:
+    """Step-time costs of the tiny model on a 2-core CPU (fitted by
+    `bench/sim_vs_vllm.py --fit`; refit for another machine or model), with the
+    engine settings the vLLM backend runs: whole-output reservation (ratio 1),
+    prefill mixed with decode in one step, no host copy (recompute)."""
+    kv_bytes = kv_bytes_per_token(model_config or {})
+    return HardwareProfile(
+        name="vllm-cpu-tiny",
+        description="the tiny dummy-weight Qwen2 on vLLM's CPU backend, 2 cores",
+        t_weights_s=0.0,
+        t_lin_per_token_s=CPU_FIT["lin"],
+        t_attn_per_pair_s=CPU_FIT["attn"],
+        t_kv_read_per_token_s=CPU_FIT["kv"],
+        t_overhead_s=CPU_FIT["overhead"],
+        kv_bytes_per_token=float(kv_bytes),
+        swap_bytes_per_s=1e12,  # no host link: an evicted prefix is dropped, not moved
+        budget_tokens=budget_tokens,
+        chunk_tokens=chunk_tokens,
+        max_prefill_tokens=chunk_tokens,
+        host_cache=False,
+        init_new_token_ratio=1.0,
+        min_new_token_ratio=1.0,
+        mixed_chunk=True,
+    )
+
+
+# Step-time coefficients measured on the development machine (2-core AMD EPYC)
+# by `python bench/sim_vs_vllm.py --fit`; see docs/RESULTS.md for the fit.
+CPU_FIT: dict[str, float] = {"overhead": 1.343e-3, "lin": 1.674e-6, "attn": 21.65e-9,
+                             "kv": 78.07e-9}
+
+
+def shared_prefix_tokens(prefix_tokens: int, block_size: int) -> int:
+    """Prefix tokens vLLM shares between an agent's requests: its full blocks."""
+    return prefix_tokens // block_size * block_size
+
+
+def kv_footprint(req: Request, block_size: int) -> int:
+    """KV tokens a request holds at its end beyond the shared prefix blocks, in
+    whole blocks: its partial prefix block, fresh input (at least one token:
+    the prompt's last token is always computed) and output."""
+    tail = req.prefix_tokens - shared_prefix_tokens(req.prefix_tokens, block_size)
+    tail += max(1, req.input_tokens)
+    return math.ceil((tail + req.output_tokens) / block_size) * block_size
+
+
+def pool_tokens(budget_tokens: int, block_size: int = 32) -> int:
+    """The KV pool a `budget_tokens` request gets: rounded up to whole blocks."""
+    return math.ceil(budget_tokens / block_size) * block_size
+
+
+def kv_bytes_per_token(cfg: Mapping[str, Any]) -> int:
+    """K and V of one token over all layers, float32 (the dtype the backend runs)."""
+    layers = int(cfg.get("num_hidden_layers", 2))
+    heads = int(cfg.get("num_attention_heads", 4))
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 128)) // max(1, heads))
+    return 2 * layers * kv_heads * head * 4
+
+
+def _make_engine(model: str, *, blocks: int, block_size: int, chunk_tokens: int,
+                 max_num_seqs: int, max_model_len: int, native: bool, seed: int,
+                 kv_bytes_per_token: int) -> Any:
+    """An in-process vLLM engine on this machine's CPU with our scheduler."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        from vllm import EngineArgs
+        from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor import Executor
+    except ImportError as exc:
+        raise TopasError(f"the vLLM backend needs vLLM: pip install -e '.[vllm]' ({exc})"
+                         ) from None
+    from backends.vllm.scheduler import TimedScheduler, TopasScheduler
+
+    args = EngineArgs(
+        model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+        enable_prefix_caching=True, enable_chunked_prefill=True, block_size=block_size,
+        num_gpu_blocks_override=blocks,
+        kv_cache_memory_bytes=max(16 << 20, 2 * blocks * block_size * kv_bytes_per_token),
+        gpu_memory_utilization=0.05, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=chunk_tokens, enforce_eager=True, disable_log_stats=True,
+        async_scheduling=False, seed=seed,
+        scheduler_cls=TimedScheduler if native else TopasScheduler)
+    try:
+        config = args.create_engine_config()
+        engine = LLMEngine(config, Executor.get_class(config), log_stats=False,
+                           multiprocess_mode=False)
+    except (ValueError, RuntimeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TopasError(f"vLLM could not start on {model}: {first}") from None
+    return engine, engine.engine_core.engine_core.scheduler

@@ -1,0 +1,77 @@
+"""A tiny Qwen2-style model directory: a `config.json` and nothing else.
+
+vLLM loads it with `load_format="dummy"` (random weights, nothing read from
+disk) and `skip_tokenizer_init=True` (token ids in, token ids out), so a real
+engine runs on a laptop CPU without downloading anything. Its outputs are
+meaningless; its step times, KV blocks, prefix cache and scheduler are real.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from topasd.model import TopasError
+
+TINY_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,  # head size 32: the smallest vLLM's CPU attention takes
+    "num_key_value_heads": 2,
+    "vocab_size": 2048,
+    "max_position_embeddings": 8192,
+    "max_window_layers": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "torch_dtype": "float32",
+    "use_sliding_window": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def write_tiny_model(directory: str | Path, *, layers: int = 2, hidden: int = 128,
+                     vocab: int = 2048, max_len: int = 8192) -> Path:
+    """Write a tiny Qwen2 `config.json` into `directory` (created if missing)."""
+    if hidden % 32 or hidden < 64:
+        raise TopasError(f"--hidden must be a multiple of 32 and >= 64, got {hidden}")
+    if layers < 1 or vocab < 64 or max_len < 256:
+        raise TopasError("the tiny model needs layers >= 1, vocab >= 64 and max_len >= 256")
+    path = Path(directory)
+    if path.exists() and not path.is_dir():
+        raise TopasError(f"{path} exists and is not a directory")
+    path.mkdir(parents=True, exist_ok=True)
+    config = dict(TINY_CONFIG, num_hidden_layers=layers, max_window_layers=layers,
+                  hidden_size=hidden, intermediate_size=2 * hidden,
+                  num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64),
+                  vocab_size=vocab, max_position_embeddings=max_len)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return path
+
+
+def read_model_config(model: str | Path) -> dict[str, Any]:
+    """The `config.json` of a model directory, with a one-line error if unusable."""
+    path = Path(model)
+    if not path.exists():
+        raise TopasError(f"--model {path}: no such directory; write one with "
+                         f"`topasd model tiny -o {path}`")
+    if not path.is_dir():
+        raise TopasError(f"--model {path}: not a directory (expected a model directory "
+                         "holding config.json)")
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        raise TopasError(f"--model {path}: no config.json in it; write a tiny model with "
+                         f"`topasd model tiny -o {path}`")
+    try:
+        data = json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TopasError(f"--model {path}: config.json is not readable JSON ({exc})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("vocab_size"), int):
+        raise TopasError(f"--model {path}: config.json lacks an integer vocab_size")
+    return data
