@@ -14,9 +14,9 @@ from topasd.model import TopasError
 from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 from topasd.scheduler import POLICY_NAMES
 
-BACKENDS = ("sim",)
+BACKENDS = ("sim", "vllm", "sglang")
 REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
-VLLM_BUDGET = 16384  # default KV pool of `replay --backend vllm`, tokens
+VLLM_BUDGET = 16384  # default KV pool of --backend vllm (backends.vllm.POOL_TOKENS), tokens
 
 
 class TopasGroup(click.Group):
@@ -310,7 +310,21 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="TOML settings file (default: $TOPAS_CONFIG, else ./topasd.toml if present).")
 @click.option("--backend", "-b", type=click.Choice(BACKENDS), default=None,
-              help="Engine backend [default: sim].")
+              help="Engine backend [default: sim]: the simulator, vLLM on this CPU "
+                   "(docs/vllm.md) or SGLang on GPUs (docs/sglang.md).")
+@click.option("--model-path", default=None, metavar="PATH",
+              help="vllm/sglang: the model (vllm: a directory, `topasd model tiny -o DIR`).")
+@click.option("--tp-size", type=click.IntRange(min=1), default=None,
+              help="sglang: tensor-parallel ranks [default: 1].")
+@click.option("--dp-size", type=click.IntRange(min=1), default=None,
+              help="sglang: data-parallel replicas, one TOPAS each [default: 1].")
+@click.option("--mem-fraction", type=float, default=None,
+              help="sglang: mem_fraction_static [default: SGLang's].")
+@click.option("--hicache/--no-hicache", default=None,
+              help="sglang: hierarchical KV cache, so prefixes move to host memory "
+                   "[default: off].")
+@click.option("--hicache-size", type=click.IntRange(min=0), default=None,
+              help="sglang: host KV pool per rank, GB.")
 @click.option("--profile", default=None, metavar="NAME",
               help=f"Hardware profile of the simulator [default: {DEFAULT_PROFILE}].")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
@@ -359,7 +373,9 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
               help="With --detach: the log file [default: beside the runtime file].")
 @click.option("--detach", is_flag=True, help="Start in the background and return.")
 @click.option("--print-config", is_flag=True, help="Print the merged settings and exit.")
-def start(config_path: str | None, backend: str | None, profile: str | None,
+def start(config_path: str | None, backend: str | None, model_path: str | None,
+          tp_size: int | None, dp_size: int | None, mem_fraction: float | None,
+          hicache: bool | None, hicache_size: int | None, profile: str | None,
           budget: int | None, policy: str | None, params: tuple[str, ...],
           db_path: str | None, log_candidates: str | None, host: str | None,
           port: int | None, token: str | None, speed: str | None, workload: str | None,
@@ -380,11 +396,16 @@ def start(config_path: str | None, backend: str | None, profile: str | None,
     Try:
       topasd start --workload chain3 --rate 0.3
       topasd start --port 0 --speed max --print-config
+      topasd start --backend vllm --model-path tiny-model --workload chain3 --rate 2
+      topasd start --backend sglang --model-path Qwen/Qwen2.5-7B-Instruct --hicache
     """
     from topasd.config import load_settings, render
 
     flags: dict[str, Any] = {
-        "backend": backend, "profile": profile, "budget": budget, "policy": policy,
+        "backend": backend, "model_path": model_path, "tp_size": tp_size,
+        "dp_size": dp_size, "mem_fraction": mem_fraction, "hicache": hicache,
+        "hicache_size": hicache_size,
+        "profile": profile, "budget": budget, "policy": policy,
         "params": _param_flags(params) if params else None, "db": db_path,
         "log_candidates": log_candidates, "host": host, "port": port, "token": token,
         "speed": speed, "workload": workload, "rate": rate, "tasks": tasks, "seed": seed,

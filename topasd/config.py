@@ -71,7 +71,13 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["sim"] = "sim"
+    backend: Literal["sim", "vllm", "sglang"] = "sim"
+    model_path: str | None = None  # vllm: a model directory; sglang: a path or hub id
+    tp_size: int = Field(default=1, ge=1)  # sglang: tensor-parallel ranks
+    dp_size: int = Field(default=1, ge=1)  # sglang: data-parallel replicas
+    mem_fraction: float | None = Field(default=None, gt=0, le=1)  # sglang mem_fraction_static
+    hicache: bool = False  # sglang: hierarchical (host) KV cache for prefix moves
+    hicache_size: int | None = Field(default=None, ge=0)  # sglang: host pool GB per rank
     profile: str = DEFAULT_PROFILE
     budget: int | None = Field(default=None, ge=1)
     policy: str = "topas"
@@ -200,6 +206,18 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
         settings = Settings(**raw)
     except ValidationError as exc:
         raise ConfigError(_explain(exc, raw, sources)) from None
+    if settings.backend != "sim":
+        if not settings.model_path:
+            raise ConfigError(f"backend {settings.backend} needs a model: --model-path PATH"
+                              + (" (`topasd model tiny -o DIR` writes a tiny one)"
+                                 if settings.backend == "vllm" else ""))
+        if settings.speed != 1.0:
+            raise ConfigError(f"setting speed (from {sources.get('speed', 'default')}): a "
+                              f"{settings.backend} engine runs in real time; --speed is for "
+                              "the sim backend")
+    elif settings.model_path is not None:
+        raise ConfigError("setting model_path needs --backend vllm or sglang (the simulator "
+                          "takes no model)")
     if settings.tasks is not None and settings.workload is None:
         raise ConfigError("setting tasks needs a workload (--workload NAME) to drive")
     if settings.rate is not None and settings.workload is None:

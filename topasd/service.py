@@ -54,7 +54,7 @@ from topasd.model import (
     TopasError,
     Workflow,
 )
-from topasd.profiles import get_profile
+from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import EventLoop, RunResult, run_info
 from topasd.scheduler import ALL_POLICY_NAMES
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
@@ -610,6 +610,29 @@ class _Feeder:
 Command = tuple[Callable[..., Any], tuple[Any, ...], Future[Any], bool]
 
 
+def make_backend(settings: Settings, profile: HardwareProfile) -> Any:
+    """The engine `settings.backend` names: the simulator, an in-process vLLM
+    engine on `model_path` (docs/vllm.md), or SGLang (docs/sglang.md)."""
+    if settings.backend == "sim":
+        return SimBackend(profile)
+    if settings.backend == "vllm":
+        from backends.vllm import POOL_TOKENS
+        from backends.vllm import make_backend as vllm_backend
+
+        budget = settings.budget or POOL_TOKENS
+        return vllm_backend(settings.model_path, budget_tokens=budget,
+                            profile=profile.with_overrides(budget_tokens=budget))
+    from backends.sglang import SGLangOptions
+    from backends.sglang import make_backend as sglang_backend
+
+    options = SGLangOptions(model_path=str(settings.model_path), tp_size=settings.tp_size,
+                            dp_size=settings.dp_size,
+                            mem_fraction_static=settings.mem_fraction,
+                            enable_hierarchical_cache=settings.hicache,
+                            hicache_size=settings.hicache_size)
+    return sglang_backend(options, profile)
+
+
 class Service:
     """The daemon's engine loop and its thread-safe API (see the module doc)."""
 
@@ -622,7 +645,7 @@ class Service:
         self.registry = _registry(settings)
         self.workload = load_workload(settings.workload) if settings.workload else None
         self.policy = build_policy(settings.policy, settings.params)
-        self.backend = SimBackend(profile)
+        self.backend = make_backend(settings, profile)
         self.store = Store(settings.db)
         self.store_sink = self.store.sink(settings.log_candidates)
         self.bus = EventBus()
@@ -713,6 +736,9 @@ class Service:
                            stats=self.backend.stats, wall_s=time.time() - self.started_wall)
         self.store_sink.run_finished(None if self.crash else result, self.crash)
         self.store.close()
+        close = getattr(self.backend, "close", None)
+        if close is not None:  # a real engine: stop it
+            close()
 
     @property
     def run_id(self) -> int | None:

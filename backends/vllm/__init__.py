@@ -10,7 +10,9 @@ from typing import Any
 
 from backends.vllm.tiny import read_model_config, write_tiny_model
 
-__all__ = ["available", "make_backend", "read_model_config", "write_tiny_model"]
+__all__ = ["POOL_TOKENS", "available", "make_backend", "read_model_config", "write_tiny_model"]
+
+POOL_TOKENS = 16384  # default KV pool of `replay`/`start --backend vllm`, tokens
 
 
 def available() -> bool:
