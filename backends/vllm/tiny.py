@@ -59,19 +59,19 @@ def read_model_config(model: str | Path) -> dict[str, Any]:
     """The `config.json` of a model directory, with a one-line error if unusable."""
     path = Path(model)
     if not path.exists():
-        raise TopasError(f"--model {path}: no such directory; write one with "
+        raise TopasError(f"model {path}: no such directory; write one with "
                          f"`topasd model tiny -o {path}`")
     if not path.is_dir():
-        raise TopasError(f"--model {path}: not a directory (expected a model directory "
+        raise TopasError(f"model {path}: not a directory (expected a model directory "
                          "holding config.json)")
     cfg = path / "config.json"
     if not cfg.is_file():
-        raise TopasError(f"--model {path}: no config.json in it; write a tiny model with "
+        raise TopasError(f"model {path}: no config.json in it; write a tiny model with "
                          f"`topasd model tiny -o {path}`")
     try:
         data = json.loads(cfg.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise TopasError(f"--model {path}: config.json is not readable JSON ({exc})") from None
+        raise TopasError(f"model {path}: config.json is not readable JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("vocab_size"), int):
-        raise TopasError(f"--model {path}: config.json lacks an integer vocab_size")
+        raise TopasError(f"model {path}: config.json lacks an integer vocab_size")
     return data
