@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Protocol
 
 from topasd.model import Decision, EngineEvent, EngineView, Request, TaskView, TopasError, Workflow
@@ -10,6 +10,48 @@ from topasd.model import Decision, EngineEvent, EngineView, Request, TaskView, T
 
 class InfeasibleDecision(TopasError):
     """A backend refused a Decision; the message says which rule it breaks."""
+
+
+def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mapping[int, Request],
+                      resident: Collection[str], known: Collection[str],
+                      demand: Callable[[set[str], list[int], list[Request]], float],
+                      budget: float, unit: str = "KV tokens") -> list[str]:
+    """The rules every backend checks before carrying out a decision: ids exist
+    and appear once, evicted prefixes are resident and idle after preemptions,
+    loaded ones known and not resident, admitted requests' prefixes resident
+    afterwards, and the state within the budget (Eq. 2). `running` maps running
+    request ids to agents; `demand(resident_after, kept_ids, admitted)` prices
+    the target state in the backend's own accounting."""
+    problems = []
+    pre, adm = set(d.preempt), set(d.admit)
+    if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
+        problems.append("a request id is listed twice")
+    if bad := sorted(r for r in pre if r not in running):
+        problems.append(f"preempt names requests that are not running: {bad[:5]}")
+    if bad := sorted(r for r in adm if r not in waiting):
+        problems.append(f"admit names requests that are not waiting: {bad[:5]}")
+    after = set(resident)
+    kept = [rid for rid in running if rid not in pre]
+    for agent in d.evict:
+        if agent not in resident:
+            problems.append(f"evict {agent!r}: its prefix is not resident")
+        elif any(running[rid] == agent for rid in kept):
+            problems.append(f"evict {agent!r}: requests of this agent keep running")
+        after.discard(agent)
+    for agent in d.load:
+        if agent not in known or agent in resident:
+            problems.append(f"load {agent!r}: unknown agent or already resident")
+        after.add(agent)
+    if problems:
+        return problems
+    admitted = [waiting[r] for r in d.admit]
+    if bad := sorted({r.agent for r in admitted} - after):
+        problems.append(f"admit needs prefixes {bad} resident; load them")
+    total = demand(after, kept, admitted)
+    if (admitted or d.load) and total > budget + 1e-6:
+        problems.append(f"the state needs {total:.0f} {unit} but the budget is "
+                        f"{budget:.0f} (Eq. 2)")
+    return problems
 
 
 class Backend(Protocol):

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from backends.base import InfeasibleDecision
+from backends.base import InfeasibleDecision, decision_problems
 from topasd.model import (
     Decision,
     EngineEvent,
@@ -198,36 +198,13 @@ class SimBackend:
 
     def _validate(self, d: Decision) -> None:
         """Refuse a decision that breaks a rule, before changing anything."""
-        problems = []
-        pre, adm = set(d.preempt), set(d.admit)
-        if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
-            problems.append("a request id is listed twice")
-        if bad := sorted(r for r in pre if r not in self._running):
-            problems.append(f"preempt names requests that are not running: {bad[:5]}")
-        if bad := sorted(r for r in adm if r not in self._waiting):
-            problems.append(f"admit names requests that are not waiting: {bad[:5]}")
-        gpu_after = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
-        kept = [lv for rid, lv in self._running.items() if rid not in pre]
-        for agent in d.evict:
-            p = self._prefixes.get(agent)
-            if p is None or p.location is not Location.GPU:
-                problems.append(f"evict {agent!r}: its prefix is not on the GPU")
-            elif any(lv.req.agent == agent for lv in kept):
-                problems.append(f"evict {agent!r}: requests of this agent keep running")
-            gpu_after.discard(agent)
-        for agent in d.load:
-            p = self._prefixes.get(agent)
-            if p is None or p.location is Location.GPU:
-                problems.append(f"load {agent!r}: unknown agent or already on the GPU")
-            gpu_after.add(agent)
-        if not problems:
-            admitted = [self._waiting[r] for r in d.admit]
-            if bad := sorted({r.agent for r in admitted} - gpu_after):
-                problems.append(f"admit needs prefixes {bad} on the GPU; load them")
-            demand = self._demand(gpu_after, kept, admitted, d.reservation)
-            if (admitted or d.load) and demand > self.profile.budget_tokens + 1e-6:
-                problems.append(f"the state needs {demand:.0f} KV tokens but the budget is "
-                                f"{self.profile.budget_tokens} (Eq. 2)")
+        gpu = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
+        problems = decision_problems(
+            d, running={rid: lv.req.agent for rid, lv in self._running.items()},
+            waiting=self._waiting, resident=gpu, known=self._prefixes,
+            demand=lambda after, kept, admitted: self._demand(
+                after, [self._running[r] for r in kept], admitted, d.reservation),
+            budget=self.profile.budget_tokens)
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))

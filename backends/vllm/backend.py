@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from backends.base import InfeasibleDecision
+from backends.base import InfeasibleDecision, decision_problems
 from backends.vllm.tiny import read_model_config
 from backends.vllm.tokens import SyntheticTokens
 from topasd.model import (
@@ -319,39 +319,19 @@ class VllmBackend:
     # ----------------------------------------------------------- validation
 
     def _validate(self, d: Decision) -> None:
-        """Refuse a decision that breaks a rule, before changing anything."""
-        problems = []
-        pre, adm = set(d.preempt), set(d.admit)
-        if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
-            problems.append("a request id is listed twice")
-        if bad := sorted(r for r in pre if r not in self._running):
-            problems.append(f"preempt names requests that are not running: {bad[:5]}")
-        if bad := sorted(r for r in adm if r not in self._waiting):
-            problems.append(f"admit names requests that are not waiting: {bad[:5]}")
-        gpu = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
-        kept = [lv for rid, lv in self._running.items() if rid not in pre]
-        for agent in d.evict:
-            p = self._prefixes.get(agent)
-            if p is None or p.location is not Location.GPU:
-                problems.append(f"evict {agent!r}: its prefix is not resident")
-            elif any(lv.req.agent == agent for lv in kept):
-                problems.append(f"evict {agent!r}: requests of this agent keep running")
-            gpu.discard(agent)
-        for agent in d.load:
-            p = self._prefixes.get(agent)
-            if p is None or p.location is Location.GPU:
-                problems.append(f"load {agent!r}: unknown agent or already resident")
-            gpu.add(agent)
-        if not problems:
-            admitted = [self._waiting[r] for r in d.admit]
-            if bad := sorted({r.agent for r in admitted} - gpu):
-                problems.append(f"admit needs prefixes {bad} resident; load them")
-            demand = sum(self._prefixes[a].tokens for a in gpu)
-            demand += sum(self._footprint(lv.req) for lv in kept)
-            demand += sum(self._footprint(r) for r in admitted)
-            if (admitted or d.load) and demand > self.budget_tokens:
-                problems.append(f"the state needs {demand} KV tokens in whole blocks but the "
-                                f"pool holds {self.budget_tokens} (Eq. 2)")
+        """Refuse a decision that breaks a rule, before changing anything (KV in
+        whole blocks, as vLLM allocates it)."""
+        resident = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
+
+        def demand(after: set[str], kept: list[int], admitted: list[Request]) -> float:
+            return (sum(self._prefixes[a].tokens for a in after)
+                    + sum(self._footprint(self._running[r].req) for r in kept)
+                    + sum(self._footprint(r) for r in admitted))
+
+        problems = decision_problems(
+            d, running={rid: lv.req.agent for rid, lv in self._running.items()},
+            waiting=self._waiting, resident=resident, known=self._prefixes, demand=demand,
+            budget=self.budget_tokens, unit="KV tokens in whole blocks")
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))
