@@ -94,7 +94,8 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
               help="Tasks for --workload.")
 @click.option("--seed", "-s", type=int, default=0, show_default=True, help="Seed for --workload.")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
-              help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}).")
+              help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}); also "
+                   "the TOPAS ablation variants topas-base, topas-noreuse, topas-noaging.")
 @click.option("--backend", "-b", type=click.Choice(REPLAY_BACKENDS), default="sim",
               show_default=True,
               help="sim: the simulator; vllm: a real vLLM engine on this CPU (needs --model).")
@@ -189,12 +190,14 @@ def _load_or_generate(trace_file: str | None, workload: str | None, rate: float 
 
 
 def _policy_names(policies: tuple[str, ...]) -> list[str]:
+    from topasd.scheduler import ALL_POLICY_NAMES
+
     names: list[str] = []
     for p in policies:
         for name in (POLICY_NAMES if p == "all" else (p,)):
-            if name not in POLICY_NAMES:
+            if name not in ALL_POLICY_NAMES:
                 raise TopasError(f"unknown policy {name!r}; choose from "
-                                 f"{', '.join(POLICY_NAMES)} or 'all'")
+                                 f"{', '.join(ALL_POLICY_NAMES)} or 'all'")
             if name not in names:
                 names.append(name)
     return names
