@@ -5,11 +5,40 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Protocol
 
-from topasd.model import Decision, EngineEvent, EngineView, Request, TaskView, TopasError, Workflow
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Request,
+    TaskView,
+    TopasError,
+    Workflow,
+)
 
 
 class InfeasibleDecision(TopasError):
     """A backend refused a Decision; the message says which rule it breaks."""
+
+
+class EventBuffer:
+    """Events a backend emits while it runs, handed out by `_drain` (mixin)."""
+
+    _events: list[EngineEvent]
+
+    def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
+              agent: str | None = None, tokens: int = 0, value: float = 0.0,
+              note: str = "") -> None:
+        if req is not None:
+            self._events.append(EngineEvent(t, kind, req.id, req.task_id, req.agent, req.stage,
+                                            tokens, value, note))
+        else:
+            self._events.append(EngineEvent(t, kind, agent=agent, tokens=tokens, value=value,
+                                            note=note))
+
+    def _drain(self) -> Iterator[EngineEvent]:
+        events, self._events = self._events, []
+        yield from events
 
 
 def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mapping[int, Request],

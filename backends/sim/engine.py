@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from backends.base import InfeasibleDecision, decision_problems
+from backends.base import EventBuffer, InfeasibleDecision, decision_problems
 from topasd.model import (
     Decision,
     EngineEvent,
@@ -98,7 +98,7 @@ class SimStats:
         return self.batch_token_steps / self.decode_steps if self.decode_steps else 0.0
 
 
-class SimBackend:
+class SimBackend(EventBuffer):
     """The simulator backend (virtual time)."""
 
     name = "sim"
@@ -548,21 +548,6 @@ class SimBackend:
                 for a, p in self._prefixes.items()
             }
         return self._prefix_view
-
-    def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
-              agent: str | None = None, tokens: int = 0, value: float = 0.0,
-              note: str = "") -> None:
-        if req is not None:
-            self._events.append(EngineEvent(t, kind, req.id, req.task_id, req.agent, req.stage,
-                                            tokens, value, note))
-        else:
-            self._events.append(EngineEvent(t, kind, agent=agent, tokens=tokens, value=value,
-                                            note=note))
-
-    def _drain(self) -> Iterator[EngineEvent]:
-        events, self._events = self._events, []
-        yield from events
-
 
 def _steps_to_reach(delta: float, first: float, growth: float) -> int:
     """Smallest n >= 1 with n*first + growth*n*(n-1)/2 >= delta (decode steps

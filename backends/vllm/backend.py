@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from backends.base import InfeasibleDecision, decision_problems
+from backends.base import EventBuffer, InfeasibleDecision, decision_problems
 from backends.vllm.tiny import read_model_config
 from backends.vllm.tokens import SyntheticTokens
 from topasd.model import (
@@ -144,7 +144,7 @@ class _Pending:
     preempt: list[int] = field(default_factory=list)
 
 
-class VllmBackend:
+class VllmBackend(EventBuffer):
     """topasd's Backend over vLLM v1 with `TopasScheduler` (or, `native=True`,
     vLLM's default scheduler deciding alone: no SCHEDULE events)."""
 
@@ -545,20 +545,6 @@ class VllmBackend:
             book_gpu=frozenset(gpu)))
 
     # ---------------------------------------------------------------- misc
-
-    def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
-              agent: str | None = None, tokens: int = 0, value: float = 0.0,
-              note: str = "") -> None:
-        if req is not None:
-            self._events.append(EngineEvent(t, kind, req.id, req.task_id, req.agent, req.stage,
-                                            tokens, value, note))
-        else:
-            self._events.append(EngineEvent(t, kind, agent=agent, tokens=tokens, value=value,
-                                            note=note))
-
-    def _drain(self) -> Iterator[EngineEvent]:
-        events, self._events = self._events, []
-        yield from events
 
     def close(self) -> None:
         """Shut the engine down (its worker and memory)."""
