@@ -350,6 +350,7 @@ class _Search:
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._order_cache: dict[str, list[tuple[float, float, int]]] = {}
+        self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: tuple[np.ndarray, ...] | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
 
@@ -479,6 +480,12 @@ class _Search:
         """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
         fractional knapsack of the largest admission values (each task's
         value capped by its whole reduction, Eq. 7 sums to it) in R's room."""
+        hit = self._bounds.get(resident)
+        if hit is None:
+            hit = self._bounds[resident] = self._bound(resident)
+        return hit
+
+    def _bound(self, resident: frozenset[str]) -> float:
         room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in resident)
         if room < sum(self.min_d.get(a, math.inf) for a in resident - self.running_agents):
             return -math.inf
