@@ -6,12 +6,13 @@ import copy
 from dataclasses import replace
 
 import networkx as nx
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
 from topasd.model import Agent, Decision, EngineView, Stage, StageProfile, Workflow
-from topasd.profiles import get_profile
+from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler.topas import TopasParams, TopasPolicy
 from workflows.trace import RoundSpec, TaskRecord, Trace
@@ -104,42 +105,121 @@ def test_topas_decisions_keep_the_papers_constraints(case: tuple[Trace, int], k:
     assert result.stats.retractions == 0, "full reservation is never retracted"
 
 
+def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
+                  shortcut: bool) -> list[Decision]:
+    """Every decision of a run, with GreedyPack's solo shortcut on or off."""
+    import topasd.scheduler.topas as topas
+
+    class Sink:
+        def __init__(self) -> None:
+            self.decisions: list[Decision] = []
+
+        def decision(self, d: Decision) -> None:
+            self.decisions.append(replace(d, wall_ms=0.0, candidates=tuple(d.candidates)))
+
+        def event(self, ev: object) -> None:
+            return None
+
+    original = topas._Search._fill_solo
+    if not shortcut:
+        topas._Search._fill_solo = topas._Search._fill_heap  # type: ignore[method-assign]
+    try:
+        sink = Sink()
+        Run(trace, TopasPolicy(params), SimBackend(profile), sink=sink).execute()
+    finally:
+        topas._Search._fill_solo = original  # type: ignore[method-assign]
+    return sink.decisions
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 2]))
 def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
         case: tuple[Trace, int], k: int) -> None:
-    """GreedyPack's merge shortcut (no same-task marginals to update) and its
-    general heap give identical decision logs."""
-    import topasd.scheduler.topas as topas
-
+    """GreedyPack's vectorized solo fill (no same-task marginals to update)
+    and its general heap give identical decision logs."""
     trace, budget = case
     profile = get_profile("small").with_overrides(budget_tokens=budget)
+    params = TopasParams(k=k, samples=16)
+    assert _decision_log(trace, profile, params, True) == _decision_log(
+        trace, profile, params, False)
 
-    def log(disable_shortcut: bool) -> list[Decision]:
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 9), st.integers(20, 90), st.integers(1200, 6000),
+       st.sampled_from([0, 3]), st.integers(0, 2**16))
+def test_the_solo_fill_matches_on_crowded_single_stage_pools(
+        n_agents: int, n_tasks: int, budget: int, k: int, seed: int) -> None:
+    """Many one-request tasks over several agents arriving together (long
+    runs of fitting and skipped requests, prefixes loaded mid-fill)."""
+    rng = np.random.default_rng(seed)
+    wfs = {f"w{i}": Workflow(f"w{i}", {f"a{i}": Agent(f"a{i}", int(rng.integers(50, 400)))},
+                             {"call": Stage("call", f"a{i}", (), StageProfile())})
+           for i in range(n_agents)}
+    tasks = tuple(TaskRecord(j, f"w{int(rng.integers(n_agents))}", float(rng.integers(0, 3)),
+                             {"call": (RoundSpec(int(rng.integers(20, 300)),
+                                                 int(rng.integers(5, 200))),)})
+                  for j in range(n_tasks))
+    trace = Trace(wfs, tasks, {})
+    profile = get_profile("small").with_overrides(budget_tokens=budget)
+    params = TopasParams(k=k, samples=16)
+    assert _decision_log(trace, profile, params, True) == _decision_log(
+        trace, profile, params, False)
+
+
+def _crowded_trace(n_agents: int, n_tasks: int, stages: int, seed: int) -> Trace:
+    """Chains of `stages` one-request stages over `n_agents` agents, arriving
+    together: large waiting pools that take GreedyPack's vectorized paths."""
+    rng = np.random.default_rng(seed)
+    wfs = {}
+    for i in range(n_agents):
+        names = [f"s{j}" for j in range(stages)]
+        agents = {f"a{(i + j) % n_agents}": Agent(f"a{(i + j) % n_agents}", 100 + 50 * ((i + j)
+                                                                                   % n_agents))
+                  for j in range(stages)}
+        wfs[f"w{i}"] = Workflow(f"w{i}", agents, {
+            v: Stage(v, f"a{(i + j) % n_agents}", (names[j - 1],) if j else (), StageProfile())
+            for j, v in enumerate(names)})
+    tasks = tuple(TaskRecord(j, f"w{int(rng.integers(n_agents))}", float(rng.integers(0, 3)),
+                             {f"s{v}": (RoundSpec(int(rng.integers(20, 300)),
+                                                  int(rng.integers(5, 200))),)
+                              for v in range(stages)})
+                  for j in range(n_tasks))
+    return Trace(wfs, tasks, {})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(7, 10), st.integers(70, 120), st.sampled_from([1, 2]),
+       st.integers(1500, 5000), st.sampled_from([0, 3]), st.integers(0, 2**16))
+def test_bound_pruning_never_changes_the_chosen_state(
+        n_agents: int, n_tasks: int, stages: int, budget: int, k: int, seed: int) -> None:
+    """Every set priced exactly (no `bound`, no coarse batch bounds) picks the
+    same state at every decision as the pruned search (Eq. 14's argmax)."""
+    import math
+
+    import topasd.scheduler.topas as topas
+
+    trace = _crowded_trace(n_agents, n_tasks, stages, seed)
+    profile = get_profile("small").with_overrides(budget_tokens=budget)
+    params = TopasParams(k=k, m=3, samples=16)
+
+    def chosen(pruned: bool) -> list[tuple[object, ...]]:
+        out: list[tuple[object, ...]] = []
+
         class Sink:
-            def __init__(self) -> None:
-                self.decisions: list[Decision] = []
-
             def decision(self, d: Decision) -> None:
-                self.decisions.append(replace(d, wall_ms=0.0, candidates=tuple(d.candidates)))
+                out.append((d.admit, d.preempt, d.load, d.evict))
 
             def event(self, ev: object) -> None:
                 return None
 
-        original = topas._Search.__init__
-
-        def init(self: topas._Search, policy: TopasPolicy, view: EngineView) -> None:
-            original(self, policy, view)
-            if disable_shortcut:
-                self.solo_agents = frozenset()
-
-        topas._Search.__init__ = init  # type: ignore[method-assign]
+        saved = topas._Search.bound, topas._Search._ext_bounds
+        if not pruned:
+            topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
+            topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
         try:
-            sink = Sink()
-            Run(trace, TopasPolicy(TopasParams(k=k, samples=16)), SimBackend(profile),
-                sink=sink).execute()
+            Run(trace, TopasPolicy(params), SimBackend(profile), sink=Sink()).execute()
         finally:
-            topas._Search.__init__ = original  # type: ignore[method-assign]
-        return sink.decisions
+            topas._Search.bound, topas._Search._ext_bounds = saved  # type: ignore[method-assign]
+        return out
 
-    assert log(False) == log(True)
+    assert chosen(True) == chosen(False)

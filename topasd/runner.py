@@ -3,6 +3,7 @@ scheduling event (architecture steps 1-5) together."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
@@ -246,12 +247,15 @@ class Run:
         hooks = self.sink if isinstance(self.sink, RunHooks) else None
         if hooks is not None:
             hooks.run_started(self.info())
+        gc.freeze()  # the trace and workflows live all run: keep them out of GC passes
         try:
             result = self._execute()
         except BaseException as exc:
             if hooks is not None:
                 hooks.run_finished(None, exc)
             raise
+        finally:
+            gc.unfreeze()
         if hooks is not None:
             hooks.run_finished(result, None)
         return result

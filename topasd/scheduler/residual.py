@@ -92,18 +92,29 @@ def stage_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
 class _Residual:
     """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`."""
 
-    __slots__ = ("mean", "point", "tail")
+    __slots__ = ("_suffix", "mean", "point", "tail")
 
     def __init__(self, tail: np.ndarray | None, point: float, mean: float) -> None:
-        self.tail = tail
+        self.tail = tail  # sorted ascending
         self.point = point
         self.mean = mean
+        self._suffix: np.ndarray | None = None
 
     def cut_mean(self, d: float) -> float:
         """E[[Z - d]_+]."""
         if self.tail is None:
             return max(self.point - d, 0.0)
         return float(np.maximum(self.tail - d, 0.0).mean())
+
+    def cut_means(self, d: np.ndarray) -> np.ndarray:
+        """E[[Z - d]_+] for many d at once (suffix sums of the sorted tail)."""
+        if self.tail is None:
+            return np.maximum(self.point - d, 0.0)
+        if self._suffix is None:
+            self._suffix = np.concatenate((np.cumsum(self.tail[::-1])[::-1], [0.0]))
+        n = self.tail.size
+        k = np.searchsorted(self.tail, d, side="right")
+        return np.maximum((self._suffix[k] - d * (n - k)) / n, 0.0)
 
 
 class TaskPaths:
@@ -149,6 +160,37 @@ class TaskPaths:
             for i, v in zip(todo, values, strict=True):
                 self._lhat[(task.id, cuts[i])] = out[i] = v
         return out  # type: ignore[return-value]
+
+    def lhat_batch(self, jobs: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
+        """Eq. 5 for many tasks' cuts at once, into the cache `lhat` reads:
+        one vectorized longest-path pass per DAG workflow (chains are sums)."""
+        by_wf: dict[str, list[tuple[TaskView, Mapping[str, Request], list[Cut]]]] = {}
+        for task, running, cuts in jobs:
+            todo = [c for c in cuts if (task.id, c) not in self._lhat]
+            if not todo:
+                continue
+            if self.workflows[task.workflow].is_chain:
+                self.lhat_many(task, running, todo)
+            else:
+                by_wf.setdefault(task.workflow, []).append((task, running, todo))
+        for name, group in by_wf.items():
+            wf = self.workflows[name]
+            blocks, keys = [], []
+            for task, running, todo in group:
+                z = np.repeat(self._sampled(task, self._residuals(task, wf, running))[None],
+                              len(todo), axis=0)
+                for j, cut in enumerate(todo):
+                    for row, d in cut:
+                        z[j, row] -= d
+                blocks.append(z)
+                keys += [(task.id, c) for c in todo]
+            z = np.maximum(np.concatenate(blocks), 0.0)  # [Z - D_hat]_+ (Eq. 6)
+            self._lhat.update(zip(keys, _longest_path(wf, z).mean(axis=-1).tolist(),
+                                  strict=True))
+
+    def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
+        """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
+        return self._residuals(task, self.workflows[task.workflow], running)
 
     def _residuals(self, task: TaskView, wf: Workflow,
                    running: Mapping[str, Request]) -> list[_Residual]:

@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -349,9 +349,10 @@ class _Search:
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
-        self._order_cache: dict[str, list[tuple[float, float, int]]] = {}
+        self._solo: _SoloOrder | None = None
+        self._primed = False  # base gains computed (_prime_base_gains)
         self._bounds: dict[frozenset[str], float] = {}
-        self._item_arrays: tuple[np.ndarray, ...] | None = None
+        self._item_arrays: _ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
 
     def _index_running(self, view: EngineView) -> None:
@@ -405,56 +406,137 @@ class _Search:
             states = [s for s in states if not s.is_empty]
         return states
 
-    def _evaluate(self, sets: list[frozenset[str]]) -> None:
+    def _evaluate(self, sets: list[frozenset[str]], coarse: np.ndarray | None = None) -> None:
         """GreedyPack every set that could beat the best state found so far
-        (most promising first; pruning by `bound` never changes Eq. 14's argmax)."""
-        bounds = [(self.bound(r), i) for i, r in enumerate(sets)]
-        for ub, i in sorted(bounds, key=lambda b: (-b[0], b[1])):
+        (most promising first; pruning by `bound` never changes Eq. 14's argmax).
+        `coarse`, when given, holds cheaper upper bounds on `bound` per set."""
+        if coarse is None:
+            order = [(self.bound(r), i) for i, r in enumerate(sets)]
+        else:
+            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
+        for ub, i in sorted(order, key=lambda b: (-b[0], b[1])):
             if ub < self.best_total:
                 break
-            self.pack(sets[i])
+            if coarse is None or self.bound(sets[i]) >= self.best_total:
+                self.pack(sets[i])
 
     def _greedy_sets(self, active: list[str]) -> None:
         """Greedy additions from R_t, one pair test at the first stall, repairs."""
         r_g = self.gpu & frozenset(active)
         self.pack(r_g)
-        self._evaluate(self._repair(r_g, active))
+        self._evaluate(*self._repair(r_g, active))
         tested_pair = False
         while True:
             rest = [a for a in active if a not in r_g]
-            best = self._best_of([r_g | {a} for a in rest], self.phi(r_g))
+            best = self._best_of(_Extensions(r_g, rest, 1), self.phi(r_g),
+                                 self._ext_bounds(r_g, rest, 1))
             if best is not None:
                 r_g = best
                 continue
             if tested_pair:
                 break
             tested_pair = True
-            best = self._best_of([r_g | {a, b} for a, b in itertools.combinations(rest, 2)],
-                                 self.phi(r_g))
+            best = self._best_of(_Extensions(r_g, rest, 2), self.phi(r_g),
+                                 self._ext_bounds(r_g, rest, 2))
             if best is None:
                 break
             r_g = best
-        self._evaluate(self._repair(r_g, active))
+        self._evaluate(*self._repair(r_g, active))
 
-    def _best_of(self, sets: list[frozenset[str]], floor: float) -> frozenset[str] | None:
-        """The set with the highest Phi if it beats `floor` (ties: first listed)."""
-        best, best_phi = None, floor
-        bounds = [(self.bound(r), i) for i, r in enumerate(sets)]
-        for ub, i in sorted(bounds, key=lambda b: (-b[0], b[1])):
+    def _best_of(self, sets: Sequence[frozenset[str]], floor: float,
+                 coarse: np.ndarray | None = None) -> frozenset[str] | None:
+        """The set with the highest Phi if it beats `floor` (ties: first listed).
+
+        `coarse`, when given, holds cheaper upper bounds on `bound` per set: sets
+        are visited by it and priced by `bound` only when it leaves them a chance."""
+        best, best_i, best_phi = None, -1, floor
+        if coarse is None:
+            order = [(self.bound(r), i) for i, r in enumerate(sets)]
+        else:
+            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
+        for ub, i in sorted(order, key=lambda b: (-b[0], b[1])):
             if ub <= floor or (best is not None and ub < best_phi):
                 break
-            phi = self.phi(sets[i])
-            if phi > best_phi or (phi == best_phi and best is not None
-                                  and i < sets.index(best)):
-                best, best_phi = sets[i], phi
+            r = sets[i]
+            if coarse is not None:
+                exact = self.bound(r)
+                if exact <= floor or (best is not None and exact < best_phi):
+                    continue
+            phi = self.phi(r)
+            if phi > best_phi or (phi == best_phi and best is not None and i < best_i):
+                best, best_i, best_phi = r, i, phi
         return best
 
-    @staticmethod
-    def _repair(r: frozenset[str], active: list[str]) -> list[frozenset[str]]:
-        """Single-agent drops and swaps of R."""
+    def _ext_bounds(self, base: frozenset[str], rest: list[str],
+                    size: int) -> np.ndarray | None:
+        """Upper bounds on `bound(base | X)` for every X of `size` (1 or 2)
+        agents of `rest` (in `itertools.combinations` order), all at once, or
+        None when the pool is small enough to price each set exactly.
+
+        By weak duality a fractional knapsack is at most lam * room +
+        sum_i max(0, v_i - lam w_i) for any lam >= 0; splitting the items into
+        those `base` covers and those each added agent covers only
+        over-counts. Items are net of the least T_move (Eq. 8) of any X, and
+        each X's excess is charged to the tasks it must admit. The least over
+        a grid of lam (the items' ratios) is kept."""
+        if len(self._items()) <= 64:
+            return None
+        n = len(rest)
+        ia, ib = np.triu_indices(n, 1) if size == 2 else (np.arange(n), None)
+
+        def per_set(x: np.ndarray) -> np.ndarray:
+            return x[ia] if ib is None else x[ia] + x[ib]
+
+        def per_agent(f: Callable[[str], float]) -> np.ndarray:
+            return np.array([f(a) for a in rest], dtype=float)
+
+        room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in base) - per_set(
+            per_agent(lambda a: self.ell[a] + self.run_kv.get(a, 0.0)))
+        need = sum(self.min_d.get(a, math.inf) for a in base - self.running_agents) + per_set(
+            per_agent(lambda a: 0.0 if a in self.running_agents else self.min_d.get(a, math.inf)))
+        fixed = sum(self.reuse_value.get(a, 0.0) for a in base) - sum(
+            self.run_redo[a] + self.run_revoke[a] for a in self.running_agents - base) + per_set(
+            per_agent(lambda a: self.reuse_value.get(a, 0.0) + (
+                self.run_redo[a] + self.run_revoke[a] if a in self.running_agents else 0.0)))
+        t_move = self._t_move(base) + per_set(per_agent(
+            lambda a: -self.move_out[a] if a in self.gpu else self.move_in[a]))
+        t_lo = max(0.0, float(t_move.min())) if t_move.size else 0.0
+        f_base, f_x, lam = self._dual_terms(base, rest, t_lo)
+        dual = (room[:, None] * lam[None, :] + f_base[None, :] + per_set(f_x)).min(axis=1)
+        incoming = per_agent(lambda a: a not in self.gpu and a not in self.running_agents)
+        n_in = len((base - self.gpu) - self.running_agents) + per_set(incoming)
+        solo = per_set(per_agent(lambda a: a in self.solo_agents)) == (1 if ib is None else 2)
+        if not base <= self.solo_agents:
+            solo[:] = False
+        dual -= (t_move - t_lo) * np.where(solo, n_in, np.minimum(n_in, 1.0))
+        return np.where((room >= 0) & (room >= need), fixed + dual, -np.inf)
+
+    def _dual_terms(self, base: frozenset[str], rest: list[str],
+                    t_lo: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a grid of lam: sum_i max(0, v_i - t_lo [i off the GPU] - lam w_i)
+        over the items `base` covers, and over the other items of each agent
+        of `rest`."""
+        arrays = self._arrays()
+        values = arrays.values - t_lo * arrays.off_gpu
+        gain = np.maximum(0.0, values[:, None] - arrays.weights[:, None] * arrays.lam[None, :])
+        base_cols = [arrays.col[a] for a in base if a in arrays.col]
+        covered = arrays.member[:, base_cols].any(axis=1)
+        member = np.zeros((len(values), len(rest)))
+        has = [j for j, a in enumerate(rest) if a in arrays.col]
+        member[:, has] = arrays.member[:, [arrays.col[rest[j]] for j in has]] & ~covered[:, None]
+        return gain[covered].sum(axis=0), member.T @ gain, arrays.lam
+
+    def _repair(self, r: frozenset[str],
+                active: list[str]) -> tuple[list[frozenset[str]], np.ndarray | None]:
+        """Single-agent drops and swaps of R, with coarse bounds on large pools."""
         drops = [r - {a} for a in sorted(r)]
-        swaps = [(r - {a}) | {b} for a in sorted(r) for b in active if b not in r]
-        return drops + swaps
+        rest = [b for b in active if b not in r]
+        swaps = [(r - {a}) | {b} for a in sorted(r) for b in rest]
+        coarse = [self._ext_bounds(r - {a}, rest, 1) for a in sorted(r)]
+        if not drops or coarse[0] is None:
+            return drops + swaps, None
+        exact = np.array([self.bound(x) for x in drops])
+        return drops + swaps, np.concatenate([exact, *coarse])  # type: ignore[list-item]
 
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
@@ -491,18 +573,24 @@ class _Search:
             return -math.inf
         lost = sum(self.run_redo[a] + self.run_revoke[a] for a in self.running_agents - resident)
         reuse = sum(self.reuse_value.get(a, 0.0) for a in resident)
-        return reuse - lost + self._knapsack(resident, room)
+        return reuse - lost + self._knapsack(resident, room, self._t_move(resident))
 
-    def _knapsack(self, resident: frozenset[str], room: float) -> float:
+    def _knapsack(self, resident: frozenset[str], room: float, t_move: float) -> float:
+        """Fractional knapsack of R's items in `room`. A task none of whose
+        requests has its prefix on the GPU joins T_in when admitted, so its
+        value is net of T_move (Eq. 8) and it is left out when that is <= 0."""
         items = self._items()
         if len(items) > 64:
-            return self._knapsack_np(resident, room)
+            return self._knapsack_np(resident, room, t_move)
+        chosen = [(v if not ags.isdisjoint(self.gpu & resident) else v - t_move, w)
+                  for v, w, ags in items if not ags.isdisjoint(resident)]
+        if t_move > 0:
+            chosen = sorted(((v, w) for v, w in chosen if v > 0),
+                            key=lambda it: -it[0] / it[1] if it[1] > 0 else -math.inf)
         total = 0.0
-        for value, weight, agents in items:
+        for value, weight in chosen:
             if room <= 0:
                 break
-            if agents.isdisjoint(resident):
-                continue
             if weight <= room:
                 total += value
                 room -= weight
@@ -511,24 +599,22 @@ class _Search:
                 room = 0.0
         return total
 
-    def _knapsack_np(self, resident: frozenset[str], room: float) -> float:
+    def _knapsack_np(self, resident: frozenset[str], room: float, t_move: float) -> float:
         """The same fractional knapsack, vectorized for large waiting pools."""
-        if self._item_arrays is None:
-            items = self._items()
-            agents = sorted({a for _, _, ags in items for a in ags})
-            col = {a: i for i, a in enumerate(agents)}
-            member = np.zeros((len(items), len(agents)), dtype=bool)
-            for i, (_, _, ags) in enumerate(items):
-                member[i, [col[a] for a in ags]] = True
-            self._item_arrays = (np.array([v for v, _, _ in items]),
-                                 np.array([w for _, w, _ in items]), member)
-            self._item_cols = col
-        values, weights, member = self._item_arrays
-        cols = [self._item_cols[a] for a in resident if a in self._item_cols]
+        arrays = self._arrays()
+        values, weights, member, col = arrays.values, arrays.weights, arrays.member, arrays.col
+        cols = [col[a] for a in resident if a in col]
         if room <= 0 or not cols:
             return 0.0
         mask = member[:, cols].any(axis=1)
         v, w = values[mask], weights[mask]
+        if t_move > 0:
+            on_gpu = [col[a] for a in resident & self.gpu if a in col]
+            v = v - np.where(member[mask][:, on_gpu].any(axis=1), 0.0, t_move)
+            keep = v > 0
+            v, w = v[keep], w[keep]
+            order = np.argsort(-v / np.maximum(w, 1e-12), kind="stable")
+            v, w = v[order], w[order]
         cum = np.cumsum(w)
         j = int(np.searchsorted(cum, room, side="right"))
         total = float(v[:j].sum())
@@ -536,16 +622,42 @@ class _Search:
             total += float(v[j]) * (room - (cum[j - 1] if j else 0.0)) / float(w[j])
         return total
 
+    def _arrays(self) -> _ItemArrays:
+        """`_items` as arrays (built once per decision)."""
+        if self._item_arrays is None:
+            items = self._items()
+            agents = sorted({a for _, _, ags in items for a in ags})
+            col = {a: i for i, a in enumerate(agents)}
+            member = np.zeros((len(items), len(agents)), dtype=bool)
+            for i, (_, _, ags) in enumerate(items):
+                member[i, [col[a] for a in ags]] = True
+            values = np.array([v for v, _, _ in items], dtype=float)
+            weights = np.array([w for _, w, _ in items], dtype=float)
+            ratios = np.divide(values, weights, out=np.full_like(values, np.inf),
+                               where=weights > 0)
+            finite = np.unique(ratios[np.isfinite(ratios)])
+            lam = np.zeros(1)
+            if finite.size:
+                lam = np.concatenate((lam, np.quantile(finite, np.linspace(0.0, 1.0, 33))))
+            off_gpu = np.array([ags.isdisjoint(self.gpu) for _, _, ags in items], dtype=float)
+            self._item_arrays = _ItemArrays(values, weights, member, col, off_gpu, lam)
+        return self._item_arrays
+
     def _items(self) -> list[tuple[float, float, frozenset[str]]]:
         """Per task: (largest possible admission value, least KV it needs,
         its waiting requests' agents), by value per KV token, descending."""
         if self._item_cache is None:
+            self._prime_base_gains()
             items = []
+            alone = {a: frozenset((a,)) for a in self.waiting_by_agent}
             for tid, reqs in self.waiting_by_task.items():
-                gains = self._gains(tid, (), reqs)
-                value = gains[0] if len(reqs) == 1 else self._joint_gain(tid, reqs)
-                weight = min(self.d[r.id] for r in reqs)
-                items.append((value, weight, frozenset(r.agent for r in reqs)))
+                if len(reqs) == 1:
+                    r = reqs[0]
+                    items.append((self.base_gain(r), self.d[r.id], alone[r.agent]))
+                    continue
+                self._gains(tid, (), reqs)
+                items.append((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
+                              frozenset(r.agent for r in reqs)))
             items.sort(key=lambda it: -it[0] / it[1] if it[1] > 0 else -math.inf)
             self._item_cache = items
         return self._item_cache
@@ -555,12 +667,17 @@ class _Search:
         task = self.view.tasks.get(task_id)
         if task is None:
             return 0.0
-        cut: tuple[tuple[int, float], ...] = ()
-        for r in reqs:
-            cut = _add_cut(cut, self._row(r), self._dhat(r))
+        cut = self._joint_cut(reqs)
         running = self.running_stage.get(task_id, {})
         drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
         return self.g.get(task_id, 1.0) * max(0.0, drop)
+
+    def _joint_cut(self, reqs: list[Request]) -> tuple[tuple[int, float], ...]:
+        """H = all of `reqs` completed."""
+        cut: tuple[tuple[int, float], ...] = ()
+        for r in reqs:
+            cut = _add_cut(cut, self._row(r), self._dhat(r))
+        return cut
 
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
@@ -588,6 +705,12 @@ class _Search:
         fill = _Filler(self, pack, uncovered, used, reserved)
         if all(a in self.solo_agents for a in pack.resident):
             return self._fill_solo(fill)
+        return self._fill_heap(fill)
+
+    def _fill_heap(self, fill: _Filler) -> list[_State]:
+        """The general fill: a heap of marginal gains per KV token, re-keyed
+        when a same-task sibling is admitted (Eq. 7)."""
+        pack = fill.pack
         cands = [r for a in sorted(pack.resident) for r in self.waiting_by_agent.get(a, ())]
         represented: set[int] = set()
         for a in pack.resident & self.running_agents:
@@ -621,40 +744,62 @@ class _Search:
 
     def _fill_solo(self, fill: _Filler) -> list[_State]:
         """GreedyPack's fill when no candidate shares its task with another
-        request (no same-task marginals change): a merge of per-agent lists
-        already in admission order, stopping once nothing else can fit."""
-        resident = fill.pack.resident
-        lists = [self._ordered(a) for a in sorted(resident) if a in self.waiting_by_agent]
-        smallest = min((self.min_d[a] for a in resident if a in self.min_d), default=0.0)
-        for neg_ratio, _, rid in heapq.merge(*lists):
-            r = self.requests[rid]
+        request (no same-task marginals change): one scan of the resident
+        agents' requests in admission order, taking every run of requests
+        that fit in one vector step. It repeats `_Filler.fits`/`take`'s float
+        arithmetic exactly, so it admits what the general fill admits."""
+        order = self._solo_order()
+        codes = [order.code_of[a] for a in fill.pack.resident if a in order.code_of]
+        sel = np.flatnonzero(np.isin(order.code, codes))
+        pos, n = 0, len(sel)
+        while fill.uncovered and pos < n:  # request by request while prefixes wait
+            i = int(sel[pos])
+            r = self.requests[order.rids[i]]
             if fill.fits(r):
-                fill.take(r, -neg_ratio * self.d[rid])
-            elif not fill.uncovered and self.budget - fill.used < smallest:
-                break  # the room left is below every candidate's demand
+                fill.take(r, order.gains[i])
+            pos += 1
+        d = order.d[sel]
+        while pos < n:  # every prefix covered: whole runs of fitting requests at once
+            pos = fill.next_fit(pos, d)
+            if pos < n:
+                taken = fill.fitting_run(d[pos:])
+                fill.take_run(sel[pos:pos + taken], order)
+                pos += taken
         return fill.states
 
-    def _ordered(self, agent: str) -> list[tuple[float, float, int]]:
-        """An agent's waiting requests in GreedyPack order (-gain per KV token,
-        task arrival, id); cached for the decision."""
-        hit = self._order_cache.get(agent)
-        if hit is None:
-            hit = self._order_cache[agent] = sorted(
-                (-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id)
-                for r in self.waiting_by_agent[agent])
-        return hit
+    def _solo_order(self) -> _SoloOrder:
+        """Every waiting request of a solo agent in GreedyPack order (-gain
+        per KV token, task arrival, id) as arrays; built once per decision."""
+        if self._solo is None:
+            reqs = [r for a in sorted(self.solo_agents) for r in self.waiting_by_agent[a]]
+            keyed = sorted((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs)
+            code_of = {a: i for i, a in enumerate(sorted(self.solo_agents))}
+            rs = [self.requests[rid] for _, _, rid in keyed]
+            d = np.array([self.d[r.id] for r in rs], dtype=float)
+            neg = np.array([k[0] for k in keyed], dtype=float)
+            self._solo = _SoloOrder(
+                code=np.array([code_of[r.agent] for r in rs], dtype=np.int64),
+                d=d, gain=-neg * d, rid=np.array([r.id for r in rs], dtype=np.int64),
+                incoming=np.array([r.agent not in self.gpu for r in rs], dtype=bool),
+                task=np.array([r.task_id for r in rs], dtype=np.int64),
+                code_of=code_of, rids=[r.id for r in rs], gains=(-neg * d).tolist())
+        return self._solo
 
     # --------------------------------------------------------------- terms
 
     def _new_pack(self, resident: frozenset[str], preempt: tuple[int, ...]) -> _Pack:
         """The per-R terms: T_move (Eq. 8), J_redo (9), J_revoke (10), V_reuse (11)."""
         out_running = self.running_agents - resident
-        t_move = sum(self.move_out[a] for a in self.gpu - resident)
-        t_move += sum(self.move_in[a] for a in resident - self.gpu)
+        t_move = self._t_move(resident)
         j_redo = sum(self.run_redo[a] for a in out_running)
         j_revoke = sum(self.run_revoke[a] for a in out_running)
         v_reuse = sum(self.reuse_value.get(a, 0.0) for a in resident)
         return _Pack(resident, preempt, t_move, j_redo, j_revoke, v_reuse, [], [])
+
+    def _t_move(self, resident: frozenset[str]) -> float:
+        """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8)."""
+        return (sum(self.move_out[a] for a in self.gpu - resident)
+                + sum(self.move_in[a] for a in resident - self.gpu))
 
     def _reuse_counts(self) -> dict[str, int]:
         """n_a(t): downstream stages of agent a whose only unfinished
@@ -691,9 +836,51 @@ class _Search:
 
     # ------------------------------------------------------------ progress
 
+    def _prime_base_gains(self) -> None:
+        """g_i * Delta_task(r | {}, t) for every waiting request at once. On a
+        chain Eq. 6 is E[Z_v] - E[(Z_v - D_hat_r)_+] for r's stage v (the other
+        stages cancel), vectorized per shared residual; DAG tasks share one
+        longest-path pass per workflow (`TaskPaths.lhat_batch`)."""
+        if self._primed:
+            return
+        self._primed = True
+        groups: dict[int, tuple[Any, list[int], list[float], list[float]]] = {}
+        dags = []
+        for tid, reqs in self.waiting_by_task.items():
+            task = self.view.tasks.get(tid)
+            if task is None:
+                continue
+            running = self.running_stage.get(tid, {})
+            if not self.view.workflows[task.workflow].is_chain:
+                cuts = [_add_cut((), self._row(r), self._dhat(r)) for r in reqs]
+                dags.append((task, running, reqs, cuts, self._joint_cut(reqs)))
+                continue
+            res = self.paths.residuals(task, running)
+            g = self.g.get(tid, 1.0)
+            for r in reqs:
+                z = res[self._row(r)]
+                _, rids, ds, gs = groups.setdefault(id(z), (z, [], [], []))
+                rids.append(r.id)
+                ds.append(self._dhat(r))
+                gs.append(g)
+        for z, rids, ds, gs in groups.values():
+            delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
+            self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
+                                  strict=True))
+        self.paths.lhat_batch([(task, running, [(), *cuts, joint])
+                               for task, running, _, cuts, joint in dags])
+        for task, running, reqs, cuts, _ in dags:
+            before = self.paths.lhat(task, running, ())
+            g = self.g.get(task.id, 1.0)
+            for r, after in zip(reqs, self.paths.lhat_many(task, running, cuts), strict=True):
+                self._gain[(r.id, ())] = g * max(0.0, before - after)
+
     def base_gain(self, r: Request) -> float:
         """g_i * Delta_task(r | {}, t), computed for a task's requests at once."""
         hit = self._gain.get((r.id, ()))
+        if hit is None and not self._primed:
+            self._prime_base_gains()
+            hit = self._gain.get((r.id, ()))
         if hit is None:
             hit = self._gains(r.task_id, (), [r, *(
                 x for x in self.waiting_by_task[r.task_id] if x.id != r.id)])[0]
@@ -770,6 +957,89 @@ class _Filler:
             self.tasks_in.add(r.task_id)
         if not self.uncovered:
             self.states.append(_State(pack, len(pack.seq), self.j_admit, len(self.tasks_in)))
+
+
+    def next_fit(self, pos: int, d: np.ndarray) -> int:
+        """The first index >= pos whose request `fits` now (len(d) if none),
+        once every prefix of R is covered."""
+        s = self.search
+        if s.params.k and len(self.pack.seq) >= s.params.k:
+            return len(d)
+        ok = (self.used + self.reserved) + d[pos:] <= s.budget
+        return pos + int(np.argmax(ok)) if ok.any() else len(d)
+
+    def fitting_run(self, d: np.ndarray) -> int:
+        """How many of `d` (requests of covered prefixes) fit taken in a row."""
+        s = self.search
+        before = np.cumsum(np.concatenate(([self.used], d)))[:-1]
+        ok = (before + self.reserved) + d <= s.budget
+        n = len(d) if ok.all() else int(np.argmin(ok))
+        if s.params.k:
+            n = min(n, s.params.k - len(self.pack.seq) - len(self.uncovered))
+        assert n > 0, "the first request of a run was checked to fit"
+        return n
+
+    def take_run(self, idx: np.ndarray, order: _SoloOrder) -> None:
+        """`take` for requests of covered prefixes, each its task's only one."""
+        pack = self.pack
+        gains = order.gain[idx]
+        used = np.cumsum(np.concatenate(([self.used], order.d[idx])))
+        j_admit = np.cumsum(np.concatenate(([self.j_admit], gains)))[1:].tolist()
+        incoming = order.incoming[idx]
+        n_in = (len(self.tasks_in) + np.cumsum(incoming)).tolist()
+        self.tasks_in.update(order.task[idx][incoming].tolist())
+        first = len(pack.seq)
+        pack.seq.extend(order.rid[idx].tolist())
+        pack.gains.extend(gains.tolist())
+        self.used, self.j_admit = float(used[-1]), j_admit[-1]
+        if not self.uncovered:
+            self.states.extend(_State(pack, first + i + 1, j, n_in[i])
+                               for i, j in enumerate(j_admit))
+
+
+class _Extensions(Sequence[frozenset[str]]):
+    """base | X for every X of `size` agents of `rest`, in
+    `itertools.combinations` order, each built only when read."""
+
+    def __init__(self, base: frozenset[str], rest: list[str], size: int) -> None:
+        self.base, self.rest = base, rest
+        n = len(rest)
+        self.pairs = np.triu_indices(n, 1) if size == 2 else (np.arange(n),)
+
+    def __len__(self) -> int:
+        return len(self.pairs[0])
+
+    def __getitem__(self, i: Any) -> Any:
+        if not isinstance(i, int):
+            return [self[j] for j in range(len(self))[i]]
+        return self.base | {self.rest[int(p[i])] for p in self.pairs}
+
+
+@dataclass(frozen=True, slots=True)
+class _ItemArrays:
+    """`_Search._items` as arrays: one row per task."""
+
+    values: np.ndarray
+    weights: np.ndarray
+    member: np.ndarray  # (task, agent): the task has a waiting request of the agent
+    col: dict[str, int]  # agent -> column of `member`
+    off_gpu: np.ndarray  # 1.0 where none of the task's agents is on the GPU
+    lam: np.ndarray  # the dual grid of `_ext_bounds`
+
+
+@dataclass(frozen=True, slots=True)
+class _SoloOrder:
+    """Solo agents' waiting requests in GreedyPack order, as parallel arrays."""
+
+    code: np.ndarray  # agent code
+    d: np.ndarray  # d_r, KV tokens (Eq. 2)
+    gain: np.ndarray  # g_i * Delta_task(r | {}) (Eqs. 6, 12)
+    rid: np.ndarray
+    incoming: np.ndarray  # the agent's prefix is not on the GPU
+    task: np.ndarray
+    code_of: dict[str, int]
+    rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
+    gains: list[float]
 
 
 def _t_decode(view: EngineView) -> float:
