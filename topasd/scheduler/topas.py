@@ -377,6 +377,9 @@ class _Search:
             self.run_tasks[a].add(r.task_id)
             self.running_stage[r.task_id][r.stage] = r
         self.running_agents = frozenset(self.run_ids)
+        self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
+        self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
+        self.lost_all = sum(self.lost_by_agent.values())  # J_redo + J_revoke if all leave
         self.move_out = {a: self.sec_per_token * self.ell[a] for a in self.gpu}
         self.move_in: dict[str, float] = {}
         for a, pre in view.prefixes.items():
@@ -568,12 +571,17 @@ class _Search:
         return hit
 
     def _bound(self, resident: frozenset[str]) -> float:
-        room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in resident)
-        if room < sum(self.min_d.get(a, math.inf) for a in resident - self.running_agents):
+        room, need, reuse, lost = self.budget, 0.0, 0.0, self.lost_all
+        for a in resident:
+            room -= self.hold[a]
+            reuse += self.reuse_value.get(a, 0.0)
+            if a in self.running_agents:
+                lost -= self.lost_by_agent[a]
+            else:
+                need += self.min_d.get(a, math.inf)
+        if room < need:
             return -math.inf
-        lost = sum(self.run_redo[a] + self.run_revoke[a] for a in self.running_agents - resident)
-        reuse = sum(self.reuse_value.get(a, 0.0) for a in resident)
-        return reuse - lost + self._knapsack(resident, room, self._t_move(resident))
+        return reuse - lost + self._knapsack(resident, room, self._t_move(resident)) + _SLACK
 
     def _knapsack(self, resident: frozenset[str], room: float, t_move: float) -> float:
         """Fractional knapsack of R's items in `room`. A task none of whose
@@ -1040,6 +1048,9 @@ class _SoloOrder:
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
+
+
+_SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
 
 
 def _t_decode(view: EngineView) -> float:
