@@ -187,20 +187,16 @@ def _crowded_trace(n_agents: int, n_tasks: int, stages: int, seed: int) -> Trace
     return Trace(wfs, tasks, {})
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(7, 10), st.integers(70, 120), st.sampled_from([1, 2]),
-       st.integers(1500, 5000), st.sampled_from([0, 3]), st.integers(0, 2**16))
-def test_bound_pruning_never_changes_the_chosen_state(
-        n_agents: int, n_tasks: int, stages: int, budget: int, k: int, seed: int) -> None:
-    """Every set priced exactly (no `bound`, no coarse batch bounds) picks the
-    same state at every decision as the pruned search (Eq. 14's argmax)."""
+def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tuple[object, ...]],
+                                                                        list[tuple[object, ...]]]:
+    """Every decision's (admit, preempt, load, evict) with the pruned search
+    and with every generated prefix set packed."""
     import math
 
     import topasd.scheduler.topas as topas
 
-    trace = _crowded_trace(n_agents, n_tasks, stages, seed)
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, m=3, samples=16)
+    params = TopasParams(k=k, m=2, samples=16)
 
     def chosen(pruned: bool) -> list[tuple[object, ...]]:
         out: list[tuple[object, ...]] = []
@@ -212,14 +208,57 @@ def test_bound_pruning_never_changes_the_chosen_state(
             def event(self, ev: object) -> None:
                 return None
 
-        saved = topas._Search.bound, topas._Search._ext_bounds
+        saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
         if not pruned:
             topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
+            topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
             topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
         try:
             Run(trace, TopasPolicy(params), SimBackend(profile), sink=Sink()).execute()
         finally:
-            topas._Search.bound, topas._Search._ext_bounds = saved  # type: ignore[method-assign]
+            (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
+             topas._Search._ext_bounds) = saved
         return out
 
-    assert chosen(True) == chosen(False)
+    return chosen(True), chosen(False)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(7, 10), st.integers(70, 120), st.sampled_from([1, 2]),
+       st.integers(1500, 5000), st.sampled_from([0, 3]), st.integers(0, 2**16))
+def test_bound_pruning_never_changes_the_chosen_state(
+        n_agents: int, n_tasks: int, stages: int, budget: int, k: int, seed: int) -> None:
+    """Every set priced exactly (no `bound`, `refined` or coarse batch bounds)
+    picks the same state at every decision as the pruned search (Eq. 14's
+    argmax), on large pools of chains."""
+    pruned, exhaustive = _pruned_and_exhaustive(
+        _crowded_trace(n_agents, n_tasks, stages, seed), budget, k)
+    assert pruned == exhaustive
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(4, 7), st.integers(6, 30), st.integers(900, 3000),
+       st.sampled_from([0, 3]), st.integers(0, 2**16))
+def test_cover_pruning_never_changes_the_chosen_state_on_forks(
+        n_agents: int, n_tasks: int, budget: int, k: int, seed: int) -> None:
+    """The same on small pools of fork/join tasks, where a prefix set covering
+    some of a task's ready branches is valued by those branches alone."""
+    pruned, exhaustive = _pruned_and_exhaustive(
+        _fork_trace(n_agents, n_tasks, seed), budget, k)
+    assert pruned == exhaustive
+
+
+def _fork_trace(n_agents: int, n_tasks: int, seed: int) -> Trace:
+    """s0 -> {b1 .. b(n-2)} -> join, one agent per stage: many tasks with
+    several ready branches at once."""
+    rng = np.random.default_rng(seed)
+    branches = [f"b{i}" for i in range(1, n_agents - 1)]
+    agents = {f"a{i}": Agent(f"a{i}", int(rng.integers(50, 300))) for i in range(n_agents)}
+    stages = {"s0": Stage("s0", "a0", (), StageProfile())}
+    stages |= {b: Stage(b, f"a{i}", ("s0",), StageProfile()) for i, b in enumerate(branches, 1)}
+    stages["join"] = Stage("join", f"a{n_agents - 1}", tuple(branches), StageProfile())
+    wf = Workflow("fork", agents, stages)
+    tasks = tuple(TaskRecord(j, "fork", float(rng.integers(0, 20)), {
+        v: (RoundSpec(int(rng.integers(20, 200)), int(rng.integers(5, 120))),) for v in stages})
+        for j in range(n_tasks))
+    return Trace({"fork": wf}, tasks, {})

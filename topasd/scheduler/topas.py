@@ -350,6 +350,9 @@ class _Search:
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
+        self._dhats: dict[int, float] = {}
+        self._refined: dict[frozenset[str], float] = {}
+        self._covers: dict[tuple[int, tuple[int, ...]], tuple[float, float, bool]] = {}
         self._primed = False  # base gains computed (_prime_base_gains)
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: _ItemArrays | None = None
@@ -417,10 +420,13 @@ class _Search:
             order = [(self.bound(r), i) for i, r in enumerate(sets)]
         else:
             order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
-        for ub, i in sorted(order, key=lambda b: (-b[0], b[1])):
+        order.sort(key=lambda b: (-b[0], b[1]))
+        self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
+        for ub, i in order:
             if ub < self.best_total:
                 break
-            if coarse is None or self.bound(sets[i]) >= self.best_total:
+            if (coarse is None or self.bound(sets[i]) >= self.best_total) and self.refined(
+                    sets[i]) >= self.best_total:
                 self.pack(sets[i])
 
     def _greedy_sets(self, active: list[str]) -> None:
@@ -457,14 +463,18 @@ class _Search:
             order = [(self.bound(r), i) for i, r in enumerate(sets)]
         else:
             order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
-        for ub, i in sorted(order, key=lambda b: (-b[0], b[1])):
+        order.sort(key=lambda b: (-b[0], b[1]))
+        if coarse is None:
+            self._prime_covers([sets[i] for ub, i in order if ub > floor])
+        for ub, i in order:
             if ub <= floor or (best is not None and ub < best_phi):
                 break
             r = sets[i]
-            if coarse is not None:
-                exact = self.bound(r)
-                if exact <= floor or (best is not None and exact < best_phi):
-                    continue
+            exact = self.bound(r) if coarse is not None else ub
+            if exact > floor and not (best is not None and exact < best_phi):
+                exact = self.refined(r)
+            if exact <= floor or (best is not None and exact < best_phi):
+                continue
             phi = self.phi(r)
             if phi > best_phi or (phi == best_phi and best is not None and i < best_i):
                 best, best_i, best_phi = r, i, phi
@@ -570,7 +580,17 @@ class _Search:
             hit = self._bounds[resident] = self._bound(resident)
         return hit
 
-    def _bound(self, resident: frozenset[str]) -> float:
+    def refined(self, resident: frozenset[str]) -> float:
+        """`bound` with each task valued by the requests R covers (tighter,
+        dearer: priced only for sets that pass `bound`; small pools only)."""
+        if len(self._items()) > 64:
+            return self.bound(resident)
+        hit = self._refined.get(resident)
+        if hit is None:
+            hit = self._refined[resident] = self._bound(resident, covers=True)
+        return hit
+
+    def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
         room, need, reuse, lost = self.budget, 0.0, 0.0, self.lost_all
         for a in resident:
             room -= self.hold[a]
@@ -581,31 +601,44 @@ class _Search:
                 need += self.min_d.get(a, math.inf)
         if room < need:
             return -math.inf
-        return reuse - lost + self._knapsack(resident, room, self._t_move(resident)) + _SLACK
+        return reuse - lost + self._knapsack(resident, room, self._t_move(resident),
+                                             covers) + _SLACK
 
-    def _knapsack(self, resident: frozenset[str], room: float, t_move: float) -> float:
+    def _knapsack(self, resident: frozenset[str], room: float, t_move: float,
+                  covers: bool = False) -> float:
         """Fractional knapsack of R's items in `room`. A task none of whose
-        requests has its prefix on the GPU joins T_in when admitted, so its
-        value is net of T_move (Eq. 8) and it is left out when that is <= 0."""
+        covered requests has its prefix on the GPU joins T_in when admitted,
+        so its value is net of T_move (Eq. 8) and it is left out when that is
+        <= 0. With `covers`, a task is valued by what the requests R covers can
+        reduce (`_cover`, one longest-path pass per new cover), not by all of
+        its waiting requests."""
         items = self._items()
         if len(items) > 64:
             return self._knapsack_np(resident, room, t_move)
-        chosen = [(v if not ags.isdisjoint(self.gpu & resident) else v - t_move, w)
-                  for v, w, ags in items if not ags.isdisjoint(resident)]
-        if t_move > 0:
-            chosen = sorted(((v, w) for v, w in chosen if v > 0),
-                            key=lambda it: -it[0] / it[1] if it[1] > 0 else -math.inf)
-        total = 0.0
-        for value, weight in chosen:
-            if room <= 0:
-                break
-            if weight <= room:
-                total += value
-                room -= weight
+        if not covers:
+            chosen = [(v if not ags.isdisjoint(self.gpu & resident) else v - t_move, w)
+                      for v, w, ags in items if not ags.isdisjoint(resident)]
+            if t_move > 0:
+                chosen = sorted(((v, w) for v, w in chosen if v > 0), key=_by_ratio)
+            return _fractional(chosen, room)
+        chosen = []
+        for tid, reqs in self.waiting_by_task.items():
+            if len(reqs) == 1:
+                r = reqs[0]
+                if r.agent not in resident:
+                    continue
+                v, w, incoming = self.base_gain(r), self.d[r.id], r.agent not in self.gpu
             else:
-                total += value * room / weight
-                room = 0.0
-        return total
+                key = tuple(i for i, r in enumerate(reqs) if r.agent in resident)
+                if not key:
+                    continue
+                v, w, incoming = self._cover(tid, reqs, key)
+            if incoming:
+                v -= t_move
+            if v > 0:
+                chosen.append((v, w))
+        chosen.sort(key=_by_ratio)
+        return _fractional(chosen, room)
 
     def _knapsack_np(self, resident: frozenset[str], room: float, t_move: float) -> float:
         """The same fractional knapsack, vectorized for large waiting pools."""
@@ -666,9 +699,47 @@ class _Search:
                 self._gains(tid, (), reqs)
                 items.append((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
                               frozenset(r.agent for r in reqs)))
-            items.sort(key=lambda it: -it[0] / it[1] if it[1] > 0 else -math.inf)
+            items.sort(key=_by_ratio)
             self._item_cache = items
         return self._item_cache
+
+    def _cover(self, task_id: int, reqs: list[Request],
+               key: tuple[int, ...]) -> tuple[float, float, bool]:
+        """A task of which a prefix set covers only reqs[i] for i in `key`:
+        the most it can admit, g_i * (L_hat_i({}) - L_hat_i(covered)) (more
+        completions never lengthen the path, so no subset reduces more), the
+        least KV it needs, and whether every covered prefix is off the GPU."""
+        hit = self._covers.get((task_id, key))
+        if hit is None:
+            cov = [reqs[i] for i in key]
+            if len(cov) == len(reqs):
+                value = self._joint_gain(task_id, reqs)
+            else:
+                task = self.view.tasks[task_id]
+                running = self.running_stage.get(task_id, {})
+                drop = self.paths.lhat(task, running, ()) - self.paths.lhat(
+                    task, running, self._joint_cut(cov))
+                value = self.g.get(task_id, 1.0) * max(0.0, drop)
+            hit = self._covers[(task_id, key)] = (
+                value, min(self.d[r.id] for r in cov), all(r.agent not in self.gpu for r in cov))
+        return hit
+
+    def _prime_covers(self, sets: list[frozenset[str]]) -> None:
+        """Price the partial covers `refined` will need for `sets` in one
+        longest-path pass per workflow (small pools only)."""
+        if not sets or len(self._items()) > 64:
+            return
+        jobs = []
+        for tid, reqs in self.waiting_by_task.items():
+            task = self.view.tasks.get(tid)
+            if len(reqs) == 1 or task is None:
+                continue
+            keys = {tuple(i for i, r in enumerate(reqs) if r.agent in r_set) for r_set in sets}
+            cuts = [self._joint_cut([reqs[i] for i in key]) for key in keys
+                    if key and len(key) < len(reqs) and (tid, key) not in self._covers]
+            if cuts:
+                jobs.append((task, self.running_stage.get(tid, {}), [(), *cuts]))
+        self.paths.lhat_batch(jobs)
 
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
         """g_i * (L_hat_i({}) - L_hat_i(all of reqs)): no subset reduces more."""
@@ -922,7 +993,10 @@ class _Search:
         return max(0.0, self.paths.lhat(task, running, h) - self.paths.lhat(task, running, after))
 
     def _dhat(self, r: Request) -> float:
-        return self.policy.model.request_estimate(r, self.view.costs)
+        hit = self._dhats.get(r.id)
+        if hit is None:
+            hit = self._dhats[r.id] = self.policy.model.request_estimate(r, self.view.costs)
+        return hit
 
     def _row(self, r: Request) -> int:
         return self.view.workflows[r.workflow].stage_index[r.stage]
@@ -1048,6 +1122,26 @@ class _SoloOrder:
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
+
+
+def _by_ratio(item: tuple[Any, ...]) -> float:
+    """Sort key: value per KV token, descending (weightless items first)."""
+    return -item[0] / item[1] if item[1] > 0 else -math.inf
+
+
+def _fractional(items: list[tuple[float, float]], room: float) -> float:
+    """The fractional knapsack of (value, weight) items taken in list order."""
+    total = 0.0
+    for value, weight in items:
+        if room <= 0:
+            break
+        if weight <= room:
+            total += value
+            room -= weight
+        else:
+            total += value * room / weight
+            room = 0.0
+    return total
 
 
 _SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
