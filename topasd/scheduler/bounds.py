@@ -1,0 +1,311 @@
+"""Upper bounds on Phi(R) that prune TOPAS's state search (section IV-E).
+
+`SearchBounds` is mixed into the search of one decision. Every bound here is
+at least the best full score GreedyPack can emit for a prefix set, so pruning
+by it never changes Eq. 14's argmax (property-tested against an exhaustive
+search in tests/test_topas_properties.py):
+
+- `bound`: V_reuse - J_redo - J_revoke plus a fractional knapsack of each
+  task's whole possible reduction, net of T_move for tasks that must wait for
+  an incoming prefix (Eqs. 8-11);
+- `refined`: the same with a fork task valued by the ready requests the set
+  covers (small pools; priced in one longest-path pass by `_prime_covers`);
+- `_ext_bounds`: a weak-duality bound for every one- or two-agent extension
+  of a set at once (large pools).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from topasd.model import EngineView, Request
+from topasd.scheduler.residual import TaskPaths
+
+Cut = tuple[tuple[int, float], ...]
+
+
+class SearchBounds:
+    """Bounds of one decision's search; `_Search` provides the state below."""
+
+    budget: float
+    view: EngineView
+    paths: TaskPaths
+    gpu: frozenset[str]
+    ell: dict[str, int]
+    hold: dict[str, float]
+    d: dict[int, float]
+    g: dict[int, float]
+    min_d: dict[str, float]
+    run_kv: Mapping[str, float]
+    run_redo: Mapping[str, float]
+    run_revoke: Mapping[str, float]
+    lost_by_agent: dict[str, float]
+    lost_all: float
+    running_agents: frozenset[str]
+    running_stage: Mapping[int, dict[str, Request]]
+    solo_agents: frozenset[str]
+    reuse_value: dict[str, float]
+    move_in: dict[str, float]
+    move_out: dict[str, float]
+    waiting_by_task: Mapping[int, list[Request]]
+    _bounds: dict[frozenset[str], float]
+    _refined: dict[frozenset[str], float]
+    _covers: dict[tuple[int, tuple[int, ...]], tuple[float, float, bool]]
+    _item_arrays: ItemArrays | None
+
+    # provided by `_Search`
+    _items: Callable[[], list[tuple[float, float, frozenset[str]]]]
+    base_gain: Callable[[Request], float]
+    _joint_gain: Callable[[int, list[Request]], float]
+    _joint_cut: Callable[[list[Request]], Cut]
+    _t_move: Callable[[frozenset[str]], float]
+
+    def bound(self, resident: frozenset[str]) -> float:
+        """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
+        fractional knapsack of the largest admission values (each task's
+        value capped by its whole reduction, Eq. 7 sums to it) in R's room."""
+        hit = self._bounds.get(resident)
+        if hit is None:
+            hit = self._bounds[resident] = self._bound(resident)
+        return hit
+
+    def refined(self, resident: frozenset[str]) -> float:
+        """`bound` with each task valued by the requests R covers (tighter,
+        dearer: priced only for sets that pass `bound`; small pools only)."""
+        if len(self._items()) > 64:
+            return self.bound(resident)
+        hit = self._refined.get(resident)
+        if hit is None:
+            hit = self._refined[resident] = self._bound(resident, covers=True)
+        return hit
+
+    def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
+        room, need, reuse, lost = self.budget, 0.0, 0.0, self.lost_all
+        for a in resident:
+            room -= self.hold[a]
+            reuse += self.reuse_value.get(a, 0.0)
+            if a in self.running_agents:
+                lost -= self.lost_by_agent[a]
+            else:
+                need += self.min_d.get(a, math.inf)
+        if room < need:
+            return -math.inf
+        return reuse - lost + self._knapsack(resident, room, self._t_move(resident),
+                                             covers) + _SLACK
+
+    def _knapsack(self, resident: frozenset[str], room: float, t_move: float,
+                  covers: bool = False) -> float:
+        """Fractional knapsack of R's items in `room`. A task none of whose
+        covered requests has its prefix on the GPU joins T_in when admitted,
+        so its value is net of T_move (Eq. 8) and it is left out when that is
+        <= 0. With `covers`, a task is valued by what the requests R covers can
+        reduce (`_cover`, one longest-path pass per new cover), not by all of
+        its waiting requests."""
+        items = self._items()
+        if len(items) > 64:
+            return self._knapsack_np(resident, room, t_move)
+        if not covers:
+            chosen = [(v if not ags.isdisjoint(self.gpu & resident) else v - t_move, w)
+                      for v, w, ags in items if not ags.isdisjoint(resident)]
+            if t_move > 0:
+                chosen = sorted(((v, w) for v, w in chosen if v > 0), key=by_ratio)
+            return _fractional(chosen, room)
+        chosen = []
+        for tid, reqs in self.waiting_by_task.items():
+            if len(reqs) == 1:
+                r = reqs[0]
+                if r.agent not in resident:
+                    continue
+                v, w, incoming = self.base_gain(r), self.d[r.id], r.agent not in self.gpu
+            else:
+                key = tuple(i for i, r in enumerate(reqs) if r.agent in resident)
+                if not key:
+                    continue
+                v, w, incoming = self._cover(tid, reqs, key)
+            if incoming:
+                v -= t_move
+            if v > 0:
+                chosen.append((v, w))
+        chosen.sort(key=by_ratio)
+        return _fractional(chosen, room)
+
+    def _knapsack_np(self, resident: frozenset[str], room: float, t_move: float) -> float:
+        """The same fractional knapsack, vectorized for large waiting pools."""
+        arrays = self._arrays()
+        values, weights, member, col = arrays.values, arrays.weights, arrays.member, arrays.col
+        cols = [col[a] for a in resident if a in col]
+        if room <= 0 or not cols:
+            return 0.0
+        mask = member[:, cols].any(axis=1)
+        v, w = values[mask], weights[mask]
+        if t_move > 0:
+            on_gpu = [col[a] for a in resident & self.gpu if a in col]
+            v = v - np.where(member[mask][:, on_gpu].any(axis=1), 0.0, t_move)
+            keep = v > 0
+            v, w = v[keep], w[keep]
+            order = np.argsort(-v / np.maximum(w, 1e-12), kind="stable")
+            v, w = v[order], w[order]
+        cum = np.cumsum(w)
+        j = int(np.searchsorted(cum, room, side="right"))
+        total = float(v[:j].sum())
+        if j < len(w) and w[j] > 0:
+            total += float(v[j]) * (room - (cum[j - 1] if j else 0.0)) / float(w[j])
+        return total
+
+    def _arrays(self) -> ItemArrays:
+        """`_items` as arrays (built once per decision)."""
+        if self._item_arrays is None:
+            items = self._items()
+            agents = sorted({a for _, _, ags in items for a in ags})
+            col = {a: i for i, a in enumerate(agents)}
+            member = np.zeros((len(items), len(agents)), dtype=bool)
+            for i, (_, _, ags) in enumerate(items):
+                member[i, [col[a] for a in ags]] = True
+            values = np.array([v for v, _, _ in items], dtype=float)
+            weights = np.array([w for _, w, _ in items], dtype=float)
+            ratios = np.divide(values, weights, out=np.full_like(values, np.inf),
+                               where=weights > 0)
+            finite = np.unique(ratios[np.isfinite(ratios)])
+            lam = np.zeros(1)
+            if finite.size:
+                lam = np.concatenate((lam, np.quantile(finite, np.linspace(0.0, 1.0, 33))))
+            off_gpu = np.array([ags.isdisjoint(self.gpu) for _, _, ags in items], dtype=float)
+            self._item_arrays = ItemArrays(values, weights, member, col, off_gpu, lam)
+        return self._item_arrays
+
+    def _cover(self, task_id: int, reqs: list[Request],
+               key: tuple[int, ...]) -> tuple[float, float, bool]:
+        """A task of which a prefix set covers only reqs[i] for i in `key`:
+        the most it can admit, g_i * (L_hat_i({}) - L_hat_i(covered)) (more
+        completions never lengthen the path, so no subset reduces more), the
+        least KV it needs, and whether every covered prefix is off the GPU."""
+        hit = self._covers.get((task_id, key))
+        if hit is None:
+            cov = [reqs[i] for i in key]
+            if len(cov) == len(reqs):
+                value = self._joint_gain(task_id, reqs)
+            else:
+                task = self.view.tasks[task_id]
+                running = self.running_stage.get(task_id, {})
+                drop = self.paths.lhat(task, running, ()) - self.paths.lhat(
+                    task, running, self._joint_cut(cov))
+                value = self.g.get(task_id, 1.0) * max(0.0, drop)
+            hit = self._covers[(task_id, key)] = (
+                value, min(self.d[r.id] for r in cov), all(r.agent not in self.gpu for r in cov))
+        return hit
+
+    def _prime_covers(self, sets: list[frozenset[str]]) -> None:
+        """Price the partial covers `refined` will need for `sets` in one
+        longest-path pass per workflow (small pools only)."""
+        if not sets or len(self._items()) > 64:
+            return
+        jobs = []
+        for tid, reqs in self.waiting_by_task.items():
+            task = self.view.tasks.get(tid)
+            if len(reqs) == 1 or task is None:
+                continue
+            keys = {tuple(i for i, r in enumerate(reqs) if r.agent in r_set) for r_set in sets}
+            cuts = [self._joint_cut([reqs[i] for i in key]) for key in keys
+                    if key and len(key) < len(reqs) and (tid, key) not in self._covers]
+            if cuts:
+                jobs.append((task, self.running_stage.get(tid, {}), [(), *cuts]))
+        self.paths.lhat_batch(jobs)
+
+    def _ext_bounds(self, base: frozenset[str], rest: list[str],
+                    size: int) -> np.ndarray | None:
+        """Upper bounds on `bound(base | X)` for every X of `size` (1 or 2)
+        agents of `rest` (in `itertools.combinations` order), all at once, or
+        None when the pool is small enough to price each set exactly.
+
+        By weak duality a fractional knapsack is at most lam * room +
+        sum_i max(0, v_i - lam w_i) for any lam >= 0; splitting the items into
+        those `base` covers and those each added agent covers only
+        over-counts. Items are net of the least T_move (Eq. 8) of any X, and
+        each X's excess is charged to the tasks it must admit. The least over
+        a grid of lam (the items' ratios) is kept."""
+        if len(self._items()) <= 64:
+            return None
+        n = len(rest)
+        ia, ib = np.triu_indices(n, 1) if size == 2 else (np.arange(n), None)
+
+        def per_set(x: np.ndarray) -> np.ndarray:
+            return x[ia] if ib is None else x[ia] + x[ib]
+
+        def per_agent(f: Callable[[str], float]) -> np.ndarray:
+            return np.array([f(a) for a in rest], dtype=float)
+
+        room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in base) - per_set(
+            per_agent(lambda a: self.ell[a] + self.run_kv.get(a, 0.0)))
+        need = sum(self.min_d.get(a, math.inf) for a in base - self.running_agents) + per_set(
+            per_agent(lambda a: 0.0 if a in self.running_agents else self.min_d.get(a, math.inf)))
+        fixed = sum(self.reuse_value.get(a, 0.0) for a in base) - sum(
+            self.run_redo[a] + self.run_revoke[a] for a in self.running_agents - base) + per_set(
+            per_agent(lambda a: self.reuse_value.get(a, 0.0) + (
+                self.run_redo[a] + self.run_revoke[a] if a in self.running_agents else 0.0)))
+        t_move = self._t_move(base) + per_set(per_agent(
+            lambda a: -self.move_out[a] if a in self.gpu else self.move_in[a]))
+        t_lo = max(0.0, float(t_move.min())) if t_move.size else 0.0
+        f_base, f_x, lam = self._dual_terms(base, rest, t_lo)
+        dual = (room[:, None] * lam[None, :] + f_base[None, :] + per_set(f_x)).min(axis=1)
+        incoming = per_agent(lambda a: a not in self.gpu and a not in self.running_agents)
+        n_in = len((base - self.gpu) - self.running_agents) + per_set(incoming)
+        solo = per_set(per_agent(lambda a: a in self.solo_agents)) == (1 if ib is None else 2)
+        if not base <= self.solo_agents:
+            solo[:] = False
+        dual -= (t_move - t_lo) * np.where(solo, n_in, np.minimum(n_in, 1.0))
+        return np.where((room >= 0) & (room >= need), fixed + dual, -np.inf)
+
+    def _dual_terms(self, base: frozenset[str], rest: list[str],
+                    t_lo: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For a grid of lam: sum_i max(0, v_i - t_lo [i off the GPU] - lam w_i)
+        over the items `base` covers, and over the other items of each agent
+        of `rest`."""
+        arrays = self._arrays()
+        values = arrays.values - t_lo * arrays.off_gpu
+        gain = np.maximum(0.0, values[:, None] - arrays.weights[:, None] * arrays.lam[None, :])
+        base_cols = [arrays.col[a] for a in base if a in arrays.col]
+        covered = arrays.member[:, base_cols].any(axis=1)
+        member = np.zeros((len(values), len(rest)))
+        has = [j for j, a in enumerate(rest) if a in arrays.col]
+        member[:, has] = arrays.member[:, [arrays.col[rest[j]] for j in has]] & ~covered[:, None]
+        return gain[covered].sum(axis=0), member.T @ gain, arrays.lam
+
+
+@dataclass(frozen=True, slots=True)
+class ItemArrays:
+    """`_Search._items` as arrays: one row per task."""
+
+    values: np.ndarray
+    weights: np.ndarray
+    member: np.ndarray  # (task, agent): the task has a waiting request of the agent
+    col: dict[str, int]  # agent -> column of `member`
+    off_gpu: np.ndarray  # 1.0 where none of the task's agents is on the GPU
+    lam: np.ndarray  # the dual grid of `_ext_bounds`
+
+
+def by_ratio(item: tuple[Any, ...]) -> float:
+    """Sort key: value per KV token, descending (weightless items first)."""
+    return -item[0] / item[1] if item[1] > 0 else -math.inf
+
+
+def _fractional(items: list[tuple[float, float]], room: float) -> float:
+    """The fractional knapsack of (value, weight) items taken in list order."""
+    total = 0.0
+    for value, weight in items:
+        if room <= 0:
+            break
+        if weight <= room:
+            total += value
+            room -= weight
+        else:
+            total += value * room / weight
+            room = 0.0
+    return total
+
+
+_SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
