@@ -544,10 +544,11 @@ class _Search(SearchBounds):
 
     def _joint_cut(self, reqs: list[Request]) -> tuple[tuple[int, float], ...]:
         """H = all of `reqs` completed."""
-        cut: tuple[tuple[int, float], ...] = ()
-        for r in reqs:
-            cut = _add_cut(cut, self._row(r), self._dhat(r))
-        return cut
+        merged: dict[int, float] = {}
+        for r in reqs:  # the same sums, in the same order, as repeated `_add_cut`
+            row = self._row(r)
+            merged[row] = merged.get(row, 0.0) + self._dhat(r)
+        return tuple(sorted(merged.items()))
 
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
