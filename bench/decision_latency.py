@@ -5,7 +5,7 @@ heaviest operating point, and on a stress case of 100 agents with 2,000
 waiting requests; reports median, p99 and total decision time as a share of
 simulated time.
 
-    python bench/decision_latency.py [--tasks 200] [--json]
+    python bench/decision_latency.py [--tasks 200] [--repeat 3] [--json]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -82,22 +83,34 @@ class _Enough(Exception):
     pass
 
 
+def median_run(run: Callable[[], dict[str, Any]], repeat: int) -> dict[str, Any]:
+    """Run a case `repeat` times; the run with the median p99, with every p99."""
+    runs = sorted((run() for _ in range(repeat)), key=lambda r: r["p99_ms"])
+    return {**runs[len(runs) // 2], "p99_runs_ms": [r["p99_ms"] for r in runs]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--stress-decisions", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="run each case this many times and report the run with the median "
+                         "p99 (this machine is noisy)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
     rows = []
     for name in ("dag10wide", "metagpt-tl"):
         wl = load_workload(name)
         rate = max(wl.operating_points)
         trace = generate_trace(wl.workflows, rate, args.tasks, args.seed, name=name)
-        rows.append(measure(trace, f"{name} @ {rate} task/s"))
-    rows.append(measure(stress_trace(), "stress: 100 agents, 2,000 waiting",
-                        args.stress_decisions))
+        rows.append(median_run(lambda t=trace, n=name, r=rate: measure(t, f"{n} @ {r} task/s"),
+                               args.repeat))
+    rows.append(median_run(lambda: measure(stress_trace(), "stress: 100 agents, 2,000 waiting",
+                                           args.stress_decisions), args.repeat))
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -108,8 +121,12 @@ def main() -> None:
                      f"| {r['mean_ms']:.3f} | {r['p99_ms']:.2f} | {r['max_ms']:.2f} "
                      f"| {100 * r['decision_share_of_sim_time']:.3f}% |")
     lines += ["", "Targets: median <= 0.5 ms and p99 <= 5 ms at paper scale; p99 <= 50 ms on "
-              "the stress case; total decision time < 0.1% of simulated time. Load average "
-              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs while measuring."]
+              "the stress case; total decision time < 0.1% of simulated time. Each row is "
+              f"the run with the median p99 of {args.repeat} (p99s: "
+              + "; ".join(f"{r['case'].split(' ')[0]} "
+                          + ", ".join(f"{x:.2f}" for x in r["p99_runs_ms"]) for r in rows)
+              + f" ms). Load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs "
+              "while measuring."]
     text = "\n".join(lines)
     print(text)
     if args.write:
