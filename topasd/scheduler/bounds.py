@@ -55,7 +55,8 @@ class SearchBounds:
     waiting_by_task: Mapping[int, list[Request]]
     _bounds: dict[frozenset[str], float]
     _refined: dict[frozenset[str], float]
-    _covers: dict[tuple[int, tuple[int, ...]], tuple[float, float, bool]]
+    _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
+    task_agents: dict[int, frozenset[str]]
     _item_arrays: ItemArrays | None
 
     # provided by `_Search`
@@ -123,10 +124,10 @@ class SearchBounds:
                     continue
                 v, w, incoming = self.base_gain(r), self.d[r.id], r.agent not in self.gpu
             else:
-                key = tuple(i for i, r in enumerate(reqs) if r.agent in resident)
-                if not key:
+                covered = self.task_agents[tid] & resident
+                if not covered:
                     continue
-                v, w, incoming = self._cover(tid, reqs, key)
+                v, w, incoming = self._cover(tid, reqs, covered)
             if incoming:
                 v -= t_move
             if v > 0:
@@ -179,14 +180,14 @@ class SearchBounds:
         return self._item_arrays
 
     def _cover(self, task_id: int, reqs: list[Request],
-               key: tuple[int, ...]) -> tuple[float, float, bool]:
-        """A task of which a prefix set covers only reqs[i] for i in `key`:
-        the most it can admit, g_i * (L_hat_i({}) - L_hat_i(covered)) (more
-        completions never lengthen the path, so no subset reduces more), the
-        least KV it needs, and whether every covered prefix is off the GPU."""
-        hit = self._covers.get((task_id, key))
+               covered: frozenset[str]) -> tuple[float, float, bool]:
+        """A task of which a prefix set covers only the requests of agents
+        `covered`: the most it can admit, g_i * (L_hat_i({}) - L_hat_i(covered))
+        (more completions never lengthen the path, so no subset reduces more),
+        the least KV it needs, and whether every covered prefix is off the GPU."""
+        hit = self._covers.get((task_id, covered))
         if hit is None:
-            cov = [reqs[i] for i in key]
+            cov = [r for r in reqs if r.agent in covered]
             if len(cov) == len(reqs):
                 value = self._joint_gain(task_id, reqs)
             else:
@@ -195,7 +196,7 @@ class SearchBounds:
                 drop = self.paths.lhat(task, running, ()) - self.paths.lhat(
                     task, running, self._joint_cut(cov))
                 value = self.g.get(task_id, 1.0) * max(0.0, drop)
-            hit = self._covers[(task_id, key)] = (
+            hit = self._covers[(task_id, covered)] = (
                 value, min(self.d[r.id] for r in cov), all(r.agent not in self.gpu for r in cov))
         return hit
 
@@ -209,9 +210,10 @@ class SearchBounds:
             task = self.view.tasks.get(tid)
             if len(reqs) == 1 or task is None:
                 continue
-            keys = {tuple(i for i, r in enumerate(reqs) if r.agent in r_set) for r_set in sets}
-            cuts = [self._joint_cut([reqs[i] for i in key]) for key in keys
-                    if key and len(key) < len(reqs) and (tid, key) not in self._covers]
+            mine = self.task_agents[tid]
+            keys = {mine & r_set for r_set in sets}
+            cuts = [self._joint_cut([r for r in reqs if r.agent in key]) for key in keys
+                    if key and key != mine and (tid, key) not in self._covers]
             if cuts:
                 jobs.append((task, self.running_stage.get(tid, {}), [(), *cuts]))
         self.paths.lhat_batch(jobs)

@@ -92,13 +92,26 @@ def stage_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
 class _Residual:
     """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`."""
 
-    __slots__ = ("_suffix", "mean", "point", "tail")
+    __slots__ = ("_rows", "_suffix", "mean", "point", "tail")
 
     def __init__(self, tail: np.ndarray | None, point: float, mean: float) -> None:
         self.tail = tail  # sorted ascending
         self.point = point
         self.mean = mean
         self._suffix: np.ndarray | None = None
+        self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def sampled(self, row: int, quantiles: np.ndarray) -> np.ndarray:
+        """Z at the stratified quantiles of row `row`, kept with the residual:
+        an unstarted stage's residual is shared by every task and decision
+        until its pair sees a new observation."""
+        hit = self._rows.get(row)
+        if hit is None or hit[0] is not quantiles:
+            u = quantiles[row]
+            values = (np.full(u.shape, self.point) if self.tail is None
+                      else self.tail[(u * self.tail.size).astype(np.int64)])
+            hit = self._rows[row] = (quantiles, values)
+        return hit[1]
 
     def cut_mean(self, d: float) -> float:
         """E[[Z - d]_+]."""
@@ -248,14 +261,8 @@ class TaskPaths:
         s = self._samples.get(task.id)
         if s is None:
             n_rows = self.u.shape[0]
-            rows = []
-            for i, r in enumerate(res):
-                u = self.u[i % n_rows]
-                if r.tail is None:
-                    rows.append(np.full(u.shape, r.point))
-                else:
-                    rows.append(r.tail[(u * r.tail.size).astype(np.int64)])
-            s = self._samples[task.id] = np.vstack(rows)
+            s = self._samples[task.id] = np.vstack(
+                [r.sampled(i % n_rows, self.u) for i, r in enumerate(res)])
         return s
 
 

@@ -353,7 +353,9 @@ class _Search(SearchBounds):
         self._solo: _SoloOrder | None = None
         self._dhats: dict[int, float] = {}
         self._refined: dict[frozenset[str], float] = {}
-        self._covers: dict[tuple[int, tuple[int, ...]], tuple[float, float, bool]] = {}
+        self._covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]] = {}
+        self.task_agents = {tid: frozenset(r.agent for r in rs)
+                            for tid, rs in self.waiting_by_task.items()}
         self._primed = False  # base gains computed (_prime_base_gains)
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
