@@ -111,7 +111,8 @@ class SearchBounds:
         if len(items) > 64:
             return self._knapsack_np(resident, room, t_move)
         if not covers:
-            chosen = [(v if not ags.isdisjoint(self.gpu & resident) else v - t_move, w)
+            here = self.gpu & resident
+            chosen = [(v if not ags.isdisjoint(here) else v - t_move, w)
                       for v, w, ags in items if not ags.isdisjoint(resident)]
             if t_move > 0:
                 chosen = sorted(((v, w) for v, w in chosen if v > 0), key=by_ratio)

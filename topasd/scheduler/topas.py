@@ -878,17 +878,16 @@ class _Extensions(Sequence[frozenset[str]]):
     `itertools.combinations` order, each built only when read."""
 
     def __init__(self, base: frozenset[str], rest: list[str], size: int) -> None:
-        self.base, self.rest = base, rest
-        n = len(rest)
-        self.pairs = np.triu_indices(n, 1) if size == 2 else (np.arange(n),)
+        self.base = base
+        self.added = list(itertools.combinations(rest, size))
 
     def __len__(self) -> int:
-        return len(self.pairs[0])
+        return len(self.added)
 
     def __getitem__(self, i: Any) -> Any:
         if not isinstance(i, int):
             return [self[j] for j in range(len(self))[i]]
-        return self.base | {self.rest[int(p[i])] for p in self.pairs}
+        return self.base.union(self.added[i])
 
 
 @dataclass(frozen=True, slots=True)
