@@ -57,6 +57,7 @@ class SearchBounds:
     _refined: dict[frozenset[str], float]
     _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
     task_agents: dict[int, frozenset[str]]
+    _cover_cuts: dict[tuple[int, frozenset[str]], Cut]
     _item_arrays: ItemArrays | None
 
     # provided by `_Search`
@@ -195,10 +196,18 @@ class SearchBounds:
                 task = self.view.tasks[task_id]
                 running = self.running_stage.get(task_id, {})
                 drop = self.paths.lhat(task, running, ()) - self.paths.lhat(
-                    task, running, self._joint_cut(cov))
+                    task, running, self._cover_cut(task_id, reqs, covered))
                 value = self.g.get(task_id, 1.0) * max(0.0, drop)
             hit = self._covers[(task_id, covered)] = (
                 value, min(self.d[r.id] for r in cov), all(r.agent not in self.gpu for r in cov))
+        return hit
+
+    def _cover_cut(self, task_id: int, reqs: list[Request], covered: frozenset[str]) -> Cut:
+        """H = the requests of agents `covered` completed (memoized)."""
+        hit = self._cover_cuts.get((task_id, covered))
+        if hit is None:
+            hit = self._cover_cuts[(task_id, covered)] = self._joint_cut(
+                [r for r in reqs if r.agent in covered])
         return hit
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:
@@ -213,7 +222,7 @@ class SearchBounds:
                 continue
             mine = self.task_agents[tid]
             keys = {mine & r_set for r_set in sets}
-            cuts = [self._joint_cut([r for r in reqs if r.agent in key]) for key in keys
+            cuts = [self._cover_cut(tid, reqs, key) for key in keys
                     if key and key != mine and (tid, key) not in self._covers]
             if cuts:
                 jobs.append((task, self.running_stage.get(tid, {}), [(), *cuts]))

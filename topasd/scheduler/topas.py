@@ -354,6 +354,7 @@ class _Search(SearchBounds):
         self._dhats: dict[int, float] = {}
         self._refined: dict[frozenset[str], float] = {}
         self._covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]] = {}
+        self._cover_cuts: dict[tuple[int, frozenset[str]], tuple[tuple[int, float], ...]] = {}
         self.task_agents = {tid: frozenset(r.agent for r in rs)
                             for tid, rs in self.waiting_by_task.items()}
         self._primed = False  # base gains computed (_prime_base_gains)
