@@ -36,6 +36,9 @@ FIELDS: tuple[Field, ...] = (
     Field("aging", "aging", "bool", help="task aging"),
     Field("reservation", "reservation", "choice", choices=("optimistic", "full"),
           help="decode KV reservation d_r"),
+    Field("preempt", "preempt", "bool", help="allow preemption (extension: off keeps Q_t)"),
+    Field("hol_age", "hol_age", "float", nullable=True,
+          help="hold KV for the oldest request after this wait, s (extension; empty: off)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 

@@ -187,9 +187,27 @@ def test_replay_table(trace_file: Path) -> None:
     assert [ln.split()[0] for ln in lines[2:]] == ["fcfs", "lpm"]
 
 
+def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
+    plain = replay_json(str(trace_file), "-p", "topas", "-p", "fcfs", "--profile", "small")
+    tuned = replay_json(str(trace_file), "-p", "topas", "-p", "fcfs", "--profile", "small",
+                        "--param", "preempt=false", "--param", "K=1", "--param", "hol_age=0")
+    assert tuned["runs"][0]["params"] == {"preempt": False, "k": 1, "hol_age": 0}
+    assert tuned["runs"][0]["preemptions"] == 0
+    assert "params" not in tuned["runs"][1]  # the baseline runs as it is
+    assert tuned["runs"][1]["mean_jct_s"] == plain["runs"][1]["mean_jct_s"]
+    res = invoke("replay", str(trace_file), "-p", "topas", "--param", "rho=3")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip().splitlines()[-1] == "TOPAS parameters: rho=3"
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["-p", "nope"], "unknown policy 'nope'"),
     (["--workload", "chain3"], "not both"),
+    (["-p", "fcfs", "--param", "rho=3"], "no TOPAS policy is selected"),
+    (["-p", "topas", "--param", "hol_age=-1"], "hol_age=-1 is out of range"),
+    (["-p", "topas", "--param", "preempt=maybe"], "must be true or false"),
+    (["-p", "topas", "--param", "gamma=1"], "gamma"),
+    (["-p", "topas", "--param", "rho"], "expected NAME=VALUE"),
 ])
 def test_replay_usage_errors(trace_file: Path, args: list[str], says: str) -> None:
     res = invoke("replay", str(trace_file), *args)

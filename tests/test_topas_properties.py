@@ -83,6 +83,14 @@ class CheckedTopas(TopasPolicy):
         assert used <= view.budget_tokens
         if self.params.k:
             assert len(d.admit) <= self.params.k and len(d.preempt) <= self.params.k
+        if not self.params.preempt:
+            assert d.preempt == ()
+        if self.params.hol_age is not None and view.waiting and d.admit:
+            # the head of line keeps its room: nothing else admitted into it
+            hol = min(view.waiting, key=lambda r: (r.task_arrival, r.id))
+            if (view.t - hol.task_arrival >= self.params.hol_age and hol.id not in d.admit
+                    and hol.agent in chosen.resident):
+                assert used + hol.input_tokens + hol.output_tokens <= view.budget_tokens
         # Eq. 14: the chosen state has the best score of every generated state.
         assert chosen.terms.total == max(c.terms.total for c in d.candidates)
         # The empty state survives only when nothing else was feasible.
@@ -92,11 +100,15 @@ class CheckedTopas(TopasPolicy):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 1, 2, 5]), st.sampled_from([1, 2, 6]),
-       st.sampled_from([0.0, 1.0]), st.sampled_from([0.0, 2.0]))
-def test_topas_decisions_keep_the_papers_constraints(case: tuple[Trace, int], k: int, m: int,
-                                                      beta: float, rho: float) -> None:
+       st.sampled_from([0.0, 1.0]), st.sampled_from([0.0, 2.0]),
+       st.sampled_from([(True, None), (False, None), (True, 0.0), (False, 1.0)]))
+def test_topas_decisions_keep_the_papers_constraints(
+        case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
+        extensions: tuple[bool, float | None]) -> None:
     trace, budget = case
-    params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16)
+    preempt, hol_age = extensions
+    params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
+                         preempt=preempt, hol_age=hol_age)
     pol = CheckedTopas(params)
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     result = Run(trace, pol, SimBackend(profile)).execute()

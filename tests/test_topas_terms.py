@@ -191,3 +191,40 @@ def test_the_empty_incumbent_is_removed_when_a_nonempty_state_exists() -> None:
     assert all(c.resident for c in d.candidates)
     assert d.admit == (1,) and d.load == ("A",)
     assert d.chosen_candidate.resident == ("A",)
+
+
+# ------------------------------------------------------------ extensions
+
+
+@pytest.mark.parametrize(("hol_age", "admitted"), [(None, (2, 3)), (50.0, ()), (150.0, (2, 3))])
+def test_head_of_line_reservation_keeps_room_for_the_oldest_request(
+        hol_age: float | None, admitted: tuple[int, ...]) -> None:
+    """An old task's big request (30 KV tokens) does not fit beside the running
+    one; two young small requests (10 each) would. With `hol_age` at most the
+    old task's age (100 s) they may not take the room it waits for."""
+    pol = policy(hol_age=hol_age)
+    running = request(9, 9, CHAIN, "a", running=True, generated=1, started_at=99.0,
+                      arrival=100.0)
+    big = request(1, 1, CHAIN, "a", input_tokens=20, output_tokens=10, arrival=0.0)
+    small = [request(i, i, CHAIN, "a", input_tokens=5, output_tokens=5, arrival=100.0)
+             for i in (2, 3)]
+    tasks = [task(1, CHAIN, arrival=0.0, a="active"), task(9, CHAIN, arrival=100.0, a="active"),
+             *(task(i, CHAIN, arrival=100.0, a="active") for i in (2, 3))]
+    # prefix 100 + running 20 + room 25: the big request (30) never fits now.
+    d = pol.decide(view(CHAIN, tasks, [running], [big, *small], t=100.0, budget=145))
+    assert tuple(sorted(d.admit)) == admitted
+
+
+def test_without_preemption_every_candidate_keeps_the_running_requests() -> None:
+    """A long-running low-value request blocks a valuable one of another agent;
+    TOPAS preempts it unless `preempt` is off."""
+    for preempt, expect in ((True, (1,)), (False, ())):
+        pol = policy(preempt=preempt)
+        running = request(9, 9, CHAIN, "c", running=True, generated=1, started_at=99.0,
+                          output_tokens=1000)
+        waiting = request(1, 1, CHAIN, "a", input_tokens=10, output_tokens=10)
+        tasks = [task(9, CHAIN, a="done", b="done", c="active"), task(1, CHAIN, a="active")]
+        d = pol.decide(view(CHAIN, tasks, [running], [waiting], t=100.0, budget=1120))
+        assert d.preempt == ((9,) if expect else ())
+        assert d.admit == expect
+        assert all(9 not in c.preempt for c in d.candidates) or preempt

@@ -357,6 +357,8 @@ def _params_patch_model() -> type[BaseModel]:
         desc = f"TOPAS `{name}`" + (f" (paper: {alias_of[name]})" if name in alias_of else "")
         if name in ("h_age", "b_swap", "mu"):
             desc += "; null: derived (observed / the backend's)"
+        if name == "hol_age":
+            desc += "; null: off (an extension beyond the paper, see docs/topas.md)"
         if hint is bool:
             hint = StrictBool
         fields[name] = (hint, Field(default=None, description=desc, **extra))

@@ -115,10 +115,14 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
               help="Append one run per policy to this SQLite decision log.")
 @click.option("--log-candidates", "log_candidates", metavar="all|top:N|none", default=None,
               help="Candidates per decision written to --db (default: all).")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="A TOPAS parameter for the TOPAS policies of this replay, repeatable "
+                   "(beta=10, rho=3, H_age=30, M=6, K=0, hol_age=200, preempt=false, ...); "
+                   "the baselines take none.")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, model: str | None,
            profile: str, budget: int | None, as_json: bool, quiet: bool,
-           db_path: str | None, log_candidates: str | None) -> None:
+           db_path: str | None, log_candidates: str | None, params: tuple[str, ...]) -> None:
     """Run a workload trace through one or more policies in virtual time.
 
     Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
@@ -151,11 +155,13 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
             prof = prof.with_overrides(budget_tokens=budget)
     tr.check_fits(prof.budget_tokens)
     names = _policy_names(policies)
+    tuned = _topas_params(names, _param_flags(params)) if params else {}
     rows = []
     for name in names:
         with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
             sink = None if store is None else store.sink(log_candidates or "all")
-            rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts))
+            rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts,
+                                 tuned if name in _topas_names() else {}))
         if sink is not None:
             rows[-1]["run_id"] = sink.run_id
     if store is not None:
@@ -168,6 +174,8 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
                               indent=2))
     else:
         click.echo(_table(rows, tr.meta, prof))
+        if tuned:
+            click.echo("TOPAS parameters: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
 
 
 def _load_or_generate(trace_file: str | None, workload: str | None, rate: float | None,
@@ -203,12 +211,32 @@ def _policy_names(policies: tuple[str, ...]) -> list[str]:
     return names
 
 
+def _topas_names() -> frozenset[str]:
+    from topasd.scheduler.topas import VARIANTS
+
+    return frozenset(VARIANTS)
+
+
+def _topas_params(names: list[str], params: dict[str, Any]) -> dict[str, Any]:
+    """--param values, checked against every TOPAS policy of the replay."""
+    from topasd.config import build_policy, canonical_param
+
+    topas = [n for n in names if n in _topas_names()]
+    if not topas:
+        raise TopasError("--param sets TOPAS parameters, but no TOPAS policy is selected; "
+                         "add -p topas (the baselines take no parameters)")
+    for name in topas:
+        build_policy(name, params)  # names an unknown or out-of-range parameter
+    return {canonical_param(k): v for k, v in params.items()}
+
+
 def _run_one(tr: Any, name: str, prof: HardwareProfile,
              tick: Callable[[int, int, float], None], sink: Any = None,
-             vllm_opts: dict[str, Any] | None = None) -> dict[str, Any]:
+             vllm_opts: dict[str, Any] | None = None,
+             params: dict[str, Any] | None = None) -> dict[str, Any]:
     from backends.sim.engine import SimBackend
+    from topasd.config import build_policy
     from topasd.runner import Run
-    from topasd.scheduler import make_policy
 
     if vllm_opts is None:
         backend: Any = SimBackend(prof)
@@ -217,11 +245,15 @@ def _run_one(tr: Any, name: str, prof: HardwareProfile,
 
         backend = make_backend(**vllm_opts)
     try:
-        result = Run(tr, make_policy(name), backend, sink=sink, progress=tick).execute()
+        result = Run(tr, build_policy(name, params or {}), backend, sink=sink,
+                     progress=tick).execute()
     finally:
         if vllm_opts is not None:
             backend.close()
-    return result.summary()
+    row = result.summary()
+    if params:
+        row["params"] = dict(params)
+    return row
 
 
 def _vllm_options(backend: str, model: str | None, budget: int | None) -> dict[str, Any] | None:

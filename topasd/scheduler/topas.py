@@ -59,6 +59,10 @@ class TopasParams:
     seed: int = 0  # seed of the sample quantiles
     reuse: bool = True  # V_reuse term (off in topas-base / topas-noreuse)
     aging: bool = True  # task aging (off in topas-base / topas-noaging)
+    # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
+    preempt: bool = True  # False: every candidate keeps every running request
+    hol_age: float | None = None  # reserve KV for the oldest waiting request once its
+    # task has waited this long (s), as EASY backfilling does; None: off
     # d_r's decode reservation (Eq. 2): "optimistic" uses the engine's estimate
     # (SGLang's new_token_ratio, the paper's implementation base; the engine may
     # retract), "full" reserves every remaining output token (never retracted).
@@ -67,13 +71,17 @@ class TopasParams:
     def __post_init__(self) -> None:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
-            if value is None and name in ("h_age", "b_swap", "mu"):
+            if value is None and name in ("h_age", "b_swap", "mu", "hol_age"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                 lo <= value <= hi
             ):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
                                  f"use a number in [{lo}, {hi}]")
+        for name in ("reuse", "aging", "preempt"):
+            if not isinstance(getattr(self, name), bool):
+                raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
+                                 "true or false")
         if self.reservation not in ("full", "optimistic"):
             raise TopasError("TOPAS parameter reservation must be 'full' or 'optimistic'")
         for name in ("m", "k", "samples", "seed"):
@@ -89,6 +97,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "beta": (0.0, 1000.0),
     "rho": (0.0, 1000.0),
     "h_age": (1e-3, 1e7),
+    "hol_age": (0.0, 1e7),
     "m": (0, 16),
     "k": (0, 100_000),
     "b_swap": (1e3, 1e13),
@@ -342,6 +351,7 @@ class _Search(SearchBounds):
             a for a, rs in self.waiting_by_agent.items()
             if all(len(self.waiting_by_task[r.task_id]) == 1
                    and r.task_id not in self.running_stage for r in rs))
+        self.hol = _head_of_line(view, p.hol_age)
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
         self.n_reuse = self._reuse_counts() if p.reuse else {}
         self.reuse_value = {a: p.beta * n * self.sec_per_token * self.ell[a]  # Eq. 11 terms
@@ -561,6 +571,8 @@ class _Search(SearchBounds):
         uncovered = set(resident - self.running_agents)
         if k and (len(uncovered) > k or sum(len(self.run_ids[a]) for a in out) > k):
             return []
+        if out and not self.params.preempt:
+            return []
         reserved = 0.0
         for a in uncovered:
             if a not in self.min_d:
@@ -626,7 +638,7 @@ class _Search(SearchBounds):
         codes = [order.code_of[a] for a in fill.pack.resident if a in order.code_of]
         sel = np.flatnonzero(np.isin(order.code, codes))
         pos, n = 0, len(sel)
-        while fill.uncovered and pos < n:  # request by request while prefixes wait
+        while (fill.uncovered or fill.hol_pending) and pos < n:  # one by one while room is held
             i = int(sel[pos])
             r = self.requests[order.rids[i]]
             if fill.fits(r):
@@ -801,8 +813,8 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("j_admit", "pack", "reserved", "search", "states", "tasks_in", "uncovered",
-                 "used")
+    __slots__ = ("hol_pending", "j_admit", "pack", "reserved", "search", "states", "tasks_in",
+                 "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float) -> None:
@@ -811,11 +823,18 @@ class _Filler:
         self.j_admit = 0.0
         self.tasks_in: set[int] = set()
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
+        hol = search.hol  # the head-of-line request keeps its room until admitted
+        self.hol_pending = hol is not None and hol.agent in pack.resident
 
     def fits(self, r: Request) -> bool:
-        """Room for r beside the reservations (Eq. 2), and a slot under the cap K."""
+        """Room for r beside the reservations (Eq. 2, and the head of line's
+        with `hol_age`), and a slot under the cap K."""
         s = self.search
         extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
+        hol = s.hol
+        if self.hol_pending and hol is not None and r.id != hol.id:
+            still_held = hol.agent in self.uncovered and hol.agent != r.agent  # its slot stays
+            extra += s.d[hol.id] - (s.min_d[hol.agent] if still_held else 0.0)
         k = s.params.k
         return self.used + self.reserved + extra <= s.budget and not (
             k and len(self.pack.seq) + 1 + len(self.uncovered - {r.agent}) > k)
@@ -823,6 +842,8 @@ class _Filler:
     def take(self, r: Request, gain: float) -> None:
         """Admit r; once every prefix of R is covered, emit the allocation."""
         s, pack = self.search, self.pack
+        if s.hol is not None and r.id == s.hol.id:
+            self.hol_pending = False
         pack.seq.append(r.id)
         pack.gains.append(gain)
         self.used += s.d[r.id]
@@ -834,7 +855,6 @@ class _Filler:
             self.tasks_in.add(r.task_id)
         if not self.uncovered:
             self.states.append(_State(pack, len(pack.seq), self.j_admit, len(self.tasks_in)))
-
 
     def next_fit(self, pos: int, d: np.ndarray) -> int:
         """The first index >= pos whose request `fits` now (len(d) if none),
@@ -904,6 +924,15 @@ class _SoloOrder:
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
+
+
+def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
+    """The waiting request of the oldest task (then lowest id), if `hol_age` is
+    set and that task has waited at least this long."""
+    if hol_age is None or not view.waiting:
+        return None
+    r = min(view.waiting, key=lambda x: (x.task_arrival, x.id))
+    return r if view.t - r.task_arrival >= hol_age else None
 
 
 def _t_decode(view: EngineView) -> float:

@@ -1,0 +1,118 @@
+"""TOPAS's two opt-in extensions beyond the paper, on the five workloads.
+
+`preempt=False` keeps every running request; `hol_age` holds KV room for the
+oldest waiting request once its task has waited that long, as EASY
+backfilling does (docs/topas.md, "Extensions"). Both are off by default; this
+script shows what they change, beside the paper's TOPAS and the best
+baseline, at every operating point of `bench/paper.py` (paper set-up: the
+baselines recompute evicted prefixes, TOPAS moves them to host memory).
+
+    python bench/extensions.py [--tasks 200] [--seed 1] [--jobs 2] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing import Pool
+from typing import Any
+
+from _results import update_section  # bench/_results.py
+
+from backends.sim.engine import SimBackend
+from topasd.profiles import DEFAULT_PROFILE, get_profile
+from topasd.runner import Run
+from topasd.scheduler import make_policy
+from topasd.scheduler.baselines import BASELINES
+from topasd.scheduler.topas import TopasParams, TopasPolicy
+from workflows.builtin import load_workload
+from workflows.trace import generate_trace
+
+WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
+VARIANTS: dict[str, dict[str, Any]] = {
+    "TOPAS": {},
+    "no preemption": {"preempt": False},
+    "hol 200 s": {"hol_age": 200.0},
+    "hol 200 s, no preemption, rho 3": {"hol_age": 200.0, "preempt": False, "rho": 3.0},
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    workload: str
+    rate: float
+    policy: str  # a baseline or a key of VARIANTS
+    tasks: int
+    seed: int
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    wl = load_workload(job.workload)
+    trace = generate_trace(wl.workflows, job.rate, job.tasks, job.seed, name=wl.name)
+    topas = job.policy in VARIANTS
+    profile = get_profile(DEFAULT_PROFILE).with_overrides(host_cache=topas)
+    policy = (TopasPolicy(TopasParams(**VARIANTS[job.policy])) if topas
+              else make_policy(job.policy))
+    s = Run(trace, policy, SimBackend(profile)).execute().summary()
+    return {"workload": job.workload, "rate": job.rate, "policy": job.policy,
+            "mean": s["mean_jct_s"], "p99": s["p99_jct_s"], "preemptions": s["preemptions"]}
+
+
+def averages(rows: list[dict[str, Any]], name: str, key: str) -> dict[str, float]:
+    """Each policy's metric averaged over the workload's operating points."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if r["workload"] == name:
+            out.setdefault(r["policy"], []).append(r[key])
+    return {p: sum(v) / len(v) for p, v in out.items()}
+
+
+def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) -> str:
+    lines = ["## TOPAS extensions beyond the paper (off by default)", "",
+             f"Command: `python bench/extensions.py --tasks {args.tasks} --seed {args.seed}` "
+             f"({wall / 60:.1f} min on this machine). Each metric is averaged over the "
+             "operating points of `bench/paper.py`; the baseline column is the best "
+             "baseline for that metric (paper set-up). Change is against the paper's TOPAS.",
+             ""]
+    for key, title in (("mean", "Mean JCT (s)"), ("p99", "p99 JCT (s)")):
+        lines += [f"### {title}", "",
+                  "| workload | best baseline | " + " | ".join(VARIANTS) + " |",
+                  "|---|---|" + "---|" * len(VARIANTS)]
+        for name in WORKLOADS:
+            avg = averages(rows, name, key)
+            best = min(BASELINES, key=avg.__getitem__)
+            ref = avg["TOPAS"]
+            cells = [f"{avg[v]:.1f}" if v == "TOPAS"
+                     else f"{avg[v]:.1f} ({100 * (avg[v] / ref - 1):+.0f}%)" for v in VARIANTS]
+            lines.append(f"| {name} | {best} {avg[best]:.1f} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    args = ap.parse_args()
+    jobs = [Job(name, rate, policy, args.tasks, args.seed)
+            for name in WORKLOADS for rate in load_workload(name).operating_points
+            for policy in (*BASELINES, *VARIANTS)]
+    t0 = time.perf_counter()
+    rows = []
+    with Pool(args.jobs) as pool:
+        for i, row in enumerate(pool.imap_unordered(run_job, jobs), 1):
+            rows.append(row)
+            print(f"\r{i}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    text = render(rows, args, time.perf_counter() - t0)
+    print(text)
+    if not args.no_write:
+        update_section("extensions", text)
+
+
+if __name__ == "__main__":
+    main()
