@@ -35,7 +35,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "TOPAS": {},
     "no preemption": {"preempt": False},
     "hol 200 s": {"hol_age": 200.0},
-    "hol 200 s, no preemption, rho 3": {"hol_age": 200.0, "preempt": False, "rho": 3.0},
+    "hol 200 s, no preemption, rho 10": {"hol_age": 200.0, "preempt": False, "rho": 10.0},
 }
 
 
