@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
-from topasd.model import Agent, Decision, EngineView, Stage, StageProfile, Workflow
+from topasd.model import Agent, Decision, EngineView, Request, Stage, StageProfile, Workflow
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler.topas import TopasParams, TopasPolicy
@@ -274,3 +274,116 @@ def _fork_trace(n_agents: int, n_tasks: int, seed: int) -> Trace:
         v: (RoundSpec(int(rng.integers(20, 200)), int(rng.integers(5, 120))),) for v in stages})
         for j in range(n_tasks))
     return Trace({"fork": wf}, tasks, {})
+
+
+def _pruned_vs_exhaustive(params: TopasParams, view: EngineView) -> tuple[Decision, Decision]:
+    """One decision with the pruned search and with every prefix set packed."""
+    import math
+
+    import topasd.scheduler.topas as topas
+
+    pruned = TopasPolicy(params).decide(view)
+    saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
+    topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
+    topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
+    topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
+    try:
+        exhaustive = TopasPolicy(params).decide(view)
+    finally:
+        (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
+         topas._Search._ext_bounds) = saved
+    return pruned, exhaustive
+
+
+def test_pruning_against_the_empty_state_still_admits_when_every_load_costs_more() -> None:
+    """Nothing runs, no prefix is on the GPU, and every admission is worth less
+    than loading its 3,000-token prefix: every state scores below the empty
+    state's 0. Sec. IV-E drops the empty state once a non-empty one exists, so
+    the best negative state must still be found (a large pool, batch bounds)."""
+    from tests.topas_views import request, task, view, workflow
+
+    wfs = [workflow(f"w{i}", {f"x{i}": ()}, prefix=3000) for i in range(8)]
+    tasks = [task(j, wfs[j % 8]) for j in range(70)]
+    waiting = [request(j, j, wfs[j % 8], f"x{j % 8}") for j in range(70)]
+    pruned, exhaustive = _pruned_vs_exhaustive(
+        TopasParams(m=2, samples=16), view(wfs, tasks, [], waiting, budget=20_000))
+    assert pruned.admit and pruned.chosen_candidate.terms.total < 0
+    assert (pruned.admit, pruned.load) == (exhaustive.admit, exhaustive.load)
+
+
+def test_pruning_keeps_states_that_tie_the_best_one() -> None:
+    """A zero-progress fork branch on a free prefix ties the best score; Eq.
+    14's tie-break (more admissions) must still see it (batch bounds path)."""
+    from tests.topas_views import view
+    from topasd.model import Dist, RequestState, Reservation, StageProgress, StageStatus, TaskView
+
+    def prof(out: int) -> StageProfile:
+        return StageProfile(input_tokens=Dist.fixed(10), output_tokens=Dist.fixed(out))
+
+    single = Workflow("single", {"A": Agent("A", 100)}, {"a": Stage("a", "A", (), prof(10))})
+    fork = Workflow("fork", {"A0": Agent("A0", 100), "A": Agent("A", 100), "C": Agent("C", 0)}, {
+        "s0": Stage("s0", "A0", (), prof(10)), "b": Stage("b", "A", ("s0",), prof(20)),
+        "c": Stage("c", "C", ("s0",), prof(10)), "d": Stage("d", "A", ("b", "c"), prof(10))})
+
+    def req(rid: int, tid: int, wf: Workflow, stage: str) -> Request:
+        agent = wf.stages[stage].agent
+        return Request(id=rid, task_id=tid, workflow=wf.name, stage=stage, agent=agent, round=0,
+                       input_tokens=10, output_tokens=10, ready_at=0.0, task_arrival=0.0,
+                       prefix_tokens=wf.agents[agent].prefix_tokens, generated=0,
+                       state=RequestState.WAITING, started_at=None,
+                       reservation=Reservation.FULL)
+
+    tasks = [TaskView(j, "single", 0.0, {"a": StageProgress(StageStatus.ACTIVE)})
+             for j in range(70)]
+    tasks.append(TaskView(70, "fork", 0.0, {
+        "s0": StageProgress(StageStatus.DONE), "b": StageProgress(StageStatus.ACTIVE),
+        "c": StageProgress(StageStatus.ACTIVE), "d": StageProgress()}))
+    waiting = [req(j, j, single, "a") for j in range(70)]
+    waiting += [req(100, 70, fork, "b"), req(101, 70, fork, "c")]
+    pruned, exhaustive = _pruned_vs_exhaustive(
+        TopasParams(m=0, samples=16, reservation="full"),
+        view([single, fork], tasks, [], waiting, budget=100_000, gpu=("A",)))
+    assert pruned.chosen_candidate.resident == exhaustive.chosen_candidate.resident == ("A", "C")
+    assert pruned.admit == exhaustive.admit
+
+
+_DIGEST = """
+import hashlib, sys
+from backends.sim.engine import SimBackend
+from topasd.profiles import get_profile
+from topasd.runner import Run
+from topasd.scheduler.topas import TopasParams, TopasPolicy
+from workflows.builtin import load_workload
+from workflows.trace import generate_trace
+h = hashlib.sha256()
+class Sink:
+    def decision(self, d):
+        h.update(repr((d.admit, d.preempt, d.load, d.evict, d.chosen,
+                       [c.terms for c in d.candidates])).encode())
+    def event(self, ev):
+        return None
+traces = [generate_trace(load_workload(n).workflows, r, 25, 3, name=n)
+          for n, r in (("dag10wide", 0.16), ("metagpt-tl", 0.0175))]
+from tests.test_topas_properties import _crowded_trace  # > 64 waiting: the batch bounds
+traces.append(_crowded_trace(9, 100, 2, 5))
+for trace in traces:
+    Run(trace, TopasPolicy(TopasParams(m=4)), SimBackend(get_profile("qwen2.5-32b-a100")),
+        sink=Sink()).execute()
+print(h.hexdigest())
+"""
+
+
+def test_decisions_do_not_depend_on_the_hash_seed() -> None:
+    """Every tensor-parallel rank runs its own scheduler process: string hashing
+    (and so set iteration order) differs between them, the decisions may not."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    digests = {subprocess.run([sys.executable, "-c", _DIGEST], cwd=root, check=True,
+                              capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+               for seed in ("1", "2", "3")}
+    assert len(digests) == 1

@@ -88,7 +88,7 @@ class SearchBounds:
 
     def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
         room, need, reuse, lost = self.budget, 0.0, 0.0, self.lost_all
-        for a in resident:
+        for a in sorted(resident):  # a fixed order: the same floats in every process
             room -= self.hold[a]
             reuse += self.reuse_value.get(a, 0.0)
             if a in self.running_agents:
@@ -97,8 +97,8 @@ class SearchBounds:
                 need += self.min_d.get(a, math.inf)
         if room < need:
             return -math.inf
-        return reuse - lost + self._knapsack(resident, room, self._t_move(resident),
-                                             covers) + _SLACK
+        return _loosen(reuse - lost + self._knapsack(resident, room, self._t_move(resident),
+                                                     covers))
 
     def _knapsack(self, resident: frozenset[str], room: float, t_move: float,
                   covers: bool = False) -> float:
@@ -192,8 +192,9 @@ class SearchBounds:
             cov = [r for r in reqs if r.agent in covered]
             if len(cov) == len(reqs):
                 value = self._joint_gain(task_id, reqs)
+            elif (task := self.view.tasks.get(task_id)) is None:
+                value = 0.0
             else:
-                task = self.view.tasks[task_id]
                 running = self.running_stage.get(task_id, {})
                 drop = self.paths.lhat(task, running, ()) - self.paths.lhat(
                     task, running, self._cover_cut(task_id, reqs, covered))
@@ -251,12 +252,15 @@ class SearchBounds:
         def per_agent(f: Callable[[str], float]) -> np.ndarray:
             return np.array([f(a) for a in rest], dtype=float)
 
-        room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in base) - per_set(
+        ordered = sorted(base)  # sums in a fixed order: the same floats in every process
+        room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in ordered) - per_set(
             per_agent(lambda a: self.ell[a] + self.run_kv.get(a, 0.0)))
-        need = sum(self.min_d.get(a, math.inf) for a in base - self.running_agents) + per_set(
+        need = sum(self.min_d.get(a, math.inf) for a in ordered
+                   if a not in self.running_agents) + per_set(
             per_agent(lambda a: 0.0 if a in self.running_agents else self.min_d.get(a, math.inf)))
-        fixed = sum(self.reuse_value.get(a, 0.0) for a in base) - sum(
-            self.run_redo[a] + self.run_revoke[a] for a in self.running_agents - base) + per_set(
+        fixed = sum(self.reuse_value.get(a, 0.0) for a in ordered) - sum(
+            self.run_redo[a] + self.run_revoke[a] for a in sorted(self.running_agents - base)
+        ) + per_set(
             per_agent(lambda a: self.reuse_value.get(a, 0.0) + (
                 self.run_redo[a] + self.run_revoke[a] if a in self.running_agents else 0.0)))
         t_move = self._t_move(base) + per_set(per_agent(
@@ -270,7 +274,7 @@ class SearchBounds:
         if not base <= self.solo_agents:
             solo[:] = False
         dual -= (t_move - t_lo) * np.where(solo, n_in, np.minimum(n_in, 1.0))
-        return np.where((room >= 0) & (room >= need), fixed + dual, -np.inf)
+        return np.where((room >= 0) & (room >= need), _loosen(fixed + dual), -np.inf)
 
     def _dual_terms(self, base: frozenset[str], rest: list[str],
                     t_lo: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -321,3 +325,8 @@ def _fractional(items: list[tuple[float, float]], room: float) -> float:
 
 
 _SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
+
+
+def _loosen(bound: Any) -> Any:
+    """A bound raised by a relative rounding margin (float or array)."""
+    return bound + _SLACK * (1.0 + np.abs(bound))

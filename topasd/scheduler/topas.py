@@ -473,21 +473,29 @@ class _Search(SearchBounds):
         `coarse`, when given, holds cheaper upper bounds on `bound` per set: sets
         are visited by it and priced by `bound` only when it leaves them a chance."""
         best, best_i, best_phi = None, -1, floor
+
+        def hopeless(ub: float) -> bool:
+            """Neither a better next R_g (beats `floor`) nor a state that could
+            tie or beat the best non-empty one so far (Eq. 14 over every
+            generated state: `floor` may be the empty state's 0, which is
+            dropped once a non-empty state exists)."""
+            return (ub <= floor and ub < self.best_total) or (best is not None and ub < best_phi)
+
         if coarse is None:
             order = [(self.bound(r), i) for i, r in enumerate(sets)]
         else:
             order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
         order.sort(key=lambda b: (-b[0], b[1]))
         if coarse is None:
-            self._prime_covers([sets[i] for ub, i in order if ub > floor])
+            self._prime_covers([sets[i] for ub, i in order if not hopeless(ub)])
         for ub, i in order:
-            if ub <= floor or (best is not None and ub < best_phi):
+            if hopeless(ub):
                 break
             r = sets[i]
             exact = self.bound(r) if coarse is not None else ub
-            if exact > floor and not (best is not None and exact < best_phi):
+            if not hopeless(exact):
                 exact = self.refined(r)
-            if exact <= floor or (best is not None and exact < best_phi):
+            if hopeless(exact):
                 continue
             phi = self.phi(r)
             if phi > best_phi or (phi == best_phi and best is not None and i < best_i):
@@ -574,11 +582,11 @@ class _Search(SearchBounds):
         if out and not self.params.preempt:
             return []
         reserved = 0.0
-        for a in uncovered:
+        for a in sorted(uncovered):  # sums in a fixed order: every process (TP rank) agrees
             if a not in self.min_d:
                 return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
-        used = sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in resident)
+        used = sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in sorted(resident))
         if used + reserved > self.budget:
             return []
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
@@ -677,15 +685,16 @@ class _Search(SearchBounds):
         """The per-R terms: T_move (Eq. 8), J_redo (9), J_revoke (10), V_reuse (11)."""
         out_running = self.running_agents - resident
         t_move = self._t_move(resident)
-        j_redo = sum(self.run_redo[a] for a in out_running)
-        j_revoke = sum(self.run_revoke[a] for a in out_running)
-        v_reuse = sum(self.reuse_value.get(a, 0.0) for a in resident)
+        j_redo = sum(self.run_redo[a] for a in sorted(out_running))
+        j_revoke = sum(self.run_revoke[a] for a in sorted(out_running))
+        v_reuse = sum(self.reuse_value.get(a, 0.0) for a in sorted(resident))
         return _Pack(resident, preempt, t_move, j_redo, j_revoke, v_reuse, [], [])
 
     def _t_move(self, resident: frozenset[str]) -> float:
-        """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8)."""
-        return (sum(self.move_out[a] for a in self.gpu - resident)
-                + sum(self.move_in[a] for a in resident - self.gpu))
+        """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
+        summed in a fixed order so that every process computes the same float."""
+        return (sum(self.move_out[a] for a in sorted(self.gpu - resident))
+                + sum(self.move_in[a] for a in sorted(resident - self.gpu)))
 
     def _reuse_counts(self) -> dict[str, int]:
         """n_a(t): downstream stages of agent a whose only unfinished
@@ -831,13 +840,16 @@ class _Filler:
         with `hol_age`), and a slot under the cap K."""
         s = self.search
         extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
+        slots = len(self.pack.seq) + 1 + len(self.uncovered - {r.agent})
         hol = s.hol
         if self.hol_pending and hol is not None and r.id != hol.id:
-            still_held = hol.agent in self.uncovered and hol.agent != r.agent  # its slot stays
-            extra += s.d[hol.id] - (s.min_d[hol.agent] if still_held else 0.0)
+            # the head of line keeps its room and a slot under K; while its prefix is
+            # uncovered (and r does not cover it) that prefix's reservation holds part
+            in_slot = hol.agent in self.uncovered and hol.agent != r.agent
+            extra += s.d[hol.id] - (s.min_d[hol.agent] if in_slot else 0.0)
+            slots += 0 if in_slot else 1
         k = s.params.k
-        return self.used + self.reserved + extra <= s.budget and not (
-            k and len(self.pack.seq) + 1 + len(self.uncovered - {r.agent}) > k)
+        return self.used + self.reserved + extra <= s.budget and not (k and slots > k)
 
     def take(self, r: Request, gain: float) -> None:
         """Admit r; once every prefix of R is covered, emit the allocation."""
