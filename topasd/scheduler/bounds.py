@@ -329,4 +329,6 @@ _SLACK = 1e-9  # bounds summed in another order than the scores they bound: roun
 
 def _loosen(bound: Any) -> Any:
     """A bound raised by a relative rounding margin (float or array)."""
+    if isinstance(bound, float):
+        return bound + _SLACK * (1.0 + abs(bound))
     return bound + _SLACK * (1.0 + np.abs(bound))

@@ -362,6 +362,7 @@ class _Search(SearchBounds):
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
         self._dhats: dict[int, float] = {}
+        self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
         self._covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]] = {}
         self._cover_cuts: dict[tuple[int, frozenset[str]], tuple[tuple[int, float], ...]] = {}
@@ -693,8 +694,12 @@ class _Search(SearchBounds):
     def _t_move(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
         summed in a fixed order so that every process computes the same float."""
-        return (sum(self.move_out[a] for a in sorted(self.gpu - resident))
+        hit = self._t_moves.get(resident)
+        if hit is None:
+            hit = self._t_moves[resident] = (
+                sum(self.move_out[a] for a in sorted(self.gpu - resident))
                 + sum(self.move_in[a] for a in sorted(resident - self.gpu)))
+        return hit
 
     def _reuse_counts(self) -> dict[str, int]:
         """n_a(t): downstream stages of agent a whose only unfinished
