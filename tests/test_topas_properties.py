@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import math
+from collections.abc import Iterator
 from dataclasses import replace
 
 import networkx as nx
@@ -203,14 +206,10 @@ def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tupl
                                                                         list[tuple[object, ...]]]:
     """Every decision's (admit, preempt, load, evict) with the pruned search
     and with every generated prefix set packed."""
-    import math
-
-    import topasd.scheduler.topas as topas
-
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     params = TopasParams(k=k, m=2, samples=16)
 
-    def chosen(pruned: bool) -> list[tuple[object, ...]]:
+    def chosen() -> list[tuple[object, ...]]:
         out: list[tuple[object, ...]] = []
 
         class Sink:
@@ -220,19 +219,29 @@ def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tupl
             def event(self, ev: object) -> None:
                 return None
 
-        saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
-        if not pruned:
-            topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
-            topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
-            topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
-        try:
-            Run(trace, TopasPolicy(params), SimBackend(profile), sink=Sink()).execute()
-        finally:
-            (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
-             topas._Search._ext_bounds) = saved
+        Run(trace, TopasPolicy(params), SimBackend(profile), sink=Sink()).execute()
         return out
 
-    return chosen(True), chosen(False)
+    pruned = chosen()
+    with _exhaustive_search():
+        return pruned, chosen()
+
+
+@contextlib.contextmanager
+def _exhaustive_search() -> Iterator[None]:
+    """TOPAS with every generated prefix set packed: no `bound`, `refined` or
+    batch bounds prune anything."""
+    import topasd.scheduler.topas as topas
+
+    saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
+    topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
+    topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
+    topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
+         topas._Search._ext_bounds) = saved
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -278,21 +287,9 @@ def _fork_trace(n_agents: int, n_tasks: int, seed: int) -> Trace:
 
 def _pruned_vs_exhaustive(params: TopasParams, view: EngineView) -> tuple[Decision, Decision]:
     """One decision with the pruned search and with every prefix set packed."""
-    import math
-
-    import topasd.scheduler.topas as topas
-
     pruned = TopasPolicy(params).decide(view)
-    saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
-    topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
-    topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
-    topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
-    try:
-        exhaustive = TopasPolicy(params).decide(view)
-    finally:
-        (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
-         topas._Search._ext_bounds) = saved
-    return pruned, exhaustive
+    with _exhaustive_search():
+        return pruned, TopasPolicy(params).decide(view)
 
 
 def test_pruning_against_the_empty_state_still_admits_when_every_load_costs_more() -> None:

@@ -36,14 +36,10 @@ class SearchBounds:
     view: EngineView
     paths: TaskPaths
     gpu: frozenset[str]
-    ell: dict[str, int]
     hold: dict[str, float]
     d: dict[int, float]
     g: dict[int, float]
     min_d: dict[str, float]
-    run_kv: Mapping[str, float]
-    run_redo: Mapping[str, float]
-    run_revoke: Mapping[str, float]
     lost_by_agent: dict[str, float]
     lost_all: float
     running_agents: frozenset[str]
@@ -253,16 +249,15 @@ class SearchBounds:
             return np.array([f(a) for a in rest], dtype=float)
 
         ordered = sorted(base)  # sums in a fixed order: the same floats in every process
-        room = self.budget - sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in ordered) - per_set(
-            per_agent(lambda a: self.ell[a] + self.run_kv.get(a, 0.0)))
+        room = self.budget - sum(self.hold[a] for a in ordered) - per_set(
+            per_agent(lambda a: self.hold[a]))
         need = sum(self.min_d.get(a, math.inf) for a in ordered
                    if a not in self.running_agents) + per_set(
             per_agent(lambda a: 0.0 if a in self.running_agents else self.min_d.get(a, math.inf)))
         fixed = sum(self.reuse_value.get(a, 0.0) for a in ordered) - sum(
-            self.run_redo[a] + self.run_revoke[a] for a in sorted(self.running_agents - base)
-        ) + per_set(
-            per_agent(lambda a: self.reuse_value.get(a, 0.0) + (
-                self.run_redo[a] + self.run_revoke[a] if a in self.running_agents else 0.0)))
+            self.lost_by_agent[a] for a in sorted(self.running_agents - base)
+        ) + per_set(per_agent(
+            lambda a: self.reuse_value.get(a, 0.0) + self.lost_by_agent.get(a, 0.0)))
         t_move = self._t_move(base) + per_set(per_agent(
             lambda a: -self.move_out[a] if a in self.gpu else self.move_in[a]))
         t_lo = max(0.0, float(t_move.min())) if t_move.size else 0.0

@@ -157,21 +157,17 @@ class TaskPaths:
         todo = [i for i, v in enumerate(out) if v is None]
         if todo:
             wf = self.workflows[task.workflow]
-            res = self._residuals(task, wf, running)
             if wf.is_chain:  # LP is a sum: E[LP] = sum of E[Z_v], exactly
+                res = self._residuals(task, wf, running)
                 base = sum(r.mean for r in res)
                 values = [base + sum(res[row].cut_mean(d) - res[row].mean
                                      for row, d in cuts[i]) for i in todo]
+                for i, v in zip(todo, values, strict=True):
+                    self._lhat[(task.id, cuts[i])] = v
             else:
-                samples = self._sampled(task, res)
-                cut = np.zeros((len(todo), samples.shape[0], 1))
-                for j, i in enumerate(todo):
-                    for row, d in cuts[i]:
-                        cut[j, row, 0] = d
-                z = np.maximum(samples[None, :, :] - cut, 0.0)  # [Z - D_hat]_+ (Eq. 6)
-                values = _longest_path(wf, z).mean(axis=-1).tolist()
-            for i, v in zip(todo, values, strict=True):
-                self._lhat[(task.id, cuts[i])] = out[i] = v
+                self._dag_pass(wf, [(task, running, [cuts[i] for i in todo])])
+            for i in todo:
+                out[i] = self._lhat[(task.id, cuts[i])]
         return out  # type: ignore[return-value]
 
     def lhat_batch(self, jobs: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
@@ -187,19 +183,23 @@ class TaskPaths:
             else:
                 by_wf.setdefault(task.workflow, []).append((task, running, todo))
         for name, group in by_wf.items():
-            wf = self.workflows[name]
-            blocks, keys = [], []
-            for task, running, todo in group:
-                z = np.repeat(self._sampled(task, self._residuals(task, wf, running))[None],
-                              len(todo), axis=0)
-                for j, cut in enumerate(todo):
-                    for row, d in cut:
-                        z[j, row] -= d
-                blocks.append(z)
-                keys += [(task.id, c) for c in todo]
-            z = np.maximum(np.concatenate(blocks), 0.0)  # [Z - D_hat]_+ (Eq. 6)
-            self._lhat.update(zip(keys, _longest_path(wf, z).mean(axis=-1).tolist(),
-                                  strict=True))
+            self._dag_pass(self.workflows[name], group)
+
+    def _dag_pass(self, wf: Workflow,
+                  group: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
+        """E[LP] of every (task, cut) of `group` (tasks of the DAG `wf`) into the
+        cache, averaged over the stratified samples in one longest-path pass."""
+        blocks, keys = [], []
+        for task, running, todo in group:
+            z = np.repeat(self._sampled(task, self._residuals(task, wf, running))[None],
+                          len(todo), axis=0)
+            for j, cut in enumerate(todo):
+                for row, d in cut:
+                    z[j, row] -= d
+            blocks.append(z)
+            keys += [(task.id, c) for c in todo]
+        z = np.maximum(np.concatenate(blocks), 0.0)  # [Z - D_hat]_+ (Eq. 6)
+        self._lhat.update(zip(keys, _longest_path(wf, z).mean(axis=-1).tolist(), strict=True))
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""

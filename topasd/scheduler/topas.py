@@ -431,11 +431,7 @@ class _Search(SearchBounds):
         """GreedyPack every set that could beat the best state found so far
         (most promising first; pruning by `bound` never changes Eq. 14's argmax).
         `coarse`, when given, holds cheaper upper bounds on `bound` per set."""
-        if coarse is None:
-            order = [(self.bound(r), i) for i, r in enumerate(sets)]
-        else:
-            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
-        order.sort(key=lambda b: (-b[0], b[1]))
+        order = self._visit_order(sets, coarse)
         self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
         for ub, i in order:
             if ub < self.best_total:
@@ -443,6 +439,17 @@ class _Search(SearchBounds):
             if (coarse is None or self.bound(sets[i]) >= self.best_total) and self.refined(
                     sets[i]) >= self.best_total:
                 self.pack(sets[i])
+
+    def _visit_order(self, sets: Sequence[frozenset[str]],
+                     coarse: np.ndarray | None) -> list[tuple[float, int]]:
+        """(upper bound, index) of every set, most promising first (ties: first
+        listed); the bound is `coarse` when given, else `bound`."""
+        if coarse is None:
+            order = [(self.bound(r), i) for i, r in enumerate(sets)]
+        else:
+            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
+        order.sort(key=lambda b: (-b[0], b[1]))
+        return order
 
     def _greedy_sets(self, active: list[str]) -> None:
         """Greedy additions from R_t, one pair test at the first stall, repairs."""
@@ -482,11 +489,7 @@ class _Search(SearchBounds):
             dropped once a non-empty state exists)."""
             return (ub <= floor and ub < self.best_total) or (best is not None and ub < best_phi)
 
-        if coarse is None:
-            order = [(self.bound(r), i) for i, r in enumerate(sets)]
-        else:
-            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
-        order.sort(key=lambda b: (-b[0], b[1]))
+        order = self._visit_order(sets, coarse)
         if coarse is None:
             self._prime_covers([sets[i] for ub, i in order if not hopeless(ub)])
         for ub, i in order:
@@ -547,7 +550,6 @@ class _Search(SearchBounds):
                     r = reqs[0]
                     items.append((self.base_gain(r), self.d[r.id], alone[r.agent]))
                     continue
-                self._gains(tid, (), reqs)
                 items.append((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
                               frozenset(r.agent for r in reqs)))
             items.sort(key=by_ratio)
@@ -587,7 +589,7 @@ class _Search(SearchBounds):
             if a not in self.min_d:
                 return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
-        used = sum(self.ell[a] + self.run_kv.get(a, 0.0) for a in sorted(resident))
+        used = sum(self.hold[a] for a in sorted(resident))
         if used + reserved > self.budget:
             return []
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
@@ -671,13 +673,14 @@ class _Search(SearchBounds):
             code_of = {a: i for i, a in enumerate(sorted(self.solo_agents))}
             rs = [self.requests[rid] for _, _, rid in keyed]
             d = np.array([self.d[r.id] for r in rs], dtype=float)
-            neg = np.array([k[0] for k in keyed], dtype=float)
+            gain = -np.array([k[0] for k in keyed], dtype=float) * d
+            rids = [r.id for r in rs]
             self._solo = _SoloOrder(
                 code=np.array([code_of[r.agent] for r in rs], dtype=np.int64),
-                d=d, gain=-neg * d, rid=np.array([r.id for r in rs], dtype=np.int64),
+                d=d, gain=gain, rid=np.array(rids, dtype=np.int64),
                 incoming=np.array([r.agent not in self.gpu for r in rs], dtype=bool),
                 task=np.array([r.task_id for r in rs], dtype=np.int64),
-                code_of=code_of, rids=[r.id for r in rs], gains=(-neg * d).tolist())
+                code_of=code_of, rids=rids, gains=gain.tolist())
         return self._solo
 
     # --------------------------------------------------------------- terms
@@ -745,15 +748,14 @@ class _Search(SearchBounds):
             return
         self._primed = True
         groups: dict[int, tuple[Any, list[int], list[float], list[float]]] = {}
-        dags = []
+        dags: list[tuple[TaskView, dict[str, Request], list[Request]]] = []
         for tid, reqs in self.waiting_by_task.items():
             task = self.view.tasks.get(tid)
             if task is None:
                 continue
             running = self.running_stage.get(tid, {})
             if not self.view.workflows[task.workflow].is_chain:
-                cuts = [_add_cut((), self._row(r), self._dhat(r)) for r in reqs]
-                dags.append((task, running, reqs, cuts, self._joint_cut(reqs)))
+                dags.append((task, running, reqs))
                 continue
             res = self.paths.residuals(task, running)
             g = self.g.get(tid, 1.0)
@@ -767,13 +769,11 @@ class _Search(SearchBounds):
             delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
             self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
                                   strict=True))
-        self.paths.lhat_batch([(task, running, [(), *cuts, joint])
-                               for task, running, _, cuts, joint in dags])
-        for task, running, reqs, cuts, _ in dags:
-            before = self.paths.lhat(task, running, ())
-            g = self.g.get(task.id, 1.0)
-            for r, after in zip(reqs, self.paths.lhat_many(task, running, cuts), strict=True):
-                self._gain[(r.id, ())] = g * max(0.0, before - after)
+        self.paths.lhat_batch([  # every cut `_gains` and `_joint_gain` read, in one pass
+            (task, running, [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
+                             self._joint_cut(reqs)]) for task, running, reqs in dags])
+        for task, _, reqs in dags:
+            self._gains(task.id, (), reqs)
 
     def base_gain(self, r: Request) -> float:
         """g_i * Delta_task(r | {}, t), computed for a task's requests at once."""
