@@ -149,6 +149,13 @@ def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished()
     # V_reuse = beta * sum_{a in R'} n_a mu l_a / B_swap, over the resident set only.
     state = s.pack(frozenset({"A", "B", "C"}))[0]
     assert state.terms().v_reuse == pytest.approx(2.0 * (1 + 1) * 0.001 * 100)
+    # a state that preempts the running predecessor gets no reuse for its
+    # successors: without A, task 1's b and c are not about to become ready.
+    without_a = s.pack(frozenset({"B", "C"}))[0]
+    assert without_a.preempt == (1,)
+    assert without_a.terms().v_reuse == 0.0
+    assert s.pack(frozenset({"A", "B"}))[0].terms().v_reuse == pytest.approx(
+        2.0 * 1 * 0.001 * 100)
 
 
 # ----------------------------------------------------------------- Eq. 12

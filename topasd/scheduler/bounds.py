@@ -45,7 +45,7 @@ class SearchBounds:
     running_agents: frozenset[str]
     running_stage: Mapping[int, dict[str, Request]]
     solo_agents: frozenset[str]
-    reuse_value: dict[str, float]
+    reuse_value: dict[str, float]  # an upper bound on V_reuse per agent of R (Eq. 11)
     move_in: dict[str, float]
     move_out: dict[str, float]
     waiting_by_task: Mapping[int, list[Request]]

@@ -353,9 +353,16 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.hol = _head_of_line(view, p.hol_age)
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
-        self.n_reuse = self._reuse_counts() if p.reuse else {}
-        self.reuse_value = {a: p.beta * n * self.sec_per_token * self.ell[a]  # Eq. 11 terms
-                            for a, n in self.n_reuse.items() if a in self.ell}
+        by_pred = self._reuse_counts() if p.reuse else {}
+        self.n_reuse: dict[str, int] = defaultdict(int)
+        for (_, a), n in by_pred.items():
+            self.n_reuse[a] += n
+        # Eq. 11 terms, per (agent of the running predecessor, agent of the stage)
+        self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
+                            for (u, a), n in sorted(by_pred.items()) if a in self.ell}
+        self.reuse_value: dict[str, float] = defaultdict(float)  # an upper bound per agent
+        for (_, a), v in self.reuse_pairs.items():
+            self.reuse_value[a] += v
         self.g = self._aging()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.best_total = -math.inf  # best non-empty state so far (pruning)
@@ -691,7 +698,8 @@ class _Search(SearchBounds):
         t_move = self._t_move(resident)
         j_redo = sum(self.run_redo[a] for a in sorted(out_running))
         j_revoke = sum(self.run_revoke[a] for a in sorted(out_running))
-        v_reuse = sum(self.reuse_value.get(a, 0.0) for a in sorted(resident))
+        v_reuse = sum(v for (u, a), v in self.reuse_pairs.items()
+                      if a in resident and u in resident)
         return _Pack(resident, preempt, t_move, j_redo, j_revoke, v_reuse, [], [])
 
     def _t_move(self, resident: frozenset[str]) -> float:
@@ -704,11 +712,13 @@ class _Search(SearchBounds):
                 + sum(self.move_in[a] for a in sorted(resident - self.gpu)))
         return hit
 
-    def _reuse_counts(self) -> dict[str, int]:
-        """n_a(t): downstream stages of agent a whose only unfinished
-        predecessor is running (fork children each; a join once its siblings
-        finished)."""
-        counts: dict[str, int] = defaultdict(int)
+    def _reuse_counts(self) -> dict[tuple[str, str], int]:
+        """n_a(t) by the agent u of the running predecessor: downstream stages
+        of agent a whose only unfinished predecessor is running (fork children
+        each; a join once its siblings finished). A state that preempts that
+        predecessor (u not in R') does not make the stage ready soon, so
+        V_reuse counts a pair only when both u and a stay resident."""
+        counts: dict[tuple[str, str], int] = defaultdict(int)
         for task_id, stages in self.running_stage.items():
             task = self.view.tasks.get(task_id)
             if task is None:
@@ -720,7 +730,7 @@ class _Search(SearchBounds):
                         continue
                     others = [p for p in wf.preds[v] if p != u]
                     if all(task.stages[p].status is StageStatus.DONE for p in others):
-                        counts[wf.stages[v].agent] += 1
+                        counts[(wf.stages[u].agent, wf.stages[v].agent)] += 1
         return counts
 
     def _aging(self) -> dict[int, float]:
