@@ -1,7 +1,8 @@
 """Reproduce Table I of the paper: Grouped vs Alternating under FCFS.
 
 Two agents with distinct long prefixes, n requests each, all present at t=0,
-identical suffix and decode length; only the request order differs.
+identical suffix and max_new (generation lengths vary, see the workload's notes);
+only the request order differs.
 
     python bench/table1.py [--profile qwen2.5-32b-a100] [--json]
 """
@@ -69,7 +70,7 @@ def checks(rows: list[dict]) -> list[tuple[str, bool]]:
 def render(rows: list[dict], profile: str) -> str:
     lines = [f"## Table I: Grouped vs Alternating under FCFS (profile `{profile}`)", "",
              f"Command: `python bench/table1.py --profile {profile}`. Two agents with "
-             "6,000-token prefixes, n requests each (256-token suffix, 850 output tokens), "
+             "6,000-token prefixes, n requests each (512-token suffix, 800-900 output tokens), "
              "all present at t = 0; slash-separated values are Grouped / Alternating.", "",
              "| n | makespan s (sim) | makespan s (paper) | ratio sim / paper "
              "| mean batch (sim) | mean batch (paper) | peak batch (sim) | peak batch (paper) "

@@ -11,7 +11,7 @@ executes them and policies read `CostHints` derived from them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from topasd.model import CostHints, TopasError, replace_known
 
@@ -39,11 +39,8 @@ class HardwareProfile:
     new_token_ratio_decay_steps: int = 600
     retract_decode_steps: int = 20
     clip_max_new_tokens: int = 4096
-    # SGLang 0.5.3 reserves a new request's whole max_new (ratio applies to running
-    # requests only); False discounts new requests by new_token_ratio as well.
-    admit_new_full: bool = True
-    reset_ratio_when_empty: bool = False  # new_token_ratio back to its start when Q_t empties
-    redo_by_decode: bool = False  # a preempted request regenerates its output by decoding
+    # SGLang 0.5.3 reserves a new request's whole max_new; new_token_ratio
+    # discounts the remaining output of running requests only.
     mixed_chunk: bool = False  # SGLang's default: prefill steps run apart from decode
 
     def __post_init__(self) -> None:
@@ -135,23 +132,6 @@ def _a100_qwen32b() -> HardwareProfile:
     )
 
 
-def _a100_table1() -> HardwareProfile:
-    """The same testbed with admission as CALIBRATION.md reads Table I: a new
-    request reserves max_new x new_token_ratio too, the ratio restarts when the
-    running batch empties, and a retracted request regenerates its output by
-    decoding (the paper's J_redo model). It reproduces Table I's peak batches,
-    which SGLang 0.5.3's literal rules keep in lockstep for the Alternating order."""
-    return replace(
-        _a100_qwen32b(),
-        name="qwen2.5-32b-a100-table1",
-        description="as qwen2.5-32b-a100, with CALIBRATION.md's reading of SGLang's "
-        "optimistic admission (the Table I check)",
-        admit_new_full=False,
-        reset_ratio_when_empty=True,
-        redo_by_decode=True,
-    )
-
-
 def _small() -> HardwareProfile:
     """A tiny fast profile for tests: 4k-token pool, millisecond steps."""
     return HardwareProfile(
@@ -188,7 +168,7 @@ def _unit() -> HardwareProfile:
 
 
 PROFILES: dict[str, HardwareProfile] = {
-    p.name: p for p in (_a100_qwen32b(), _a100_table1(), _small(), _unit())
+    p.name: p for p in (_a100_qwen32b(), _small(), _unit())
 }
 DEFAULT_PROFILE = "qwen2.5-32b-a100"
 

@@ -163,7 +163,7 @@ class SimBackend(EventBuffer):
             t=self._t,
             budget_tokens=self.profile.budget_tokens,
             new_token_ratio=self.ratio,
-            new_request_ratio=self._new_request_ratio(),
+            new_request_ratio=1.0,  # SGLang 0.5.3 charges a new request its whole max_new
             prefixes=self._prefix_states(),
             running=tuple(self._snapshot(live) for live in self._running.values()),
             waiting=tuple(self._waiting.values()),
@@ -219,11 +219,7 @@ class SimBackend(EventBuffer):
                 total += lv.req.input_tokens + lv.req.output_tokens
             else:
                 total += lv.kv + self.ratio * min(rem, clip)
-        ratio = self._new_request_ratio()
-        return total + sum(r.admit_demand(reservation, ratio, clip) for r in admitted)
-
-    def _new_request_ratio(self) -> float:
-        return 1.0 if self.profile.admit_new_full else self.ratio
+        return total + sum(r.admit_demand(reservation, 1.0, clip) for r in admitted)
 
     # ------------------------------------------------------- state changes
 
@@ -246,8 +242,7 @@ class SimBackend(EventBuffer):
 
     def _preempt(self, rid: int, kind: EventKind) -> None:
         live = self._running.pop(rid)
-        kept = 0 if self.profile.redo_by_decode else live.generated
-        req = replace(live.req, generated=kept, preemptions=live.req.preemptions + 1,
+        req = replace(live.req, generated=live.generated, preemptions=live.req.preemptions + 1,
                       state=RequestState.WAITING, queued_at=self._t)
         self._waiting[rid] = req
         if live.prefill_left:
@@ -307,8 +302,6 @@ class SimBackend(EventBuffer):
         req = live.req
         del self._running[req.id]
         self.batch_is_full = False
-        if not self._running and self.profile.reset_ratio_when_empty:
-            self.ratio = self.profile.init_new_token_ratio
         started = live.started_at if live.started_at is not None else live.admitted_at
         self._prefixes[req.agent].last_used = self._t
         self._emit(self._t, EventKind.REQUEST_FINISH, req, tokens=live.generated,
