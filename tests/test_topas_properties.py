@@ -103,7 +103,7 @@ class CheckedTopas(TopasPolicy):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 1, 2, 5]), st.sampled_from([1, 2, 6]),
-       st.sampled_from([0.0, 1.0]), st.sampled_from([0.0, 2.0]),
+       st.sampled_from([0.0, 1.0, 20.0]), st.sampled_from([0.0, 2.0]),
        st.sampled_from([(True, None), (False, None), (True, 0.0), (False, 1.0)]))
 def test_topas_decisions_keep_the_papers_constraints(
         case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
@@ -118,6 +118,8 @@ def test_topas_decisions_keep_the_papers_constraints(
     assert set(result.jct) == {t.id for t in trace.tasks}, "every task finishes"
     assert pol.decisions > 0
     assert result.stats.retractions == 0, "full reservation is never retracted"
+    n_requests = sum(len(rounds) for t in trace.tasks for rounds in t.stages.values())
+    assert result.stats.preemptions <= n_requests, "no prefix thrash"
 
 
 def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
