@@ -1,8 +1,8 @@
 """Reproduce Table I of the paper: Grouped vs Alternating under FCFS.
 
 Two agents with distinct long prefixes, n requests each, all present at t=0,
-identical suffix and max_new (generation lengths vary, see the workload's notes);
-only the request order differs.
+identical suffix, 800-900 generated tokens (see the workload's notes); only
+the request order differs.
 
     python bench/table1.py [--profile qwen2.5-32b-a100] [--json]
 """

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import math
-from collections.abc import Iterator
 from dataclasses import replace
 
 import networkx as nx
@@ -14,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
+from tests.topas_views import exhaustive_search
 from topasd.model import Agent, Decision, EngineView, Request, Stage, StageProfile, Workflow
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
@@ -119,7 +117,9 @@ def test_topas_decisions_keep_the_papers_constraints(
     assert pol.decisions > 0
     assert result.stats.retractions == 0, "full reservation is never retracted"
     n_requests = sum(len(rounds) for t in trace.tasks for rounds in t.stages.values())
-    assert result.stats.preemptions <= n_requests, "no prefix thrash"
+    # a loose sanity bound; the prefix-swap livelock itself is pinned on the
+    # Fig. 2 machine (tests/test_fig2.py), which these random DAGs do not reach
+    assert result.stats.preemptions <= n_requests, "more preemptions than requests"
 
 
 def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
@@ -225,25 +225,8 @@ def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tupl
         return out
 
     pruned = chosen()
-    with _exhaustive_search():
+    with exhaustive_search():
         return pruned, chosen()
-
-
-@contextlib.contextmanager
-def _exhaustive_search() -> Iterator[None]:
-    """TOPAS with every generated prefix set packed: no `bound`, `refined` or
-    batch bounds prune anything."""
-    import topasd.scheduler.topas as topas
-
-    saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
-    topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
-    topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
-    topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
-         topas._Search._ext_bounds) = saved
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -290,7 +273,7 @@ def _fork_trace(n_agents: int, n_tasks: int, seed: int) -> Trace:
 def _pruned_vs_exhaustive(params: TopasParams, view: EngineView) -> tuple[Decision, Decision]:
     """One decision with the pruned search and with every prefix set packed."""
     pruned = TopasPolicy(params).decide(view)
-    with _exhaustive_search():
+    with exhaustive_search():
         return pruned, TopasPolicy(params).decide(view)
 
 

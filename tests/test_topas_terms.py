@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.topas_views import CHAIN, COSTS, FORK, request, task, view
+from tests.topas_views import CHAIN, COSTS, FORK, exhaustive_search, request, task, view
 from topasd.model import EngineEvent, EventKind, Request, TopasError
 from topasd.scheduler.topas import TopasParams, TopasPolicy, _Search
 
@@ -103,7 +103,8 @@ def test_preemption_revokes_the_credit_stored_at_admission() -> None:
     rb = request(2, 2, CHAIN, "b")
     v2 = view(CHAIN, [task(1, CHAIN, a="active"), task(2, CHAIN, a="done", b="active")],
               [running], [rb], t=1.0, budget=130, gpu=("A",))
-    d2 = pol.decide(v2)
+    with exhaustive_search():  # the swap loses: without pruning it is still logged
+        d2 = pol.decide(v2)
     swap = [c for c in d2.candidates if c.preempt == (1,)]
     assert swap, "a candidate preempting r1 must be generated"
     for c in swap:
@@ -146,7 +147,8 @@ def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished()
              task(3, FORK, a="done", b="active", c="active")]
     s = _Search(pol, view(FORK, tasks, run, [], gpu=("A", "B", "C")))
     assert dict(s.n_reuse) == {"B": 1, "C": 1, "D": 1}
-    # V_reuse = beta * sum_{a in R'} n_a mu l_a / B_swap, over the resident set only.
+    # V_reuse = beta * sum_{a in R'} n_a mu l_a / B_swap over the resident set,
+    # counting a stage only while its running predecessor's agent stays in R'.
     state = s.pack(frozenset({"A", "B", "C"}))[0]
     assert state.terms().v_reuse == pytest.approx(2.0 * (1 + 1) * 0.001 * 100)
     # a state that preempts the running predecessor gets no reuse for its

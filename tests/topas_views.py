@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
+
 from topasd.model import (
     Agent,
     CostHints,
@@ -75,3 +79,20 @@ def view(wf: Workflow | list[Workflow], tasks: list[TaskView], running: list[Req
         running=tuple(running), waiting=tuple(waiting), tasks={tk.id: tk for tk in tasks},
         workflows={w.name: w for w in wfs}, costs=COSTS,
     )
+
+
+@contextlib.contextmanager
+def exhaustive_search() -> Iterator[None]:
+    """TOPAS with every generated prefix set packed: no `bound`, `refined` or
+    batch bounds prune anything."""
+    import topasd.scheduler.topas as topas
+
+    saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
+    topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
+    topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
+    topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
+         topas._Search._ext_bounds) = saved

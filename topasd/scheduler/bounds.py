@@ -62,6 +62,7 @@ class SearchBounds:
     _joint_gain: Callable[[int, list[Request]], float]
     _joint_cut: Callable[[list[Request]], Cut]
     _t_move: Callable[[frozenset[str]], float]
+    v_reuse: Callable[[frozenset[str]], float]
 
     def bound(self, resident: frozenset[str]) -> float:
         """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
@@ -83,18 +84,17 @@ class SearchBounds:
         return hit
 
     def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
-        room, need, reuse, lost = self.budget, 0.0, 0.0, self.lost_all
+        room, need, lost = self.budget, 0.0, self.lost_all
         for a in sorted(resident):  # a fixed order: the same floats in every process
             room -= self.hold[a]
-            reuse += self.reuse_value.get(a, 0.0)
             if a in self.running_agents:
                 lost -= self.lost_by_agent[a]
             else:
                 need += self.min_d.get(a, math.inf)
         if room < need:
             return -math.inf
-        return _loosen(reuse - lost + self._knapsack(resident, room, self._t_move(resident),
-                                                     covers))
+        return _loosen(self.v_reuse(resident) - lost + self._knapsack(
+            resident, room, self._t_move(resident), covers))
 
     def _knapsack(self, resident: frozenset[str], room: float, t_move: float,
                   covers: bool = False) -> float:

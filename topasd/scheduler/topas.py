@@ -698,9 +698,12 @@ class _Search(SearchBounds):
         t_move = self._t_move(resident)
         j_redo = sum(self.run_redo[a] for a in sorted(out_running))
         j_revoke = sum(self.run_revoke[a] for a in sorted(out_running))
-        v_reuse = sum(v for (u, a), v in self.reuse_pairs.items()
-                      if a in resident and u in resident)
-        return _Pack(resident, preempt, t_move, j_redo, j_revoke, v_reuse, [], [])
+        return _Pack(resident, preempt, t_move, j_redo, j_revoke, self.v_reuse(resident), [], [])
+
+    def v_reuse(self, resident: frozenset[str]) -> float:
+        """V_reuse(R') (Eq. 11): a downstream stage counts when its agent and
+        its running predecessor's agent both stay in R' (`reuse_pairs`)."""
+        return sum(v for (u, a), v in self.reuse_pairs.items() if a in resident and u in resident)
 
     def _t_move(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
