@@ -146,7 +146,8 @@ def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished()
     tasks = [task(1, FORK, a="active"), task(2, FORK, a="done", b="active", c="done"),
              task(3, FORK, a="done", b="active", c="active")]
     s = _Search(pol, view(FORK, tasks, run, [], gpu=("A", "B", "C")))
-    assert dict(s.n_reuse) == {"B": 1, "C": 1, "D": 1}
+    # n_a(t) by the running predecessor's agent: B and C behind task 1's a, D behind task 2's b
+    assert dict(s._reuse_counts()) == {("A", "B"): 1, ("A", "C"): 1, ("B", "D"): 1}
     # V_reuse = beta * sum_{a in R'} n_a mu l_a / B_swap over the resident set,
     # counting a stage only while its running predecessor's agent stays in R'.
     state = s.pack(frozenset({"A", "B", "C"}))[0]

@@ -354,9 +354,6 @@ class _Search(SearchBounds):
         self.hol = _head_of_line(view, p.hol_age)
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
         by_pred = self._reuse_counts() if p.reuse else {}
-        self.n_reuse: dict[str, int] = defaultdict(int)
-        for (_, a), n in by_pred.items():
-            self.n_reuse[a] += n
         # Eq. 11 terms, per (agent of the running predecessor, agent of the stage)
         self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
                             for (u, a), n in sorted(by_pred.items()) if a in self.ell}
