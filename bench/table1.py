@@ -45,6 +45,13 @@ def run(n: int, grouped: bool, profile: str) -> dict[str, float]:
             "peak_batch": s["peak_batch"], "retractions": s["retractions"]}
 
 
+def table_row(n: int, profile: str) -> dict:
+    """Grouped and Alternating runs for n requests per agent, beside the paper."""
+    mk, mb, pk = PAPER[n]
+    return {"n": n, "grouped": run(n, True, profile), "alternating": run(n, False, profile),
+            "paper": {"makespan": mk, "mean_batch": mb, "peak_batch": pk}}
+
+
 def checks(rows: list[dict]) -> list[tuple[str, bool]]:
     """The acceptance criteria of the foundation issue, one line each."""
     out = []
@@ -98,11 +105,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
-    rows = []
-    for n, (mk, mb, pk) in PAPER.items():
-        g, a = run(n, True, args.profile), run(n, False, args.profile)
-        rows.append({"n": n, "grouped": g, "alternating": a,
-                     "paper": {"makespan": mk, "mean_batch": mb, "peak_batch": pk}})
+    rows = [table_row(n, args.profile) for n in PAPER]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
