@@ -20,17 +20,15 @@ from multiprocessing import Pool
 from typing import Any
 
 from _results import update_section  # bench/_results.py
+from paper import WORKLOADS, operating_point  # bench/paper.py
 
 from backends.sim.engine import SimBackend
-from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
 from topasd.scheduler.topas import TopasParams, TopasPolicy
 from workflows.builtin import load_workload
-from workflows.trace import generate_trace
 
-WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
 VARIANTS: dict[str, dict[str, Any]] = {
     "TOPAS": {},
     "no preemption": {"preempt": False},
@@ -49,10 +47,8 @@ class Job:
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    wl = load_workload(job.workload)
-    trace = generate_trace(wl.workflows, job.rate, job.tasks, job.seed, name=wl.name)
     topas = job.policy in VARIANTS
-    profile = get_profile(DEFAULT_PROFILE).with_overrides(host_cache=topas)
+    trace, profile = operating_point(job.workload, job.rate, job.tasks, job.seed, topas)
     policy = (TopasPolicy(TopasParams(**VARIANTS[job.policy])) if topas
               else make_policy(job.policy))
     s = Run(trace, policy, SimBackend(profile)).execute().summary()

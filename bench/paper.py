@@ -34,12 +34,12 @@ from _results import update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import EngineEvent, EventKind
-from topasd.profiles import DEFAULT_PROFILE, get_profile
+from topasd.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
 from workflows.builtin import load_workload
-from workflows.trace import generate_trace
+from workflows.trace import Trace, generate_trace
 
 WORKLOADS = ("chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
 PAPER = {  # reductions (%) of mean / p99 JCT vs the best baseline (CALIBRATION.md)
@@ -89,11 +89,20 @@ class _Waits:
         return {s: sum(v) / len(v) for s, v in sorted(sums.items())}
 
 
+def operating_point(workload: str, rate: float, tasks: int, seed: int, topas: bool,
+                    engine: str = "paper") -> tuple[Trace, HardwareProfile]:
+    """The fixed arrival trace of one operating point, and the engine a policy
+    runs on: TOPAS always moves prefixes to host memory; the baselines do only
+    on the same engine (`engine="same"`), else they recompute evicted prefixes."""
+    wl = load_workload(workload)
+    trace = generate_trace(wl.workflows, rate, tasks, seed, name=wl.name)
+    host_cache = engine == "same" or topas
+    return trace, get_profile(DEFAULT_PROFILE).with_overrides(host_cache=host_cache)
+
+
 def run_job(job: Job) -> dict[str, Any]:
-    wl = load_workload(job.workload)
-    trace = generate_trace(wl.workflows, job.rate, job.tasks, job.seed, name=wl.name)
-    host_cache = job.engine == "same" or job.policy.startswith("topas")
-    profile = get_profile(DEFAULT_PROFILE).with_overrides(host_cache=host_cache)
+    trace, profile = operating_point(job.workload, job.rate, job.tasks, job.seed,
+                                     job.policy.startswith("topas"), job.engine)
     sink = _Waits()
     result = Run(trace, make_policy(job.policy), SimBackend(profile), sink=sink).execute()
     row = result.summary()
