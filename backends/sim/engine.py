@@ -36,6 +36,8 @@ from topasd.model import (
 )
 from topasd.profiles import HardwareProfile
 
+NEW_REQUEST_RATIO = 1.0  # SGLang 0.5.3 charges a new request its whole max_new
+
 _READY, _LOAD_END, _BACKUP_END = 0, 1, 2
 
 
@@ -163,7 +165,7 @@ class SimBackend(EventBuffer):
             t=self._t,
             budget_tokens=self.profile.budget_tokens,
             new_token_ratio=self.ratio,
-            new_request_ratio=1.0,  # SGLang 0.5.3 charges a new request its whole max_new
+            new_request_ratio=NEW_REQUEST_RATIO,
             prefixes=self._prefix_states(),
             running=tuple(self._snapshot(live) for live in self._running.values()),
             waiting=tuple(self._waiting.values()),
@@ -219,7 +221,7 @@ class SimBackend(EventBuffer):
                 total += lv.req.input_tokens + lv.req.output_tokens
             else:
                 total += lv.kv + self.ratio * min(rem, clip)
-        return total + sum(r.admit_demand(reservation, 1.0, clip) for r in admitted)
+        return total + sum(r.admit_demand(reservation, NEW_REQUEST_RATIO, clip) for r in admitted)
 
     # ------------------------------------------------------- state changes
 
