@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
+from tests.simkit import RecordingSink
 from tests.topas_views import exhaustive_search
 from topasd.model import Agent, Decision, EngineView, Request, Stage, StageProfile, Workflow
 from topasd.profiles import HardwareProfile, get_profile
@@ -127,25 +128,15 @@ def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
     """Every decision of a run, with GreedyPack's solo shortcut on or off."""
     import topasd.scheduler.topas as topas
 
-    class Sink:
-        def __init__(self) -> None:
-            self.decisions: list[Decision] = []
-
-        def decision(self, d: Decision) -> None:
-            self.decisions.append(replace(d, wall_ms=0.0, candidates=tuple(d.candidates)))
-
-        def event(self, ev: object) -> None:
-            return None
-
     original = topas._Search._fill_solo
     if not shortcut:
         topas._Search._fill_solo = topas._Search._fill_heap  # type: ignore[method-assign]
     try:
-        sink = Sink()
+        sink = RecordingSink()
         Run(trace, TopasPolicy(params), SimBackend(profile), sink=sink).execute()
     finally:
         topas._Search._fill_solo = original  # type: ignore[method-assign]
-    return sink.decisions
+    return [replace(d, wall_ms=0.0, candidates=tuple(d.candidates)) for d in sink.decisions]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -212,17 +203,9 @@ def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tupl
     params = TopasParams(k=k, m=2, samples=16)
 
     def chosen() -> list[tuple[object, ...]]:
-        out: list[tuple[object, ...]] = []
-
-        class Sink:
-            def decision(self, d: Decision) -> None:
-                out.append((d.admit, d.preempt, d.load, d.evict))
-
-            def event(self, ev: object) -> None:
-                return None
-
-        Run(trace, TopasPolicy(params), SimBackend(profile), sink=Sink()).execute()
-        return out
+        sink = RecordingSink()
+        Run(trace, TopasPolicy(params), SimBackend(profile), sink=sink).execute()
+        return [(d.admit, d.preempt, d.load, d.evict) for d in sink.decisions]
 
     pruned = chosen()
     with exhaustive_search():
