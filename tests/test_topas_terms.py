@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -80,6 +81,28 @@ def test_unobserved_pairs_fall_back_to_the_profiled_estimate() -> None:
     assert pol.model.request_estimate(r, COSTS) == pytest.approx(3.0)
     # The stage prior (256-token defaults of StageProfile) is a point mass.
     assert s.paths.lhat(s.view.tasks[1], {}) == pytest.approx(3 * 0.1 * 256)
+
+
+def test_a_waiting_round_past_every_observation_is_worth_one_more_round() -> None:
+    """Eq. 4 conditions on X > e, which has probability zero once a stage's
+    service exceeds every observation. A round of the stage still waits, so
+    the residual is one more round at the pair's mean round service: the
+    round keeps its value instead of dropping to nothing (and starving)."""
+    pol = policy()
+    observe(pol, "A", "a", [10, 20], request_service=8)
+    observe(pol, "B", "b", [5])
+    observe(pol, "C", "c", [7])
+    t1 = task(1, CHAIN, a="active")
+    t1 = replace(t1, stages={**t1.stages, "a": replace(t1.stages["a"], service_s=25.0)})
+    r = request(1, 1, CHAIN, "a")
+    s = _Search(pol, view(CHAIN, [t1], [], [r]))
+    assert s.paths.lhat(t1, {}) == pytest.approx(8 + 5 + 7)
+    assert s.delta(r, {}) == pytest.approx(8)  # E[min(Z, D_hat)] with Z = D_hat = 8
+    # Before any round finished, the profile prices the round (256-token defaults).
+    fresh = policy()
+    observe(fresh, "A", "a", [10, 20])
+    s = _Search(fresh, view(CHAIN, [t1], [], [r]))
+    assert s.paths.residuals(t1, {})[0].mean == pytest.approx(0.1 * 256)
 
 
 # ------------------------------------------------------------ Eqs. 8-10

@@ -76,17 +76,24 @@ class ServiceModel:
 
     def request_estimate(self, req: Request, costs: CostHints) -> float:
         """D_hat_r: mean observed request service of the pair, else the profile."""
-        n = self._req_n.get((req.agent, req.stage), 0)
-        if n:
-            return self._req_sum[(req.agent, req.stage)] / n
-        return costs.t_request(req.input_tokens, req.output_tokens)
+        mean = self.mean_request((req.agent, req.stage))
+        return costs.t_request(req.input_tokens, req.output_tokens) if mean is None else mean
+
+    def mean_request(self, pair: Pair) -> float | None:
+        """The pair's mean observed request (round) service, None before any."""
+        n = self._req_n.get(pair, 0)
+        return self._req_sum[pair] / n if n else None
+
+
+def round_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
+    """Profiled service of one round: T(E[input], E[output])."""
+    p = wf.stages[stage].profile
+    return costs.t_request(round(p.input_tokens.mean()), round(p.output_tokens.mean()))
 
 
 def stage_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
     """Profiled total stage service: E[rounds] x T(E[input], E[output])."""
-    p = wf.stages[stage].profile
-    per_round = costs.t_request(round(p.input_tokens.mean()), round(p.output_tokens.mean()))
-    return max(1.0, p.rounds.mean()) * per_round
+    return max(1.0, wf.stages[stage].profile.rounds.mean()) * round_prior(wf, stage, costs)
 
 
 class _Residual:
@@ -228,13 +235,13 @@ class TaskPaths:
         if dist is None:
             if not started:
                 return self._prior(wf, v)
-            point = max(self._prior(wf, v).point - e, self._floor(req))
+            point = max(self._prior(wf, v).point - e, self._floor(wf, v, req))
             return _Residual(None, point, point)
         if not started:  # an unstarted stage keeps its whole distribution X
             return dist.unstarted
         tail = dist.values[int(np.searchsorted(dist.values, e, side="right")):] - e
         if not tail.size:
-            floor = self._floor(req)
+            floor = self._floor(wf, v, req)
             return _Residual(None, floor, floor)
         return _Residual(tail, 0.0, float(tail.mean()))
 
@@ -247,11 +254,15 @@ class TaskPaths:
             hit = self._priors[key] = _Residual(None, prior, prior)
         return hit
 
-    def _floor(self, req: Request | None) -> float:
-        """Residual once service exceeds every observation: what the current
-        request still needs, at least 1% of its estimate."""
+    def _floor(self, wf: Workflow, v: str, req: Request | None) -> float:
+        """Residual of an active stage whose service exceeds every observation
+        (Eq. 4 conditions on an event of probability zero there): what the
+        running request still needs, at least 1% of its estimate; with no
+        request running, one more round (a round is waiting, or follows the
+        tool wait), at the pair's mean observed round service."""
         if req is None:
-            return 1e-3
+            mean = self.model.mean_request((wf.stages[v].agent, v))
+            return round_prior(wf, v, self.costs) if mean is None else mean
         est = self.model.request_estimate(req, self.costs)
         elapsed = max(0.0, self.t - req.started_at) if req.started_at is not None else 0.0
         return max(est - elapsed, 0.01 * est)
