@@ -1,8 +1,9 @@
-"""TOPAS's two opt-in extensions beyond the paper, on the five workloads.
+"""TOPAS's opt-in extensions beyond the paper, on the five workloads.
 
 `preempt=False` keeps every running request; `hol_age` holds KV room for the
 oldest waiting request once its task has waited that long, as EASY
-backfilling does (docs/topas.md, "Extensions"). Both are off by default; this
+backfilling does; `pack_order="arrival"` has GreedyPack serve tasks in arrival
+order (docs/topas.md, "Extensions"). All are off by default; this
 script shows what they change, beside the paper's TOPAS and the best
 baseline, at every operating point of `bench/paper.py` (paper set-up: the
 baselines recompute evicted prefixes, TOPAS moves them to host memory).
@@ -33,7 +34,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "TOPAS": {},
     "no preemption": {"preempt": False},
     "hol 200 s": {"hol_age": 200.0},
-    "hol 200 s, no preemption, rho 10": {"hol_age": 200.0, "preempt": False, "rho": 10.0},
+    "arrival order": {"pack_order": "arrival"},
+    "arrival order, hol 0 s, no preemption, rho 16": {
+        "pack_order": "arrival", "hol_age": 0.0, "preempt": False, "rho": 16.0},
 }
 
 

@@ -39,6 +39,8 @@ FIELDS: tuple[Field, ...] = (
     Field("preempt", "preempt", "bool", help="allow preemption (extension: off keeps Q_t)"),
     Field("hol_age", "hol_age", "float", nullable=True,
           help="hold KV for the oldest request after this wait, s (extension; empty: off)"),
+    Field("pack_order", "pack_order", "choice", choices=("ratio", "arrival"),
+          help="GreedyPack order: progress per KV token, or task arrival (extension)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 

@@ -103,14 +103,15 @@ class CheckedTopas(TopasPolicy):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 1, 2, 5]), st.sampled_from([1, 2, 6]),
        st.sampled_from([0.0, 1.0, 20.0]), st.sampled_from([0.0, 2.0]),
-       st.sampled_from([(True, None), (False, None), (True, 0.0), (False, 1.0)]))
+       st.sampled_from([(True, None), (False, None), (True, 0.0), (False, 1.0)]),
+       st.sampled_from(["ratio", "arrival"]))
 def test_topas_decisions_keep_the_papers_constraints(
         case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
-        extensions: tuple[bool, float | None]) -> None:
+        extensions: tuple[bool, float | None], pack_order: str) -> None:
     trace, budget = case
     preempt, hol_age = extensions
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
-                         preempt=preempt, hol_age=hol_age)
+                         preempt=preempt, hol_age=hol_age, pack_order=pack_order)
     pol = CheckedTopas(params)
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     result = Run(trace, pol, SimBackend(profile)).execute()
@@ -140,14 +141,14 @@ def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.sampled_from([0, 2]))
+@given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]))
 def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
-        case: tuple[Trace, int], k: int) -> None:
+        case: tuple[Trace, int], k: int, pack_order: str) -> None:
     """GreedyPack's vectorized solo fill (no same-task marginals to update)
-    and its general heap give identical decision logs."""
+    and its general heap give identical decision logs, in either order."""
     trace, budget = case
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, samples=16)
+    params = TopasParams(k=k, samples=16, pack_order=pack_order)
     assert _decision_log(trace, profile, params, True) == _decision_log(
         trace, profile, params, False)
 
@@ -195,12 +196,12 @@ def _crowded_trace(n_agents: int, n_tasks: int, stages: int, seed: int) -> Trace
     return Trace(wfs, tasks, {})
 
 
-def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tuple[object, ...]],
-                                                                        list[tuple[object, ...]]]:
+def _pruned_and_exhaustive(trace: Trace, budget: int, k: int, pack_order: str
+                           ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     """Every decision's (admit, preempt, load, evict) with the pruned search
     and with every generated prefix set packed."""
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, m=2, samples=16)
+    params = TopasParams(k=k, m=2, samples=16, pack_order=pack_order)
 
     def chosen() -> list[tuple[object, ...]]:
         sink = RecordingSink()
@@ -214,26 +215,28 @@ def _pruned_and_exhaustive(trace: Trace, budget: int, k: int) -> tuple[list[tupl
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(7, 10), st.integers(70, 120), st.sampled_from([1, 2]),
-       st.integers(1500, 5000), st.sampled_from([0, 3]), st.integers(0, 2**16))
+       st.integers(1500, 5000), st.sampled_from([0, 3]), st.integers(0, 2**16),
+       st.sampled_from(["ratio", "arrival"]))
 def test_bound_pruning_never_changes_the_chosen_state(
-        n_agents: int, n_tasks: int, stages: int, budget: int, k: int, seed: int) -> None:
+        n_agents: int, n_tasks: int, stages: int, budget: int, k: int, seed: int,
+        pack_order: str) -> None:
     """Every set priced exactly (no `bound`, `refined` or coarse batch bounds)
     picks the same state at every decision as the pruned search (Eq. 14's
     argmax), on large pools of chains."""
     pruned, exhaustive = _pruned_and_exhaustive(
-        _crowded_trace(n_agents, n_tasks, stages, seed), budget, k)
+        _crowded_trace(n_agents, n_tasks, stages, seed), budget, k, pack_order)
     assert pruned == exhaustive
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(4, 7), st.integers(6, 30), st.integers(900, 3000),
-       st.sampled_from([0, 3]), st.integers(0, 2**16))
+       st.sampled_from([0, 3]), st.integers(0, 2**16), st.sampled_from(["ratio", "arrival"]))
 def test_cover_pruning_never_changes_the_chosen_state_on_forks(
-        n_agents: int, n_tasks: int, budget: int, k: int, seed: int) -> None:
+        n_agents: int, n_tasks: int, budget: int, k: int, seed: int, pack_order: str) -> None:
     """The same on small pools of fork/join tasks, where a prefix set covering
     some of a task's ready branches is valued by those branches alone."""
     pruned, exhaustive = _pruned_and_exhaustive(
-        _fork_trace(n_agents, n_tasks, seed), budget, k)
+        _fork_trace(n_agents, n_tasks, seed), budget, k, pack_order)
     assert pruned == exhaustive
 
 

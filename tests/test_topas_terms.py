@@ -261,3 +261,22 @@ def test_without_preemption_every_candidate_keeps_the_running_requests() -> None
         assert d.preempt == ((9,) if expect else ())
         assert d.admit == expect
         assert all(9 not in c.preempt for c in d.candidates) or preempt
+
+
+@pytest.mark.parametrize(("pack_order", "admitted"), [("ratio", 2), ("arrival", 1)])
+def test_pack_order_arrival_serves_the_older_task_first(pack_order: str, admitted: int) -> None:
+    """One request fits. The paper's order packs the young task's small
+    request (10 s of progress for 10 KV tokens) and then has no room for the
+    old task's big one (30 tokens), although that state would score more
+    (aging: (1 + ln 3) x 10 s). `pack_order="arrival"` packs the old one."""
+    pol = policy(pack_order=pack_order, rho=1.0, h_age=50.0)
+    observe(pol, "A", "a", [10], request_service=10)
+    big = request(1, 1, CHAIN, "a", input_tokens=20, output_tokens=10, arrival=0.0)
+    small = request(2, 2, CHAIN, "a", input_tokens=5, output_tokens=5, arrival=100.0)
+    tasks = [task(1, CHAIN, arrival=0.0, a="active"), task(2, CHAIN, arrival=100.0, a="active")]
+    d = pol.decide(view(CHAIN, tasks, [], [big, small], t=100.0, budget=130, gpu=("A",)))
+    assert d.admit == (admitted,)
+    g = {1: 1 + math.log1p(100 / 50), 2: 1.0}[admitted]
+    assert d.chosen_candidate.terms.j_admit == pytest.approx(g * 10)
+    with pytest.raises(TopasError, match="pack_order"):
+        pol.set_params(pack_order="fifo")

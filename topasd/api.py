@@ -352,6 +352,8 @@ def _params_patch_model() -> type[BaseModel]:
             extra = {"ge": lo, "le": hi}
         if name == "reservation":
             hint = Literal["full", "optimistic"]
+        if name == "pack_order":
+            hint = Literal["ratio", "arrival"]
         if name in alias_of:
             extra["validation_alias"] = AliasChoices(name, alias_of[name])
         desc = f"TOPAS `{name}`" + (f" (paper: {alias_of[name]})" if name in alias_of else "")
@@ -359,6 +361,8 @@ def _params_patch_model() -> type[BaseModel]:
             desc += "; null: derived (observed / the backend's)"
         if name == "hol_age":
             desc += "; null: off (an extension beyond the paper, see docs/topas.md)"
+        if name == "pack_order":
+            desc += "; 'arrival' is an extension beyond the paper (docs/topas.md)"
         if hint is bool:
             hint = StrictBool
         fields[name] = (hint, Field(default=None, description=desc, **extra))

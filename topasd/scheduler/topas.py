@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,9 @@ class TopasParams:
     # (SGLang's new_token_ratio, the paper's implementation base; the engine may
     # retract), "full" reserves every remaining output token (never retracted).
     reservation: str = "optimistic"
+    # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
+    # token) or "arrival" (task arrival first, ratio among a task's requests)
+    pack_order: str = "ratio"
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in PARAM_RANGES.items():
@@ -84,6 +87,8 @@ class TopasParams:
                                  "true or false")
         if self.reservation not in ("full", "optimistic"):
             raise TopasError("TOPAS parameter reservation must be 'full' or 'optimistic'")
+        if self.pack_order not in ("ratio", "arrival"):
+            raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
         for name in ("m", "k", "samples", "seed"):
             if not float(getattr(self, name)).is_integer():
                 raise TopasError(f"TOPAS parameter {name} must be an integer")
@@ -619,14 +624,16 @@ class _Search(SearchBounds):
         by_task: dict[int, list[Request]] = defaultdict(list)
         for r in cands:
             by_task[r.task_id].append(r)
-        heap = [(-self.base_gain(r) / self.d[r.id], r.task_id not in represented,
-                 r.task_arrival, r.id, 0) for r in cands]
+        key, at = _pack_key(self.params.pack_order)
+        heap = [(*key(-self.base_gain(r) / self.d[r.id], r.task_id not in represented,
+                      r.task_arrival), r.id, 0) for r in cands]
         heapq.heapify(heap)
         cuts: dict[int, tuple[tuple[int, float], ...]] = {}
         version: dict[int, int] = {}
         done: set[int] = set()
         while heap:
-            neg_ratio, _, _, rid, mark = heapq.heappop(heap)
+            *order, rid, mark = heapq.heappop(heap)
+            neg_ratio = order[at]
             r = self.requests[rid]
             if rid in done or mark != version.get(r.task_id, 0):
                 continue
@@ -640,7 +647,8 @@ class _Search(SearchBounds):
                 cuts[r.task_id] = cut
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
                 for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
-                    heapq.heappush(heap, (-gx / self.d[x.id], False, x.task_arrival, x.id, mark))
+                    heapq.heappush(heap, (*key(-gx / self.d[x.id], False, x.task_arrival),
+                                          x.id, mark))
         return fill.states
 
     def _fill_solo(self, fill: _Filler) -> list[_State]:
@@ -674,6 +682,8 @@ class _Search(SearchBounds):
         if self._solo is None:
             reqs = [r for a in sorted(self.solo_agents) for r in self.waiting_by_agent[a]]
             keyed = sorted((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs)
+            if self.params.pack_order == "arrival":
+                keyed.sort(key=lambda k: (k[1], k[0], k[2]))
             code_of = {a: i for i, a in enumerate(sorted(self.solo_agents))}
             rs = [self.requests[rid] for _, _, rid in keyed]
             d = np.array([self.d[r.id] for r in rs], dtype=float)
@@ -951,6 +961,16 @@ class _SoloOrder:
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
+
+
+def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any, ...]], int]:
+    """GreedyPack's admission order as a sort key of (-gain per KV token, task
+    not yet represented, task arrival), and where the ratio sits in it:
+    "ratio" is the paper's, "arrival" serves tasks in arrival order (the
+    ratio orders a task's own requests)."""
+    if pack_order == "arrival":
+        return (lambda ratio, unrep, arrival: (arrival, ratio, unrep)), 1
+    return (lambda ratio, unrep, arrival: (ratio, unrep, arrival)), 0
 
 
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
