@@ -19,42 +19,17 @@ from pathlib import Path
 from backends.sim.engine import SimBackend
 from console.gantt import export_gantt, figure_height, screenshot
 from store import Store
-from topasd.model import Workflow
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from workflows.spec import workflow_from_dict
-from workflows.trace import RoundSpec, TaskRecord, Trace
+from workflows.fig2 import fig2_budget, fig2_trace
 
-PREFIX_TOKENS = 10  # 1 unit over the unit profile's 10 B/unit host link
-INPUT_TOKENS, OUTPUT_TOKENS = 1, 4  # 1 prefill step + 3 decode steps = 4 units
 POLICIES = ("lpm", "spf")
-
-
-def fig2_workflow() -> Workflow:
-    stage = {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS}
-    return workflow_from_dict({
-        "name": "fig2",
-        "description": "Fig. 2: A -> B -> C, one prefix fits",
-        "agents": {a: {"prefix_tokens": PREFIX_TOKENS} for a in "ABC"},
-        "stages": [{"name": "a", "agent": "A", **stage},
-                   {"name": "b", "agent": "B", "after": ["a"], **stage},
-                   {"name": "c", "agent": "C", "after": ["b"], **stage}],
-    })
-
-
-def fig2_trace(n_tasks: int = 3) -> Trace:
-    wf = fig2_workflow()
-    one = (RoundSpec(INPUT_TOKENS, OUTPUT_TOKENS, 0.0),)
-    tasks = tuple(TaskRecord(i, wf.name, 0.0, {"a": one, "b": one, "c": one})
-                  for i in range(n_tasks))
-    return Trace({wf.name: wf}, tasks, {"workload": "fig2", "tasks": n_tasks})
 
 
 def fig2_profile() -> HardwareProfile:
     """Room for one prefix and one request."""
-    return get_profile("unit").with_overrides(budget_tokens=PREFIX_TOKENS + INPUT_TOKENS
-                                              + OUTPUT_TOKENS)
+    return get_profile("unit").with_overrides(budget_tokens=fig2_budget(1))
 
 
 def replay_fig2(db: Path) -> dict[str, tuple[int, dict[str, float]]]:
@@ -64,7 +39,8 @@ def replay_fig2(db: Path) -> dict[str, tuple[int, dict[str, float]]]:
         for policy in POLICIES:
             sink = store.sink("all")
             backend = SimBackend(fig2_profile(), warm_host=True)
-            result = Run(fig2_trace(), make_policy(policy), backend, sink=sink).execute()
+            trace = fig2_trace([0.0] * 3)
+            result = Run(trace, make_policy(policy), backend, sink=sink).execute()
             assert sink.run_id is not None
             out[policy] = (sink.run_id, result.summary())
     return out

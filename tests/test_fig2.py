@@ -38,34 +38,10 @@ from topasd.model import EventKind
 from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from workflows.spec import workflow_from_dict
-from workflows.trace import RoundSpec, TaskRecord, Trace
-
-PREFIX = 10  # tokens: 1 unit over the unit profile's host link
-INPUT, OUTPUT = 1, 4  # a request: 1 prefill step + 3 decode steps = 4 units
-
-
-def chain_abc():
-    return workflow_from_dict({
-        "name": "fig2",
-        "description": "A -> B -> C",
-        "agents": {a: {"prefix_tokens": PREFIX} for a in "ABC"},
-        "stages": [
-            {"name": "a", "agent": "A", "input_tokens": INPUT, "output_tokens": OUTPUT},
-            {"name": "b", "agent": "B", "after": ["a"], "input_tokens": INPUT,
-             "output_tokens": OUTPUT},
-            {"name": "c", "agent": "C", "after": ["b"], "input_tokens": INPUT,
-             "output_tokens": OUTPUT},
-        ],
-    })
-
-
-def fig2_trace(arrivals: list[float]) -> Trace:
-    wf = chain_abc()
-    one = (RoundSpec(INPUT, OUTPUT, 0.0),)
-    tasks = tuple(TaskRecord(i, wf.name, t, {"a": one, "b": one, "c": one})
-                  for i, t in enumerate(arrivals))
-    return Trace({wf.name: wf}, tasks, {"workload": "fig2"})
+from workflows.fig2 import INPUT_TOKENS as INPUT
+from workflows.fig2 import OUTPUT_TOKENS as OUTPUT
+from workflows.fig2 import PREFIX_TOKENS as PREFIX
+from workflows.fig2 import fig2_budget, fig2_trace
 
 
 def run_fig2(policy: str, arrivals: list[float], budget: int, closed_form: bool):
@@ -132,7 +108,7 @@ def timeline(sink: RecordingSink):
 # --------------------------------------------------------------------------
 
 S1_ARRIVALS = [0.0, 0.0, 0.0]
-S1_BUDGET = PREFIX + INPUT + OUTPUT
+S1_BUDGET = fig2_budget(1)
 
 S1_EXPECTED = {
     "lpm": {
@@ -187,7 +163,7 @@ S1_EXPECTED = {
 # --------------------------------------------------------------------------
 
 S2_ARRIVALS = [0.0, 0.0, 3.0]
-S2_BUDGET = PREFIX + 2 * (INPUT + OUTPUT)
+S2_BUDGET = fig2_budget(2)
 
 S2_EXPECTED = {
     "lpm": {

@@ -1,0 +1,108 @@
+"""TOPAS on many Fig. 2 machines: random arrivals, room for one or two requests.
+
+The paper's Fig. 2 fixes the machine (A -> B -> C, one prefix resident at a
+time, 4-unit requests, 1-unit prefix setups; `workflows/fig2.py`) but not the
+arrivals or how many requests fit beside the prefix. This bench draws
+`--scenarios` arrival lists per batch size (2-5 tasks at integer times
+0-12, seeded), runs every policy on each, and counts how often TOPAS's mean
+JCT beats, ties or trails the better of LPM and SRPT (`spf`).
+
+    python bench/fig2_grid.py [--scenarios 60] [--seed 0] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from backends.sim.engine import SimBackend
+from topasd.profiles import get_profile
+from topasd.runner import Run
+from topasd.scheduler import make_policy
+from topasd.scheduler.baselines import BASELINES
+from topasd.scheduler.topas import TopasParams, TopasPolicy
+from workflows.fig2 import fig2_budget, fig2_trace
+
+POLICIES = ("topas", "topas arrival order", *BASELINES)
+CANONICAL = ((0.0, 0.0, 0.0), (0.0, 0.0, 3.0))  # the test scenarios (tests/test_fig2.py)
+
+
+def mean_jct(policy: str, arrivals: Sequence[float], batch: int) -> float:
+    profile = get_profile("unit").with_overrides(budget_tokens=fig2_budget(batch))
+    pol = (TopasPolicy(TopasParams(pack_order="arrival")) if policy == "topas arrival order"
+           else make_policy(policy))
+    jct = Run(fig2_trace(arrivals), pol, SimBackend(profile, warm_host=True)).execute().jct
+    return float(np.mean(list(jct.values())))
+
+
+def scenarios(n: int, seed: int) -> list[tuple[float, ...]]:
+    """`n` distinct sorted arrival lists of 2-5 tasks at integer times 0-12."""
+    rng = np.random.default_rng(seed)
+    out: set[tuple[float, ...]] = set()
+    while len(out) < n:
+        k = int(rng.integers(2, 6))
+        out.add(tuple(sorted(float(x) for x in rng.integers(0, 13, size=k))))
+    return sorted(out)
+
+
+def verdict(topas: float, lpm: float, srpt: float) -> str:
+    best = min(lpm, srpt)
+    return "tie" if abs(topas - best) < 1e-9 else ("win" if topas < best else "loss")
+
+
+def render(rows: dict[int, list[dict[str, float]]], canon: dict[tuple[int, tuple[float, ...]],
+           dict[str, float]], args: argparse.Namespace, wall: float) -> str:
+    lines = ["## Fig. 2 machines: TOPAS vs LPM and SRPT on random arrivals", "",
+             f"Command: `python bench/fig2_grid.py --scenarios {args.scenarios} --seed "
+             f"{args.seed} --write` ({wall:.0f} s). The machine of `workflows/fig2.py`; "
+             "each scenario is 2-5 tasks at integer times 0-12. W/T/L: TOPAS's mean JCT "
+             "against the better of LPM and SRPT (`spf`) in the same scenario.", "",
+             "| requests beside the prefix | scenarios | TOPAS W / T / L | "
+             "TOPAS arrival order W / T / L | "
+             + " | ".join(f"{p} (avg)" for p in POLICIES) + " |",
+             "|---|---|---|---|" + "---|" * len(POLICIES)]
+    for batch, runs in rows.items():
+        counts = {}
+        for name in ("topas", "topas arrival order"):
+            v = [verdict(r[name], r["lpm"], r["spf"]) for r in runs]
+            counts[name] = " / ".join(str(v.count(k)) for k in ("win", "tie", "loss"))
+        avgs = " | ".join(f"{np.mean([r[p] for r in runs]):.2f}" for p in POLICIES)
+        lines.append(f"| {batch} | {len(runs)} | {counts['topas']} | "
+                     f"{counts['topas arrival order']} | {avgs} |")
+    lines += ["", "The two scenarios of `tests/test_fig2.py` (mean JCT, time units):", "",
+              "| requests | arrivals | " + " | ".join(POLICIES) + " |",
+              "|---|---|" + "---|" * len(POLICIES)]
+    for (batch, arrivals), m in canon.items():
+        lines.append(f"| {batch} | {', '.join(f'{a:g}' for a in arrivals)} | "
+                     + " | ".join(f"{m[p]:.2f}" for p in POLICIES) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", type=int, default=60, help="arrival lists per batch size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    rows: dict[int, list[dict[str, float]]] = {}
+    for batch in (1, 2):
+        rows[batch] = []
+        for i, arrivals in enumerate(scenarios(args.scenarios, args.seed)):
+            rows[batch].append({p: mean_jct(p, arrivals, batch) for p in POLICIES})
+            print(f"\rbatch {batch}: {i + 1}/{args.scenarios}", end="", flush=True)
+        print()
+    canon = {(b, a): {p: mean_jct(p, a, b) for p in POLICIES} for b in (1, 2) for a in CANONICAL}
+    text = render(rows, canon, args, time.perf_counter() - t0)
+    print(text)
+    if args.write:
+        from _results import update_section  # bench/_results.py
+
+        update_section("fig2_grid", text)
+
+
+if __name__ == "__main__":
+    main()
