@@ -31,9 +31,10 @@ class _Dist:
     """One pair's observations as a sorted array, their mean, and the residual
     of an unstarted stage (the whole distribution), shared by every task."""
 
-    __slots__ = ("mean", "unstarted", "values")
+    __slots__ = ("mean", "sorted", "unstarted", "values")
 
     def __init__(self, values: list[float]) -> None:
+        self.sorted = list(values)  # for `bisect`
         self.values = np.asarray(values)
         self.mean = float(self.values.mean())
         self.unstarted = _Residual(self.values, 0.0, self.mean)
@@ -97,16 +98,40 @@ def stage_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
 
 
 class _Residual:
-    """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`."""
+    """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`.
+    A started stage's array X - e | X > e is built only when read (`above`):
+    a DAG task reads just its samples."""
 
-    __slots__ = ("_rows", "_suffix", "mean", "point", "tail")
+    __slots__ = ("_mean", "_rows", "_source", "_suffix", "_tail", "point")
 
-    def __init__(self, tail: np.ndarray | None, point: float, mean: float) -> None:
-        self.tail = tail  # sorted ascending
+    def __init__(self, tail: np.ndarray | None, point: float, mean: float | None) -> None:
+        self._tail = tail  # sorted ascending
         self.point = point
-        self.mean = mean
+        self._mean = mean
+        self._source: tuple[np.ndarray, int, float] | None = None
         self._suffix: np.ndarray | None = None
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def above(cls, values: np.ndarray, k: int, e: float) -> _Residual:
+        """values[k:] - e, for the sorted observations `values` of which the
+        first k are <= e."""
+        res = cls(None, 0.0, None)
+        res._source = (values, k, e)
+        return res
+
+    @property
+    def tail(self) -> np.ndarray | None:
+        if self._tail is None and self._source is not None:
+            values, k, e = self._source
+            self._tail = values[k:] - e
+        return self._tail
+
+    @property
+    def mean(self) -> float:
+        if self._mean is None:
+            self._mean = float(self.tail.mean())  # type: ignore[union-attr]
+        return self._mean
 
     def sampled(self, row: int, quantiles: np.ndarray) -> np.ndarray:
         """Z at the stratified quantiles of row `row`, kept with the residual:
@@ -115,9 +140,14 @@ class _Residual:
         hit = self._rows.get(row)
         if hit is None or hit[0] is not quantiles:
             u = quantiles[row]
-            values = (np.full(u.shape, self.point) if self.tail is None
-                      else self.tail[(u * self.tail.size).astype(np.int64)])
-            hit = self._rows[row] = (quantiles, values)
+            if self._source is not None:  # the tail's entries, without building it
+                values, k, e = self._source
+                picked = values[k:][(u * (values.size - k)).astype(np.int64)] - e
+            elif self._tail is None:
+                picked = np.full(u.shape, self.point)
+            else:
+                picked = self._tail[(u * self._tail.size).astype(np.int64)]
+            hit = self._rows[row] = (quantiles, picked)
         return hit[1]
 
     def cut_mean(self, d: float) -> float:
@@ -196,16 +226,20 @@ class TaskPaths:
                   group: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
         """E[LP] of every (task, cut) of `group` (tasks of the DAG `wf`) into the
         cache, averaged over the stratified samples in one longest-path pass."""
-        blocks, keys = [], []
+        keys = [(task.id, cut) for task, _, todo in group for cut in todo]
+        z = np.empty((len(wf.topo_order), len(keys), self.u.shape[1]))  # (stage, cut, sample)
+        at, rows, dhat, lo = [], [], [], 0
         for task, running, todo in group:
-            z = np.repeat(self._sampled(task, self._residuals(task, wf, running))[None],
-                          len(todo), axis=0)
-            for j, cut in enumerate(todo):
-                for row, d in cut:
-                    z[j, row] -= d
-            blocks.append(z)
-            keys += [(task.id, c) for c in todo]
-        z = np.maximum(np.concatenate(blocks), 0.0)  # [Z - D_hat]_+ (Eq. 6)
+            z[:, lo:lo + len(todo)] = self._sampled(task, self._residuals(task, wf, running))[
+                :, None]
+            for j, cut in enumerate(todo, lo):
+                for row, d in cut:  # a cut has each stage row at most once
+                    at.append(j)
+                    rows.append(row)
+                    dhat.append(d)
+            lo += len(todo)
+        z[rows, at] -= np.array(dhat)[:, None]
+        z = np.maximum(z, 0.0, out=z)  # [Z - D_hat]_+ (Eq. 6)
         self._lhat.update(zip(keys, _longest_path(wf, z).mean(axis=-1).tolist(), strict=True))
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
@@ -239,11 +273,11 @@ class TaskPaths:
             return _Residual(None, point, point)
         if not started:  # an unstarted stage keeps its whole distribution X
             return dist.unstarted
-        tail = dist.values[int(np.searchsorted(dist.values, e, side="right")):] - e
-        if not tail.size:
+        k = bisect.bisect_right(dist.sorted, e)
+        if k == len(dist.sorted):
             floor = self._floor(wf, v, req)
             return _Residual(None, floor, floor)
-        return _Residual(tail, 0.0, float(tail.mean()))
+        return _Residual.above(dist.values, k, e)
 
     def _prior(self, wf: Workflow, v: str) -> _Residual:
         """Before observations F_{a,v} is a point mass at the profiled service."""
@@ -281,20 +315,15 @@ _ZERO = _Residual(None, 0.0, 0.0)
 
 
 def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:
-    """LP(G, z) per sample, from the sinks up; z is (..., stage, S) and is
-    overwritten with each stage's longest path to a sink."""
-    best = z
-    for rows, succ in wf.lp_groups:
-        tail = best[..., succ[0]:succ[0] + 1, :] if len(succ) == 1 else best[
-            ..., list(succ), :].max(axis=-2, keepdims=True)
-        if len(rows) == 1:
-            best[..., rows[0]:rows[0] + 1, :] += tail
-        else:
-            best[..., list(rows), :] += tail
+    """LP(G, z) per cut and sample, from the sinks up; z is (stage, cut, S)
+    and is overwritten with each stage's longest path to a sink."""
+    for rows, succ in wf.lp_steps:
+        tail = z[succ]
+        if tail.shape[0] > 1:
+            tail = tail.max(axis=0, keepdims=True)
+        z[rows] += tail
     entries = [wf.stage_index[v] for v in wf.entry_stages]
-    if len(entries) == 1:
-        return best[..., entries[0], :]
-    return best[..., entries, :].max(axis=-2)
+    return z[entries[0]] if len(entries) == 1 else z[entries].max(axis=0)
 
 
 def quantile_rows(n_rows: int, samples: int, seed: int) -> np.ndarray:
