@@ -17,7 +17,7 @@ search in tests/test_topas_properties.py):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,13 @@ class SearchBounds:
     g: dict[int, float]
     min_d: dict[str, float]
     lost_by_agent: dict[str, float]
+    # per agent: l_a + KV of its running requests, their J_redo + J_revoke (None
+    # if none runs), and its least d_r (inf if none waits)
+    agent_terms: dict[str, tuple[float, float | None, float]]
+    _quick: dict[str, tuple[float, float | None, float, float, int]] | None
+    _touched_memo: dict[int, tuple[float, float]]
+    _quick_scales: tuple[float, float]
+    gpu_moves: list[tuple[str, float]]  # T_move share of each GPU prefix leaving, sorted
     lost_all: float
     running_agents: frozenset[str]
     running_stage: Mapping[int, dict[str, Request]]
@@ -83,18 +90,122 @@ class SearchBounds:
             hit = self._refined[resident] = self._bound(resident, covers=True)
         return hit
 
+    def quick_bound(self, resident: frozenset[str]) -> float:
+        """A cheap upper bound on `bound` (`quick_family`)."""
+        return self.quick_family(resident, [(None, ())])[0]
+
+    def quick_family(self, base: frozenset[str],
+                     changes: Sequence[tuple[str | None, tuple[str, ...]]]) -> list[float]:
+        """Cheap upper bounds on `bound((base - {drop}) | add)` for every
+        (drop, add) of `changes` (small pools), in O(|add|) each after one pass
+        over `base`: V_reuse by its per-agent bound, the knapsack by the whole
+        value of the items the set touches, capped by room times their best
+        ratio, nothing sorted. Its sums run in another order than `bound`'s,
+        so it keeps a margin far above their rounding."""
+        terms = self._quick_terms()
+        room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
+        for a in base:
+            hold, share, least, value, bits = terms[a]
+            room0 -= hold
+            if share is None:
+                need0 += least
+            else:
+                lost0 -= share
+            reuse0 += value
+            mask0 |= bits
+        room_tol, value_tol = self._quick_scales
+        room_tol *= _QUICK_SLACK
+        without: dict[str, int] = {}
+        out = []
+        for drop, add in changes:
+            room, need, lost, reuse, mask = room0, need0, lost0, reuse0, mask0
+            if drop is not None:
+                hold, share, least, value, _ = terms[drop]
+                room += hold
+                if share is None:
+                    need -= least
+                else:
+                    lost += share
+                reuse -= value
+                mask = without.get(drop, -1)
+                if mask < 0:
+                    mask = without[drop] = _mask(terms, base - {drop})
+            for a in add:
+                hold, share, least, value, bits = terms[a]
+                room -= hold
+                if share is None:
+                    need += least
+                else:
+                    lost -= share
+                reuse += value
+                mask |= bits
+            if room + room_tol < need:
+                out.append(-math.inf)
+                continue
+            total, ratio = self._touched_memo.get(mask) or self._touched(mask)
+            if ratio < math.inf:
+                total = min(total, max(room + room_tol, 0.0) * ratio)
+            ub = reuse - lost + total
+            out.append(ub + _QUICK_SLACK * (abs(ub) + value_tol + total))
+        return out
+
+    def _quick_terms(self) -> dict[str, tuple[float, float | None, float, float, int]]:
+        """Per agent: `agent_terms`, its V_reuse bound and a bit mask of the
+        items (`_items` positions) with a request of the agent; and the
+        magnitudes that `quick_family`'s rounding margin scales with."""
+        if self._quick is None:
+            bits: dict[str, int] = {}
+            for i, (_, _, ags) in enumerate(self._items()):
+                for a in ags:
+                    bits[a] = bits.get(a, 0) | (1 << i)
+            self._quick = {a: (*t, self.reuse_value.get(a, 0.0), bits.get(a, 0))
+                           for a, t in self.agent_terms.items()}
+            finite = [t[2] for t in self._quick.values() if t[1] is None and t[2] < math.inf]
+            self._quick_scales = (
+                self.budget + sum(t[0] for t in self._quick.values()) + sum(finite),
+                1.0 + self.lost_all + sum(t[3] for t in self._quick.values()))
+        return self._quick
+
+    def _touched(self, mask: int) -> tuple[float, float]:
+        """The summed value and the best value per KV token of the items in
+        `mask` (memoized: many sets touch the same items)."""
+        hit = self._touched_memo.get(mask)
+        if hit is None:
+            items = self._items()
+            chosen = [(v, w) for i, (v, w, _) in enumerate(items) if mask >> i & 1]
+            hit = self._touched_memo[mask] = (
+                sum(v for v, _ in chosen),
+                max((v / w if w > 0 else math.inf for v, w in chosen), default=0.0))
+        return hit
+
     def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
         room, need, lost = self.budget, 0.0, self.lost_all
+        terms = self.agent_terms
         for a in sorted(resident):  # a fixed order: the same floats in every process
-            room -= self.hold[a]
-            if a in self.running_agents:
-                lost -= self.lost_by_agent[a]
+            hold, share, least = terms[a]
+            room -= hold
+            if share is None:
+                need += least
             else:
-                need += self.min_d.get(a, math.inf)
+                lost -= share
         if room < need:
             return -math.inf
         return _loosen(self.v_reuse(resident) - lost + self._knapsack(
-            resident, room, self._t_move(resident), covers))
+            resident, room, self._t_move_sum(resident), covers))
+
+    def _t_move_sum(self, resident: frozenset[str]) -> float:
+        """`_t_move` (Eq. 8), the same float, without keeping it."""
+        hit = self._t_moves.get(resident)
+        if hit is not None:
+            return hit
+        t_out = t_in = 0.0
+        for a, move in self.gpu_moves:  # sorted
+            if a not in resident:
+                t_out += move
+        for a in sorted(resident):
+            if a not in self.gpu:
+                t_in += self.move_in[a]
+        return t_out + t_in
 
     def _knapsack(self, resident: frozenset[str], room: float, t_move: float,
                   covers: bool = False) -> float:
@@ -319,6 +430,16 @@ def _fractional(items: list[tuple[float, float]], room: float) -> float:
     return total
 
 
+def _mask(terms: Mapping[str, tuple[float, float | None, float, float, int]],
+          agents: frozenset[str]) -> int:
+    """The items touched by `agents` (`_quick_terms` bit masks)."""
+    mask = 0
+    for a in agents:
+        mask |= terms[a][4]
+    return mask
+
+
+_QUICK_SLACK = 1e-7  # `quick_bound`'s margin, relative: far above any rounding
 _SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
 
 

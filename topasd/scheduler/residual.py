@@ -184,7 +184,8 @@ class TaskPaths:
 
     def lhat(self, task: TaskView, running: Mapping[str, Request], cut: Cut = ()) -> float:
         """Eq. 5: expected longest remaining path after hypothetical completions."""
-        return self.lhat_many(task, running, [cut])[0]
+        hit = self._lhat.get((task.id, cut))
+        return self.lhat_many(task, running, [cut])[0] if hit is None else hit
 
     def lhat_many(self, task: TaskView, running: Mapping[str, Request],
                   cuts: list[Cut]) -> list[float]:

@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -357,6 +357,7 @@ class _Search(SearchBounds):
         # Eq. 11 terms, per (agent of the running predecessor, agent of the stage)
         self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
                             for (u, a), n in sorted(by_pred.items()) if a in self.ell}
+        self.reuse_list = [(u, a, v) for (u, a), v in self.reuse_pairs.items()]
         self.reuse_value: dict[str, float] = defaultdict(float)  # an upper bound per agent
         for (_, a), v in self.reuse_pairs.items():
             self.reuse_value[a] += v
@@ -373,6 +374,9 @@ class _Search(SearchBounds):
         self.task_agents = {tid: frozenset(r.agent for r in rs)
                             for tid, rs in self.waiting_by_task.items()}
         self._primed = False  # base gains computed (_prime_base_gains)
+        self._joint_gains: dict[int, float] = {}
+        self._quick: dict[str, tuple[float, float | None, float, float, int]] | None = None
+        self._touched_memo: dict[int, tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
@@ -402,7 +406,10 @@ class _Search(SearchBounds):
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
         self.lost_all = sum(self.lost_by_agent.values())  # J_redo + J_revoke if all leave
+        self.agent_terms = {a: (self.hold[a], self.lost_by_agent.get(a),
+                                self.min_d.get(a, math.inf)) for a in self.ell}
         self.move_out = {a: self.sec_per_token * self.ell[a] for a in self.gpu}
+        self.gpu_moves = sorted(self.move_out.items())
         self.move_in: dict[str, float] = {}
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
@@ -431,11 +438,13 @@ class _Search(SearchBounds):
             states = [s for s in states if not s.is_empty]
         return states
 
-    def _evaluate(self, sets: list[frozenset[str]], coarse: np.ndarray | None = None) -> None:
+    def _evaluate(self, sets: list[frozenset[str]], coarse: np.ndarray | None = None,
+                  quick: list[float] | None = None) -> None:
         """GreedyPack every set that could beat the best state found so far
         (most promising first; pruning by `bound` never changes Eq. 14's argmax).
-        `coarse`, when given, holds cheaper upper bounds on `bound` per set."""
-        order = self._visit_order(sets, coarse)
+        `coarse`, when given, holds cheaper upper bounds on `bound` per set;
+        `quick` cheap ones for small pools (`_visit_order`)."""
+        order = self._visit_order(sets, coarse, lambda ub: ub < self.best_total, quick)
         self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
         for ub, i in order:
             if ub < self.best_total:
@@ -444,12 +453,24 @@ class _Search(SearchBounds):
                     sets[i]) >= self.best_total:
                 self.pack(sets[i])
 
-    def _visit_order(self, sets: Sequence[frozenset[str]],
-                     coarse: np.ndarray | None) -> list[tuple[float, int]]:
+    def _visit_order(self, sets: Sequence[frozenset[str]], coarse: np.ndarray | None,
+                     hopeless: Callable[[float], bool],
+                     quick: list[float] | None = None) -> list[tuple[float, int]]:
         """(upper bound, index) of every set, most promising first (ties: first
-        listed); the bound is `coarse` when given, else `bound`."""
+        listed); the bound is `coarse` when given, else `bound`. A set that
+        its `quick` bound (else `quick_bound`) already shows `hopeless` gets
+        -inf instead of its
+        `bound`: the caller, which stops at the first hopeless bound, visits
+        the same sets in the same order (bounds only fall, the best only rises)."""
         if coarse is None:
-            order = [(self.bound(r), i) for i, r in enumerate(sets)]
+            bounds = self._bounds
+            order = []
+            for i, r in enumerate(sets):
+                ub = bounds.get(r)
+                if ub is None:
+                    cheap = self.quick_bound(r) if quick is None else quick[i]
+                    ub = -math.inf if hopeless(cheap) else self.bound(r)
+                order.append((ub, i))
         else:
             order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
         order.sort(key=lambda b: (-b[0], b[1]))
@@ -463,27 +484,36 @@ class _Search(SearchBounds):
         tested_pair = False
         while True:
             rest = [a for a in active if a not in r_g]
-            best = self._best_of(_Extensions(r_g, rest, 1), self.phi(r_g),
-                                 self._ext_bounds(r_g, rest, 1))
+            best = self._best_of(*self._extensions(r_g, rest, 1))
             if best is not None:
                 r_g = best
                 continue
             if tested_pair:
                 break
             tested_pair = True
-            best = self._best_of(_Extensions(r_g, rest, 2), self.phi(r_g),
-                                 self._ext_bounds(r_g, rest, 2))
+            best = self._best_of(*self._extensions(r_g, rest, 2))
             if best is None:
                 break
             r_g = best
         self._evaluate(*self._repair(r_g, active))
 
+    def _extensions(self, r_g: frozenset[str], rest: list[str], size: int) -> tuple[
+            _Extensions, float, np.ndarray | None, list[float] | None]:
+        """`_best_of`'s arguments for the greedy additions of `size` agents."""
+        ext = _Extensions(r_g, rest, size)
+        coarse = self._ext_bounds(r_g, rest, size)
+        quick = None if coarse is not None else self.quick_family(
+            r_g, [(None, added) for added in ext.added])
+        return ext, self.phi(r_g), coarse, quick
+
     def _best_of(self, sets: Sequence[frozenset[str]], floor: float,
-                 coarse: np.ndarray | None = None) -> frozenset[str] | None:
+                 coarse: np.ndarray | None = None,
+                 quick: list[float] | None = None) -> frozenset[str] | None:
         """The set with the highest Phi if it beats `floor` (ties: first listed).
 
         `coarse`, when given, holds cheaper upper bounds on `bound` per set: sets
-        are visited by it and priced by `bound` only when it leaves them a chance."""
+        are visited by it and priced by `bound` only when it leaves them a chance.
+        `quick` holds cheap bounds for small pools (`_visit_order`)."""
         best, best_i, best_phi = None, -1, floor
 
         def hopeless(ub: float) -> bool:
@@ -493,7 +523,7 @@ class _Search(SearchBounds):
             dropped once a non-empty state exists)."""
             return (ub <= floor and ub < self.best_total) or (best is not None and ub < best_phi)
 
-        order = self._visit_order(sets, coarse)
+        order = self._visit_order(sets, coarse, hopeless, quick)
         if coarse is None:
             self._prime_covers([sets[i] for ub, i in order if not hopeless(ub)])
         for ub, i in order:
@@ -510,17 +540,20 @@ class _Search(SearchBounds):
                 best, best_i, best_phi = r, i, phi
         return best
 
-    def _repair(self, r: frozenset[str],
-                active: list[str]) -> tuple[list[frozenset[str]], np.ndarray | None]:
-        """Single-agent drops and swaps of R, with coarse bounds on large pools."""
+    def _repair(self, r: frozenset[str], active: list[str]) -> tuple[
+            list[frozenset[str]], np.ndarray | None, list[float] | None]:
+        """Single-agent drops and swaps of R, with coarse bounds on large pools
+        and quick ones on small pools."""
         drops = [r - {a} for a in sorted(r)]
         rest = [b for b in active if b not in r]
         swaps = [(r - {a}) | {b} for a in sorted(r) for b in rest]
         coarse = [self._ext_bounds(r - {a}, rest, 1) for a in sorted(r)]
         if not drops or coarse[0] is None:
-            return drops + swaps, None
+            quick = self.quick_family(r, [(a, ()) for a in sorted(r)]
+                                      + [(a, (b,)) for a in sorted(r) for b in rest])
+            return drops + swaps, None, quick
         exact = np.array([self.bound(x) for x in drops])
-        return drops + swaps, np.concatenate([exact, *coarse])  # type: ignore[list-item]
+        return drops + swaps, np.concatenate([exact, *coarse]), None  # type: ignore[list-item]
 
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
@@ -561,14 +594,21 @@ class _Search(SearchBounds):
         return self._item_cache
 
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
-        """g_i * (L_hat_i({}) - L_hat_i(all of reqs)): no subset reduces more."""
-        task = self.view.tasks.get(task_id)
-        if task is None:
-            return 0.0
-        cut = self._joint_cut(reqs)
-        running = self.running_stage.get(task_id, {})
-        drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
-        return self.g.get(task_id, 1.0) * max(0.0, drop)
+        """g_i * (L_hat_i({}) - L_hat_i(all of reqs)): no subset reduces more
+        (kept per task for its whole waiting list)."""
+        whole = reqs is self.waiting_by_task.get(task_id)
+        hit = self._joint_gains.get(task_id) if whole else None
+        if hit is None:
+            task = self.view.tasks.get(task_id)
+            if task is None:
+                return 0.0
+            cut = self._joint_cut(reqs)
+            running = self.running_stage.get(task_id, {})
+            drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
+            hit = self.g.get(task_id, 1.0) * max(0.0, drop)
+            if whole:
+                self._joint_gains[task_id] = hit
+        return hit
 
     def _joint_cut(self, reqs: list[Request]) -> tuple[tuple[int, float], ...]:
         """H = all of `reqs` completed."""
@@ -700,7 +740,7 @@ class _Search(SearchBounds):
     def v_reuse(self, resident: frozenset[str]) -> float:
         """V_reuse(R') (Eq. 11): a downstream stage counts when its agent and
         its running predecessor's agent both stay in R' (`reuse_pairs`)."""
-        return sum(v for (u, a), v in self.reuse_pairs.items() if a in resident and u in resident)
+        return sum(v for u, a, v in self.reuse_list if a in resident and u in resident)
 
     def _t_move(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
