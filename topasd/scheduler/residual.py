@@ -31,13 +31,24 @@ class _Dist:
     """One pair's observations as a sorted array, their mean, and the residual
     of an unstarted stage (the whole distribution), shared by every task."""
 
-    __slots__ = ("mean", "sorted", "unstarted", "values")
+    __slots__ = ("_above", "mean", "sorted", "unstarted", "values")
 
     def __init__(self, values: list[float]) -> None:
         self.sorted = list(values)  # for `bisect`
         self.values = np.asarray(values)
         self.mean = float(self.values.mean())
         self.unstarted = _Residual(self.values, 0.0, self.mean)
+        self._above: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def above(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
+        """values[k:] at the stratified quantiles of `row` (memoized: a running
+        stage passes the same observations for many decisions)."""
+        hit = self._above.get((row, k))
+        if hit is None or hit[0] is not quantiles:
+            tail = self.values[k:]
+            hit = self._above[(row, k)] = (
+                quantiles, tail[(quantiles[row] * tail.size).astype(np.int64)])
+        return hit[1]
 
 
 class ServiceModel:
@@ -108,23 +119,22 @@ class _Residual:
         self._tail = tail  # sorted ascending
         self.point = point
         self._mean = mean
-        self._source: tuple[np.ndarray, int, float] | None = None
+        self._source: tuple[_Dist, int, float] | None = None
         self._suffix: np.ndarray | None = None
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
-    def above(cls, values: np.ndarray, k: int, e: float) -> _Residual:
-        """values[k:] - e, for the sorted observations `values` of which the
-        first k are <= e."""
+    def above(cls, dist: _Dist, k: int, e: float) -> _Residual:
+        """X - e | X > e: dist.values[k:] - e, its first k observations being <= e."""
         res = cls(None, 0.0, None)
-        res._source = (values, k, e)
+        res._source = (dist, k, e)
         return res
 
     @property
     def tail(self) -> np.ndarray | None:
         if self._tail is None and self._source is not None:
-            values, k, e = self._source
-            self._tail = values[k:] - e
+            dist, k, e = self._source
+            self._tail = dist.values[k:] - e
         return self._tail
 
     @property
@@ -141,8 +151,8 @@ class _Residual:
         if hit is None or hit[0] is not quantiles:
             u = quantiles[row]
             if self._source is not None:  # the tail's entries, without building it
-                values, k, e = self._source
-                picked = values[k:][(u * (values.size - k)).astype(np.int64)] - e
+                dist, k, e = self._source
+                picked = dist.above(k, quantiles, row) - e
             elif self._tail is None:
                 picked = np.full(u.shape, self.point)
             else:
@@ -278,7 +288,7 @@ class TaskPaths:
         if k == len(dist.sorted):
             floor = self._floor(wf, v, req)
             return _Residual(None, floor, floor)
-        return _Residual.above(dist.values, k, e)
+        return _Residual.above(dist, k, e)
 
     def _prior(self, wf: Workflow, v: str) -> _Residual:
         """Before observations F_{a,v} is a point mass at the profiled service."""

@@ -124,6 +124,7 @@ class TopasPolicy:
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
         self._task_service: dict[int, float] = defaultdict(float)
         self._age_obs: list[float] = []
+        self._age_mean = (0, 0.0)  # (len(_age_obs), mean of its last 256)
 
     def set_params(self, **changes: Any) -> TopasParams:
         """Change parameters; effective from the next decision."""
@@ -173,7 +174,10 @@ class TopasPolicy:
         if self.params.h_age is not None:
             return defaultdict(lambda: float(self.params.h_age))  # type: ignore[arg-type]
         if self._age_obs:
-            mean = float(np.mean(self._age_obs[-256:]))
+            n, mean = self._age_mean
+            if n != len(self._age_obs):  # tasks finished since: the window moved
+                n, mean = self._age_mean = (len(self._age_obs),
+                                            float(np.mean(self._age_obs[-256:])))
             return defaultdict(lambda: max(mean, 1e-3))
         return {name: max(paths.lhat(_fresh_task(wf), {}), 1e-3)
                 for name, wf in view.workflows.items()}
@@ -763,13 +767,17 @@ class _Search(SearchBounds):
             task = self.view.tasks.get(task_id)
             if task is None:
                 continue
-            wf = self.view.workflows[task.workflow]
+            wf, status = self.view.workflows[task.workflow], task.stages
+            undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
             for u in stages:
                 for v in wf.succs[u]:
-                    if task.stages[v].status is not StageStatus.PENDING:
+                    if status[v].status is not StageStatus.PENDING:
                         continue
-                    others = [p for p in wf.preds[v] if p != u]
-                    if all(task.stages[p].status is StageStatus.DONE for p in others):
+                    left = undone.get(v)
+                    if left is None:
+                        left = undone[v] = [p for p in wf.preds[v]
+                                            if status[p].status is not StageStatus.DONE]
+                    if all(p == u for p in left):  # every other predecessor is done
                         counts[(wf.stages[u].agent, wf.stages[v].agent)] += 1
         return counts
 
