@@ -68,6 +68,7 @@ class SearchBounds:
     base_gain: Callable[[Request], float]
     _joint_gain: Callable[[int, list[Request]], float]
     _joint_cut: Callable[[list[Request]], Cut]
+    _task_table: Callable[[int], list[tuple[str, int, float, float, bool]]]
     _t_move: Callable[[frozenset[str]], float]
     v_reuse: Callable[[frozenset[str]], float]
 
@@ -296,7 +297,7 @@ class SearchBounds:
         the least KV it needs, and whether every covered prefix is off the GPU."""
         hit = self._covers.get((task_id, covered))
         if hit is None:
-            cov = [r for r in reqs if r.agent in covered]
+            cov = [(d, off) for a, _, _, d, off in self._task_table(task_id) if a in covered]
             if len(cov) == len(reqs):
                 value = self._joint_gain(task_id, reqs)
             elif (task := self.view.tasks.get(task_id)) is None:
@@ -307,15 +308,19 @@ class SearchBounds:
                     task, running, self._cover_cut(task_id, reqs, covered))
                 value = self.g.get(task_id, 1.0) * max(0.0, drop)
             hit = self._covers[(task_id, covered)] = (
-                value, min(self.d[r.id] for r in cov), all(r.agent not in self.gpu for r in cov))
+                value, min(d for d, _ in cov), all(off for _, off in cov))
         return hit
 
     def _cover_cut(self, task_id: int, reqs: list[Request], covered: frozenset[str]) -> Cut:
         """H = the requests of agents `covered` completed (memoized)."""
         hit = self._cover_cuts.get((task_id, covered))
         if hit is None:
-            hit = self._cover_cuts[(task_id, covered)] = self._joint_cut(
-                [r for r in reqs if r.agent in covered])
+            table = self._task_table(task_id)
+            if len({row for _, row, _, _, _ in table}) == len(table):  # nothing to merge
+                hit = tuple(sorted((row, dhat) for a, row, dhat, _, _ in table if a in covered))
+            else:
+                hit = self._joint_cut([r for r in reqs if r.agent in covered])
+            self._cover_cuts[(task_id, covered)] = hit
         return hit
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:

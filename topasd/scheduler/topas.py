@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -379,6 +379,7 @@ class _Search(SearchBounds):
                             for tid, rs in self.waiting_by_task.items()}
         self._primed = False  # base gains computed (_prime_base_gains)
         self._joint_gains: dict[int, float] = {}
+        self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
         self._quick: dict[str, tuple[float, float | None, float, float, int]] | None = None
         self._touched_memo: dict[int, tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
@@ -445,38 +446,28 @@ class _Search(SearchBounds):
     def _evaluate(self, sets: list[frozenset[str]], coarse: np.ndarray | None = None,
                   quick: list[float] | None = None) -> None:
         """GreedyPack every set that could beat the best state found so far
-        (most promising first; pruning by `bound` never changes Eq. 14's argmax).
-        `coarse`, when given, holds cheaper upper bounds on `bound` per set;
-        `quick` cheap ones for small pools (`_visit_order`)."""
-        order = self._visit_order(sets, coarse, lambda ub: ub < self.best_total, quick)
+        (most promising first; pruning by valid bounds never changes Eq. 14's
+        argmax, only which losing sets get packed). `coarse` holds cheaper
+        upper bounds on `bound` per set (large pools), `quick` cheap ones on
+        small pools (else `quick_bound`); a set is packed if `refined` (which
+        is `bound` on large pools) leaves it a chance."""
+        order = self._visit_order(sets, coarse, quick)
         self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
         for ub, i in order:
             if ub < self.best_total:
                 break
-            if (coarse is None or self.bound(sets[i]) >= self.best_total) and self.refined(
-                    sets[i]) >= self.best_total:
+            if self.refined(sets[i]) >= self.best_total:
                 self.pack(sets[i])
 
     def _visit_order(self, sets: Sequence[frozenset[str]], coarse: np.ndarray | None,
-                     hopeless: Callable[[float], bool],
-                     quick: list[float] | None = None) -> list[tuple[float, int]]:
+                     quick: list[float] | None) -> list[tuple[float, int]]:
         """(upper bound, index) of every set, most promising first (ties: first
-        listed); the bound is `coarse` when given, else `bound`. A set that
-        its `quick` bound (else `quick_bound`) already shows `hopeless` gets
-        -inf instead of its
-        `bound`: the caller, which stops at the first hopeless bound, visits
-        the same sets in the same order (bounds only fall, the best only rises)."""
-        if coarse is None:
-            bounds = self._bounds
-            order = []
-            for i, r in enumerate(sets):
-                ub = bounds.get(r)
-                if ub is None:
-                    cheap = self.quick_bound(r) if quick is None else quick[i]
-                    ub = -math.inf if hopeless(cheap) else self.bound(r)
-                order.append((ub, i))
+        listed): by `coarse` (large pools), else by `quick` (else `quick_bound`)."""
+        if coarse is not None:
+            ubs = coarse.tolist()
         else:
-            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
+            ubs = quick if quick is not None else [self.quick_bound(r) for r in sets]
+        order = list(zip(ubs, range(len(sets)), strict=True))
         order.sort(key=lambda b: (-b[0], b[1]))
         return order
 
@@ -527,17 +518,14 @@ class _Search(SearchBounds):
             dropped once a non-empty state exists)."""
             return (ub <= floor and ub < self.best_total) or (best is not None and ub < best_phi)
 
-        order = self._visit_order(sets, coarse, hopeless, quick)
+        order = self._visit_order(sets, coarse, quick)
         if coarse is None:
             self._prime_covers([sets[i] for ub, i in order if not hopeless(ub)])
         for ub, i in order:
             if hopeless(ub):
                 break
             r = sets[i]
-            exact = self.bound(r) if coarse is not None else ub
-            if not hopeless(exact):
-                exact = self.refined(r)
-            if hopeless(exact):
+            if hopeless(self.refined(r)):
                 continue
             phi = self.phi(r)
             if phi > best_phi or (phi == best_phi and best is not None and i < best_i):
@@ -612,6 +600,16 @@ class _Search(SearchBounds):
             hit = self.g.get(task_id, 1.0) * max(0.0, drop)
             if whole:
                 self._joint_gains[task_id] = hit
+        return hit
+
+    def _task_table(self, task_id: int) -> list[tuple[str, int, float, float, bool]]:
+        """(agent, stage row, D_hat, d, prefix off the GPU) of each of a task's
+        waiting requests, in order (built once per decision)."""
+        hit = self._tables.get(task_id)
+        if hit is None:
+            hit = self._tables[task_id] = [
+                (r.agent, self._row(r), self._dhat(r), self.d[r.id], r.agent not in self.gpu)
+                for r in self.waiting_by_task[task_id]]
         return hit
 
     def _joint_cut(self, reqs: list[Request]) -> tuple[tuple[int, float], ...]:
