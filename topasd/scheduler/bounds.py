@@ -105,7 +105,7 @@ class SearchBounds:
         so it keeps a margin far above their rounding."""
         terms = self._quick_terms()
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
-        for a in base:
+        for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
             hold, share, least, value, bits = terms[a]
             room0 -= hold
             if share is None:

@@ -238,20 +238,21 @@ class TaskPaths:
         """E[LP] of every (task, cut) of `group` (tasks of the DAG `wf`) into the
         cache, averaged over the stratified samples in one longest-path pass."""
         keys = [(task.id, cut) for task, _, todo in group for cut in todo]
-        z = np.empty((len(wf.topo_order), len(keys), self.u.shape[1]))  # (stage, cut, sample)
-        at, rows, dhat, lo = [], [], [], 0
-        for task, running, todo in group:
-            z[:, lo:lo + len(todo)] = self._sampled(task, self._residuals(task, wf, running))[
-                :, None]
-            for j, cut in enumerate(todo, lo):
-                for row, d in cut:  # a cut has each stage row at most once
-                    at.append(j)
-                    rows.append(row)
-                    dhat.append(d)
+        cuts = np.zeros((len(wf.topo_order), len(keys)))  # D_hat per (stage, cut)
+        entries = [(row, j, d) for j, (_, cut) in enumerate(keys) for row, d in cut]
+        if entries:  # a cut has each stage row at most once
+            rows, at, dhat = zip(*entries, strict=True)
+            cuts[rows, at] = dhat
+        z = np.empty((*cuts.shape, self.u.shape[1]))  # (stage, cut, sample)
+        lo = 0
+        for task, running, todo in group:  # x - 0.0 is x: a stage no cut holds is unchanged
+            np.subtract(self._sampled(task, self._residuals(task, wf, running))[:, None],
+                        cuts[:, lo:lo + len(todo), None], out=z[:, lo:lo + len(todo)])
             lo += len(todo)
-        z[rows, at] -= np.array(dhat)[:, None]
-        z = np.maximum(z, 0.0, out=z)  # [Z - D_hat]_+ (Eq. 6)
-        self._lhat.update(zip(keys, _longest_path(wf, z).mean(axis=-1).tolist(), strict=True))
+        lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (Eq. 6)
+        # the mean over samples, as ndarray.mean computes it (a sum, then / S)
+        self._lhat.update(zip(keys, (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist(),
+                              strict=True))
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
@@ -317,7 +318,7 @@ class TaskPaths:
         s = self._samples.get(task.id)
         if s is None:
             n_rows = self.u.shape[0]
-            s = self._samples[task.id] = np.vstack(
+            s = self._samples[task.id] = np.array(
                 [r.sampled(i % n_rows, self.u) for i, r in enumerate(res)])
         return s
 

@@ -775,7 +775,7 @@ class _Search(SearchBounds):
                     if left is None:
                         left = undone[v] = [p for p in wf.preds[v]
                                             if status[p].status is not StageStatus.DONE]
-                    if all(p == u for p in left):  # every other predecessor is done
+                    if not left or left == [u]:  # every other predecessor is done
                         counts[(wf.stages[u].agent, wf.stages[v].agent)] += 1
         return counts
 
