@@ -47,6 +47,8 @@ class SearchBounds:
     _quick: dict[str, tuple[float, float | None, float, float, int]] | None
     _touched_memo: dict[int, tuple[float, float]]
     _quick_scales: tuple[float, float]
+    _plan: list[tuple[int, list[Request], frozenset[str],
+                      tuple[str, float, float, bool] | None]] | None
     gpu_moves: list[tuple[str, float]]  # T_move share of each GPU prefix leaving, sorted
     lost_all: float
     running_agents: frozenset[str]
@@ -227,17 +229,17 @@ class SearchBounds:
                 chosen = sorted(((v, w) for v, w in chosen if v > 0), key=by_ratio)
             return _fractional(chosen, room)
         chosen = []
-        for tid, reqs in self.waiting_by_task.items():
-            if len(reqs) == 1:
-                r = reqs[0]
-                if r.agent not in resident:
+        covers = self._covers
+        for tid, reqs, mine, alone in self._cover_plan():
+            if alone is not None:
+                if alone[0] not in resident:
                     continue
-                v, w, incoming = self.base_gain(r), self.d[r.id], r.agent not in self.gpu
+                _, v, w, incoming = alone
             else:
-                covered = self.task_agents[tid] & resident
+                covered = mine & resident
                 if not covered:
                     continue
-                v, w, incoming = self._cover(tid, reqs, covered)
+                v, w, incoming = covers.get((tid, covered)) or self._cover(tid, reqs, covered)
             if incoming:
                 v -= t_move
             if v > 0:
@@ -288,6 +290,18 @@ class SearchBounds:
             off_gpu = np.array([ags.isdisjoint(self.gpu) for _, _, ags in items], dtype=float)
             self._item_arrays = ItemArrays(values, weights, member, col, off_gpu, lam)
         return self._item_arrays
+
+    def _cover_plan(self) -> list[tuple[int, list[Request], frozenset[str],
+                                        tuple[str, float, float, bool] | None]]:
+        """Per task: its id, waiting requests and their agents, and for a task
+        of one request (agent, value, d_r, prefix off the GPU) (built once)."""
+        if self._plan is None:
+            self._plan = [
+                (tid, reqs, self.task_agents[tid], None if len(reqs) > 1 else (
+                    reqs[0].agent, self.base_gain(reqs[0]), self.d[reqs[0].id],
+                    reqs[0].agent not in self.gpu))
+                for tid, reqs in self.waiting_by_task.items()]
+        return self._plan
 
     def _cover(self, task_id: int, reqs: list[Request],
                covered: frozenset[str]) -> tuple[float, float, bool]:

@@ -223,7 +223,7 @@ class TaskPaths:
         one vectorized longest-path pass per DAG workflow (chains are sums)."""
         by_wf: dict[str, list[tuple[TaskView, Mapping[str, Request], list[Cut]]]] = {}
         for task, running, cuts in jobs:
-            todo = [c for c in cuts if (task.id, c) not in self._lhat]
+            todo = [c for c in dict.fromkeys(cuts) if (task.id, c) not in self._lhat]
             if not todo:
                 continue
             if self.workflows[task.workflow].is_chain:

@@ -380,6 +380,8 @@ class _Search(SearchBounds):
         self._primed = False  # base gains computed (_prime_base_gains)
         self._joint_gains: dict[int, float] = {}
         self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
+        self._plan: list[tuple[int, list[Request], frozenset[str],
+                               tuple[str, float, float, bool] | None]] | None = None
         self._quick: dict[str, tuple[float, float | None, float, float, int]] | None = None
         self._touched_memo: dict[int, tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
@@ -536,13 +538,14 @@ class _Search(SearchBounds):
             list[frozenset[str]], np.ndarray | None, list[float] | None]:
         """Single-agent drops and swaps of R, with coarse bounds on large pools
         and quick ones on small pools."""
-        drops = [r - {a} for a in sorted(r)]
+        order = sorted(r)
+        drops = [r - {a} for a in order]
         rest = [b for b in active if b not in r]
-        swaps = [(r - {a}) | {b} for a in sorted(r) for b in rest]
-        coarse = [self._ext_bounds(r - {a}, rest, 1) for a in sorted(r)]
+        swaps = [x.union((b,)) for x in drops for b in rest]
+        coarse = [self._ext_bounds(x, rest, 1) for x in drops]
         if not drops or coarse[0] is None:
-            quick = self.quick_family(r, [(a, ()) for a in sorted(r)]
-                                      + [(a, (b,)) for a in sorted(r) for b in rest])
+            quick = self.quick_family(r, [(a, ()) for a in order]
+                                      + [(a, (b,)) for a in order for b in rest])
             return drops + swaps, None, quick
         exact = np.array([self.bound(x) for x in drops])
         return drops + swaps, np.concatenate([exact, *coarse]), None  # type: ignore[list-item]
@@ -1017,6 +1020,8 @@ def _t_decode(view: EngineView) -> float:
 def _add_cut(cut: tuple[tuple[int, float], ...], row: int,
              d: float) -> tuple[tuple[int, float], ...]:
     """H + {r}: add r's expected service to its stage row (sorted, hashable)."""
+    if not cut:
+        return ((row, 0.0 + d),)
     merged = dict(cut)
     merged[row] = merged.get(row, 0.0) + d
     return tuple(sorted(merged.items()))
