@@ -394,21 +394,21 @@ class _Search(SearchBounds):
         # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
         # prompt when the engine drops its KV on preemption (prefilled again).
         redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
-        self.run_ids: dict[str, list[int]] = defaultdict(list)
-        self.run_kv: dict[str, float] = defaultdict(float)
-        self.run_redo: dict[str, float] = defaultdict(float)
-        self.run_revoke: dict[str, float] = defaultdict(float)
-        self.run_tasks: dict[str, set[int]] = defaultdict(set)
-        self.running_stage: dict[int, dict[str, Request]] = defaultdict(dict)
+        self.run_ids = run_ids = defaultdict[str, list[int]](list)
+        self.run_kv = run_kv = defaultdict[str, float](float)
+        self.run_redo = run_redo = defaultdict[str, float](float)
+        self.run_revoke = run_revoke = defaultdict[str, float](float)
+        self.run_tasks = run_tasks = defaultdict[str, set[int]](set)
+        self.running_stage = running_stage = defaultdict[int, dict[str, Request]](dict)
+        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
         for r in view.running:
             a = r.agent
-            self.run_ids[a].append(r.id)
-            self.run_kv[a] += r.demand(view.new_token_ratio)
-            self.run_redo[a] += t_dec * r.generated + redo_input * view.costs.t_prefill(
-                r.input_tokens)  # Eq. 9
-            self.run_revoke[a] += self.policy.credits.get(r.id, 0.0)  # Eq. 10
-            self.run_tasks[a].add(r.task_id)
-            self.running_stage[r.task_id][r.stage] = r
+            run_ids[a].append(r.id)
+            run_kv[a] += r.demand(ratio)
+            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.input_tokens)  # Eq. 9
+            run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
+            run_tasks[a].add(r.task_id)
+            running_stage[r.task_id][r.stage] = r
         self.running_agents = frozenset(self.run_ids)
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
