@@ -243,12 +243,13 @@ class TaskPaths:
         if entries:  # a cut has each stage row at most once
             rows, at, dhat = zip(*entries, strict=True)
             cuts[rows, at] = dhat
-        z = np.empty((*cuts.shape, self.u.shape[1]))  # (stage, cut, sample)
-        lo = 0
-        for task, running, todo in group:  # x - 0.0 is x: a stage no cut holds is unchanged
-            np.subtract(self._sampled(task, self._residuals(task, wf, running))[:, None],
-                        cuts[:, lo:lo + len(todo), None], out=z[:, lo:lo + len(todo)])
-            lo += len(todo)
+        samples = [self._sampled(task, self._residuals(task, wf, running))
+                   for task, running, _ in group]
+        if len(samples) == 1:
+            z = samples[0][:, None] - cuts[:, :, None]  # (stage, cut, sample)
+        else:  # each task's samples once per cut of it, then the cuts
+            z = np.repeat(np.stack(samples, axis=1), [len(todo) for _, _, todo in group], axis=1)
+            z -= cuts[:, :, None]  # x - 0.0 is x: a stage no cut holds is unchanged
         lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (Eq. 6)
         # the mean over samples, as ndarray.mean computes it (a sum, then / S)
         self._lhat.update(zip(keys, (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist(),
