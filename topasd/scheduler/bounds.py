@@ -45,7 +45,11 @@ class SearchBounds:
     # if none runs), and its least d_r (inf if none waits)
     agent_terms: dict[str, tuple[float, float | None, float]]
     _quick: dict[str, tuple[float, float | None, float, float, int]] | None
-    _touched_memo: dict[int, tuple[float, float]]
+    _touched_memo: dict[tuple[int, int], tuple[float, float]]
+    _agent_bit: dict[str, int]
+    _quick_parts: list[tuple[int, int]]
+    item_tasks: list[int]
+    partial_cap: Callable[[int], float]
     _quick_scales: tuple[float, float]
     _plan: list[tuple[int, list[Request], frozenset[str],
                       tuple[str, float, float, bool] | None]] | None
@@ -107,8 +111,10 @@ class SearchBounds:
         so it keeps a margin far above their rounding."""
         terms = self._quick_terms()
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
+        agents0, parts = 0, self._quick_parts
         for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
             hold, share, least, value, bits = terms[a]
+            agents0 |= self._agent_bit[a]
             room0 -= hold
             if share is None:
                 need0 += least
@@ -121,9 +127,10 @@ class SearchBounds:
         without: dict[str, int] = {}
         out = []
         for drop, add in changes:
-            room, need, lost, reuse, mask = room0, need0, lost0, reuse0, mask0
+            room, need, lost, reuse, mask, agents = room0, need0, lost0, reuse0, mask0, agents0
             if drop is not None:
                 hold, share, least, value, _ = terms[drop]
+                agents &= ~self._agent_bit[drop]
                 room += hold
                 if share is None:
                     need -= least
@@ -135,6 +142,7 @@ class SearchBounds:
                     mask = without[drop] = _mask(terms, base - {drop})
             for a in add:
                 hold, share, least, value, bits = terms[a]
+                agents |= self._agent_bit[a]
                 room -= hold
                 if share is None:
                     need += least
@@ -145,7 +153,11 @@ class SearchBounds:
             if room + room_tol < need:
                 out.append(-math.inf)
                 continue
-            total, ratio = self._touched_memo.get(mask) or self._touched(mask)
+            partial = 0  # touched items of tasks whose agents the set covers in part
+            for item, its_agents in parts:
+                if mask & item and its_agents & ~agents:
+                    partial |= item
+            total, ratio = self._touched_memo.get((mask, partial)) or self._touched(mask, partial)
             if ratio < math.inf:
                 total = min(total, max(room + room_tol, 0.0) * ratio)
             ub = reuse - lost + total
@@ -163,20 +175,26 @@ class SearchBounds:
                     bits[a] = bits.get(a, 0) | (1 << i)
             self._quick = {a: (*t, self.reuse_value.get(a, 0.0), bits.get(a, 0))
                            for a, t in self.agent_terms.items()}
+            self._agent_bit = {a: 1 << j for j, a in enumerate(self._quick)}
+            self._quick_parts = [  # (item bit, its agents' bits) of tasks of several agents
+                (1 << i, sum(self._agent_bit[a] for a in ags))
+                for i, (_, _, ags) in enumerate(self._items()) if len(ags) > 1]
             finite = [t[2] for t in self._quick.values() if t[1] is None and t[2] < math.inf]
             self._quick_scales = (
                 self.budget + sum(t[0] for t in self._quick.values()) + sum(finite),
                 1.0 + self.lost_all + sum(t[3] for t in self._quick.values()))
         return self._quick
 
-    def _touched(self, mask: int) -> tuple[float, float]:
+    def _touched(self, mask: int, partial: int) -> tuple[float, float]:
         """The summed value and the best value per KV token of the items in
-        `mask` (memoized: many sets touch the same items)."""
-        hit = self._touched_memo.get(mask)
+        `mask`, those in `partial` valued at most by their `partial_cap`
+        (memoized: many sets touch the same items)."""
+        hit = self._touched_memo.get((mask, partial))
         if hit is None:
-            items = self._items()
-            chosen = [(v, w) for i, (v, w, _) in enumerate(items) if mask >> i & 1]
-            hit = self._touched_memo[mask] = (
+            items, tasks = self._items(), self.item_tasks
+            chosen = [(min(v, self.partial_cap(tasks[i])) if partial >> i & 1 else v, w)
+                      for i, (v, w, _) in enumerate(items) if mask >> i & 1]
+            hit = self._touched_memo[(mask, partial)] = (
                 sum(v for v, _ in chosen),
                 max((v / w if w > 0 else math.inf for v, w in chosen), default=0.0))
         return hit

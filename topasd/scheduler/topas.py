@@ -380,10 +380,13 @@ class _Search(SearchBounds):
         self._primed = False  # base gains computed (_prime_base_gains)
         self._joint_gains: dict[int, float] = {}
         self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
+        self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
+        self.item_tasks: list[int] = []  # the task of each of `_items`
+        self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
                                tuple[str, float, float, bool] | None]] | None = None
         self._quick: dict[str, tuple[float, float | None, float, float, int]] | None = None
-        self._touched_memo: dict[int, tuple[float, float]] = {}
+        self._touched_memo: dict[tuple[int, int], tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
@@ -580,12 +583,13 @@ class _Search(SearchBounds):
             for tid, reqs in self.waiting_by_task.items():
                 if len(reqs) == 1:
                     r = reqs[0]
-                    items.append((self.base_gain(r), self.d[r.id], alone[r.agent]))
+                    items.append(((self.base_gain(r), self.d[r.id], alone[r.agent]), tid))
                     continue
-                items.append((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
-                              frozenset(r.agent for r in reqs)))
-            items.sort(key=by_ratio)
-            self._item_cache = items
+                items.append(((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
+                               frozenset(r.agent for r in reqs)), tid))
+            items.sort(key=lambda item: by_ratio(item[0]))
+            self._item_cache = [item for item, _ in items]
+            self.item_tasks = [tid for _, tid in items]
         return self._item_cache
 
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
@@ -613,6 +617,41 @@ class _Search(SearchBounds):
             hit = self._tables[task_id] = [
                 (r.agent, self._row(r), self._dhat(r), self.d[r.id], r.agent not in self.gpu)
                 for r in self.waiting_by_task[task_id]]
+        return hit
+
+    def _complement_cuts(self, task_id: int) -> list[tuple[tuple[int, float], ...]]:
+        """For each agent of a task with requests of several agents: H = the
+        requests of every other agent completed (memoized)."""
+        hit = self._complement_cut_memo.get(task_id)
+        if hit is None:
+            agents = sorted(self.task_agents[task_id])
+            table = sorted((row, dhat, a) for a, row, dhat, _, _ in self._task_table(task_id))
+            if len(agents) < 2:
+                hit = []
+            elif len({row for row, _, _ in table}) == len(table):  # nothing to merge
+                hit = [tuple((row, dhat) for row, dhat, b in table if b != a) for a in agents]
+            else:
+                reqs = self.waiting_by_task[task_id]
+                hit = [self._joint_cut([r for r in reqs if r.agent != a]) for a in agents]
+            self._complement_cut_memo[task_id] = hit
+        return hit
+
+    def partial_cap(self, task_id: int) -> float:
+        """An upper bound on what any subset of a task's requests that leaves
+        out some agent's can reduce: max over agents a of g_i * (L_hat_i({})
+        - L_hat_i(all but a's requests)) (completing a superset never
+        lengthens the path); inf for a task of one agent."""
+        hit = self._caps.get(task_id)
+        if hit is None:
+            cuts = self._complement_cuts(task_id)
+            task = self.view.tasks.get(task_id)
+            hit = math.inf
+            if cuts and task is not None:
+                running = self.running_stage.get(task_id, {})
+                before = self.paths.lhat(task, running, ())
+                hit = self.g.get(task_id, 1.0) * max(
+                    max(0.0, before - v) for v in self.paths.lhat_many(task, running, cuts))
+            self._caps[task_id] = hit
         return hit
 
     def _joint_cut(self, reqs: list[Request]) -> tuple[tuple[int, float], ...]:
@@ -828,9 +867,10 @@ class _Search(SearchBounds):
             delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
             self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
                                   strict=True))
-        self.paths.lhat_batch([  # every cut `_gains` and `_joint_gain` read, in one pass
+        self.paths.lhat_batch([  # every cut `_gains`, `_joint_gain`, `partial_cap` read
             (task, running, [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
-                             self._joint_cut(reqs)]) for task, running, reqs in dags])
+                             self._joint_cut(reqs), *self._complement_cuts(task.id)])
+            for task, running, reqs in dags])
         for task, _, reqs in dags:
             self._gains(task.id, (), reqs)
 
