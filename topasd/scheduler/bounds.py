@@ -10,8 +10,16 @@ search in tests/test_topas_properties.py):
   an incoming prefix (Eqs. 8-11);
 - `refined`: the same with a fork task valued by the ready requests the set
   covers (small pools; priced in one longest-path pass by `_prime_covers`);
+- `quick_family`: cheap bounds that order and prune a whole family of sets
+  (small pools) before `refined` prices the survivors: V_reuse by its
+  per-agent bound, each touched task by its whole reduction, or by its
+  `partial_cap` when the set leaves out one of its agents, the sum capped by
+  room times the best ratio;
 - `_ext_bounds`: a weak-duality bound for every one- or two-agent extension
   of a set at once (large pools).
+
+Which valid bound prunes a set changes only which losing sets GreedyPack
+fills, never the chosen state.
 """
 
 from __future__ import annotations
@@ -103,12 +111,14 @@ class SearchBounds:
 
     def quick_family(self, base: frozenset[str],
                      changes: Sequence[tuple[str | None, tuple[str, ...]]]) -> list[float]:
-        """Cheap upper bounds on `bound((base - {drop}) | add)` for every
-        (drop, add) of `changes` (small pools), in O(|add|) each after one pass
-        over `base`: V_reuse by its per-agent bound, the knapsack by the whole
-        value of the items the set touches, capped by room times their best
-        ratio, nothing sorted. Its sums run in another order than `bound`'s,
-        so it keeps a margin far above their rounding."""
+        """Cheap upper bounds on Phi((base - {drop}) | add) for every (drop,
+        add) of `changes` (small pools), in O(|add|) each after one pass over
+        `base`: V_reuse by its per-agent bound (Eq. 11), each task the set
+        touches by its whole reduction (Eqs. 6, 7), or at most its
+        `partial_cap` when the set leaves out one of its agents, the sum
+        capped by room times the best ratio; nothing sorted. Its sums run in
+        another order than the scores', so it keeps a margin far above their
+        rounding."""
         terms = self._quick_terms()
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
         agents0, parts = 0, self._quick_parts

@@ -511,9 +511,9 @@ class _Search(SearchBounds):
                  quick: list[float] | None = None) -> frozenset[str] | None:
         """The set with the highest Phi if it beats `floor` (ties: first listed).
 
-        `coarse`, when given, holds cheaper upper bounds on `bound` per set: sets
-        are visited by it and priced by `bound` only when it leaves them a chance.
-        `quick` holds cheap bounds for small pools (`_visit_order`)."""
+        Sets are visited by `coarse` (cheaper upper bounds on `bound`, large
+        pools) or by `quick` (small pools, `_visit_order`) and priced by
+        `refined` only when that leaves them a chance."""
         best, best_i, best_phi = None, -1, floor
 
         def hopeless(ub: float) -> bool:
@@ -640,7 +640,7 @@ class _Search(SearchBounds):
         """An upper bound on what any subset of a task's requests that leaves
         out some agent's can reduce: max over agents a of g_i * (L_hat_i({})
         - L_hat_i(all but a's requests)) (completing a superset never
-        lengthens the path); inf for a task of one agent."""
+        lengthens the path, Eq. 5); inf for a task of one agent."""
         hit = self._caps.get(task_id)
         if hit is None:
             cuts = self._complement_cuts(task_id)
