@@ -478,7 +478,7 @@ class _Search(SearchBounds):
 
     def _greedy_sets(self, active: list[str]) -> None:
         """Greedy additions from R_t, one pair test at the first stall, repairs."""
-        r_g = self.gpu & frozenset(active)
+        r_g = start = self.gpu & frozenset(active)
         self.pack(r_g)
         self._evaluate(*self._repair(r_g, active))
         tested_pair = False
@@ -495,7 +495,8 @@ class _Search(SearchBounds):
             if best is None:
                 break
             r_g = best
-        self._evaluate(*self._repair(r_g, active))
+        if r_g != start:  # the same repairs again would pack nothing new: each set's
+            self._evaluate(*self._repair(r_g, active))  # bound is the same, the best only rose
 
     def _extensions(self, r_g: frozenset[str], rest: list[str], size: int) -> tuple[
             _Extensions, float, np.ndarray | None, list[float] | None]:
