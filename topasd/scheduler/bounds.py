@@ -35,6 +35,9 @@ from topasd.model import EngineView, Request
 from topasd.scheduler.residual import TaskPaths
 
 Cut = tuple[tuple[int, float], ...]
+# per agent: hold, J_redo + J_revoke share (None if not running), least d_r,
+# V_reuse bound, bit mask of its items, its own bit (`_quick_terms`)
+QuickTerms = dict[str, tuple[float, float | None, float, float, int, int]]
 
 
 class SearchBounds:
@@ -52,9 +55,8 @@ class SearchBounds:
     # per agent: l_a + KV of its running requests, their J_redo + J_revoke (None
     # if none runs), and its least d_r (inf if none waits)
     agent_terms: dict[str, tuple[float, float | None, float]]
-    _quick: dict[str, tuple[float, float | None, float, float, int]] | None
+    _quick: QuickTerms | None
     _touched_memo: dict[tuple[int, int], tuple[float, float]]
-    _agent_bit: dict[str, int]
     _quick_parts: list[tuple[int, int]]
     item_tasks: list[int]
     partial_cap: Callable[[int], float]
@@ -121,10 +123,10 @@ class SearchBounds:
         rounding."""
         terms = self._quick_terms()
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
-        agents0, parts = 0, self._quick_parts
+        agents0, parts, memo = 0, self._quick_parts, self._touched_memo
         for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
-            hold, share, least, value, bits = terms[a]
-            agents0 |= self._agent_bit[a]
+            hold, share, least, value, bits, bit = terms[a]
+            agents0 |= bit
             room0 -= hold
             if share is None:
                 need0 += least
@@ -139,8 +141,8 @@ class SearchBounds:
         for drop, add in changes:
             room, need, lost, reuse, mask, agents = room0, need0, lost0, reuse0, mask0, agents0
             if drop is not None:
-                hold, share, least, value, _ = terms[drop]
-                agents &= ~self._agent_bit[drop]
+                hold, share, least, value, _, bit = terms[drop]
+                agents &= ~bit
                 room += hold
                 if share is None:
                     need -= least
@@ -151,8 +153,8 @@ class SearchBounds:
                 if mask < 0:
                     mask = without[drop] = _mask(terms, base - {drop})
             for a in add:
-                hold, share, least, value, bits = terms[a]
-                agents |= self._agent_bit[a]
+                hold, share, least, value, bits, bit = terms[a]
+                agents |= bit
                 room -= hold
                 if share is None:
                     need += least
@@ -167,27 +169,27 @@ class SearchBounds:
             for item, its_agents in parts:
                 if mask & item and its_agents & ~agents:
                     partial |= item
-            total, ratio = self._touched_memo.get((mask, partial)) or self._touched(mask, partial)
+            total, ratio = memo.get((mask, partial)) or self._touched(mask, partial)
             if ratio < math.inf:
                 total = min(total, max(room + room_tol, 0.0) * ratio)
             ub = reuse - lost + total
             out.append(ub + _QUICK_SLACK * (abs(ub) + value_tol + total))
         return out
 
-    def _quick_terms(self) -> dict[str, tuple[float, float | None, float, float, int]]:
-        """Per agent: `agent_terms`, its V_reuse bound and a bit mask of the
-        items (`_items` positions) with a request of the agent; and the
-        magnitudes that `quick_family`'s rounding margin scales with."""
+    def _quick_terms(self) -> QuickTerms:
+        """Per agent: `agent_terms`, its V_reuse bound, a bit mask of the items
+        (`_items` positions) with a request of the agent and the agent's own
+        bit; the items of tasks of several agents; and the magnitudes that
+        `quick_family`'s rounding margin scales with."""
         if self._quick is None:
             bits: dict[str, int] = {}
             for i, (_, _, ags) in enumerate(self._items()):
                 for a in ags:
                     bits[a] = bits.get(a, 0) | (1 << i)
-            self._quick = {a: (*t, self.reuse_value.get(a, 0.0), bits.get(a, 0))
-                           for a, t in self.agent_terms.items()}
-            self._agent_bit = {a: 1 << j for j, a in enumerate(self._quick)}
+            self._quick = {a: (*t, self.reuse_value.get(a, 0.0), bits.get(a, 0), 1 << j)
+                           for j, (a, t) in enumerate(self.agent_terms.items())}
             self._quick_parts = [  # (item bit, its agents' bits) of tasks of several agents
-                (1 << i, sum(self._agent_bit[a] for a in ags))
+                (1 << i, sum(self._quick[a][5] for a in ags))
                 for i, (_, _, ags) in enumerate(self._items()) if len(ags) > 1]
             finite = [t[2] for t in self._quick.values() if t[1] is None and t[2] < math.inf]
             self._quick_scales = (
@@ -477,8 +479,7 @@ def _fractional(items: list[tuple[float, float]], room: float) -> float:
     return total
 
 
-def _mask(terms: Mapping[str, tuple[float, float | None, float, float, int]],
-          agents: frozenset[str]) -> int:
+def _mask(terms: QuickTerms, agents: frozenset[str]) -> int:
     """The items touched by `agents` (`_quick_terms` bit masks)."""
     mask = 0
     for a in agents:

@@ -40,7 +40,7 @@ from topasd.model import (
     Workflow,
     replace_known,
 )
-from topasd.scheduler.bounds import ItemArrays, SearchBounds, by_ratio
+from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 
 
@@ -385,7 +385,7 @@ class _Search(SearchBounds):
         self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
                                tuple[str, float, float, bool] | None]] | None = None
-        self._quick: dict[str, tuple[float, float | None, float, float, int]] | None = None
+        self._quick: QuickTerms | None = None
         self._touched_memo: dict[tuple[int, int], tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
