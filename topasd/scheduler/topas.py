@@ -341,14 +341,17 @@ class _Search(SearchBounds):
         self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
         self.requests = {r.id: r for r in view.waiting}
-        mode = Reservation(p.reservation)
-        self.d = {r.id: r.admit_demand(mode, view.new_request_ratio) for r in view.waiting}
-        self.waiting_by_agent: dict[str, list[Request]] = defaultdict(list)
-        self.waiting_by_task: dict[int, list[Request]] = defaultdict(list)
+        mode, ratio = Reservation(p.reservation), view.new_request_ratio
+        self.d = d = {r.id: r.admit_demand(mode, ratio) for r in view.waiting}  # Eq. 2
+        self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
+        self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
+        self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
         for r in view.waiting:
-            self.waiting_by_agent[r.agent].append(r)
-            self.waiting_by_task[r.task_id].append(r)
-        self.min_d = {a: min(self.d[r.id] for r in rs) for a, rs in self.waiting_by_agent.items()}
+            by_agent[r.agent].append(r)
+            by_task[r.task_id].append(r)
+            least = self.min_d.get(r.agent)
+            if least is None or d[r.id] < least:
+                self.min_d[r.agent] = d[r.id]
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
         self.solo_agents = frozenset(
