@@ -83,16 +83,19 @@ def view(wf: Workflow | list[Workflow], tasks: list[TaskView], running: list[Req
 
 @contextlib.contextmanager
 def exhaustive_search() -> Iterator[None]:
-    """TOPAS with every generated prefix set packed: no `bound`, `refined` or
-    batch bounds prune anything."""
+    """TOPAS with every generated prefix set packed: no `bound`, `refined`,
+    quick or batch bounds prune anything."""
     import topasd.scheduler.topas as topas
 
-    saved = topas._Search.bound, topas._Search.refined, topas._Search._ext_bounds
-    topas._Search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
-    topas._Search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
-    topas._Search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
+    search = topas._Search
+    saved = search.bound, search.refined, search._ext_bounds, search.quick_family
+    search.bound = lambda self, r: math.inf  # type: ignore[method-assign]
+    search.refined = lambda self, r: math.inf  # type: ignore[method-assign]
+    search._ext_bounds = lambda self, *a: None  # type: ignore[method-assign]
+    search.quick_family = (  # type: ignore[method-assign]
+        lambda self, base, changes: [math.inf] * len(changes))
     try:
         yield
     finally:
-        (topas._Search.bound, topas._Search.refined,  # type: ignore[method-assign]
-         topas._Search._ext_bounds) = saved
+        (search.bound, search.refined,  # type: ignore[method-assign]
+         search._ext_bounds, search.quick_family) = saved

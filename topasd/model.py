@@ -163,6 +163,12 @@ class Stage:
     profile: StageProfile = field(default_factory=StageProfile)
 
 
+def _rows_index(rows: Sequence[int]) -> slice | list[int]:
+    """A slice selecting exactly `rows` when they are contiguous, else the list."""
+    lo, hi = min(rows), max(rows)
+    return slice(lo, hi + 1) if hi - lo + 1 == len(set(rows)) == len(rows) else list(rows)
+
+
 @dataclass(frozen=True)
 class Workflow:
     """A validated DAG G=(V,E) of stages, each mapped to an agent (section III)."""
@@ -251,6 +257,12 @@ class Workflow:
             if succ:
                 groups.setdefault((height[v], succ), []).append(idx[v])
         return tuple((tuple(rows), succ) for (_, succ), rows in sorted(groups.items()))
+
+    @cached_property
+    def lp_steps(self) -> tuple[tuple[slice | list[int], slice | list[int]], ...]:
+        """`lp_groups` as array indices: a slice where the rows (or successor
+        rows) are contiguous, so a step reads and writes a view, not a copy."""
+        return tuple((_rows_index(rows), _rows_index(succ)) for rows, succ in self.lp_groups)
 
     @cached_property
     def entry_stages(self) -> tuple[str, ...]:

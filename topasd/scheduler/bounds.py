@@ -10,14 +10,22 @@ search in tests/test_topas_properties.py):
   an incoming prefix (Eqs. 8-11);
 - `refined`: the same with a fork task valued by the ready requests the set
   covers (small pools; priced in one longest-path pass by `_prime_covers`);
+- `quick_family`: cheap bounds that order and prune a whole family of sets
+  (small pools) before `refined` prices the survivors: V_reuse by its
+  per-agent bound, each touched task by its whole reduction, or by its
+  `partial_cap` when the set leaves out one of its agents, the sum capped by
+  room times the best ratio;
 - `_ext_bounds`: a weak-duality bound for every one- or two-agent extension
   of a set at once (large pools).
+
+Which valid bound prunes a set changes only which losing sets GreedyPack
+fills, never the chosen state.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +35,9 @@ from topasd.model import EngineView, Request
 from topasd.scheduler.residual import TaskPaths
 
 Cut = tuple[tuple[int, float], ...]
+# per agent: hold, J_redo + J_revoke share (None if not running), least d_r,
+# V_reuse bound, bit mask of its items, its own bit (`_quick_terms`)
+QuickTerms = dict[str, tuple[float, float | None, float, float, int, int]]
 
 
 class SearchBounds:
@@ -41,6 +52,18 @@ class SearchBounds:
     g: dict[int, float]
     min_d: dict[str, float]
     lost_by_agent: dict[str, float]
+    # per agent: l_a + KV of its running requests, their J_redo + J_revoke (None
+    # if none runs), and its least d_r (inf if none waits)
+    agent_terms: dict[str, tuple[float, float | None, float]]
+    _quick: QuickTerms | None
+    _touched_memo: dict[tuple[int, int], tuple[float, float]]
+    _quick_parts: list[tuple[int, int]]
+    item_tasks: list[int]
+    partial_cap: Callable[[int], float]
+    _quick_scales: tuple[float, float]
+    _plan: list[tuple[int, list[Request], frozenset[str],
+                      tuple[str, float, float, bool] | None]] | None
+    gpu_moves: list[tuple[str, float]]  # T_move share of each GPU prefix leaving, sorted
     lost_all: float
     running_agents: frozenset[str]
     running_stage: Mapping[int, dict[str, Request]]
@@ -61,6 +84,7 @@ class SearchBounds:
     base_gain: Callable[[Request], float]
     _joint_gain: Callable[[int, list[Request]], float]
     _joint_cut: Callable[[list[Request]], Cut]
+    _task_table: Callable[[int], list[tuple[str, int, float, float, bool]]]
     _t_move: Callable[[frozenset[str]], float]
     v_reuse: Callable[[frozenset[str]], float]
 
@@ -83,18 +107,138 @@ class SearchBounds:
             hit = self._refined[resident] = self._bound(resident, covers=True)
         return hit
 
+    def quick_bound(self, resident: frozenset[str]) -> float:
+        """A cheap upper bound on `bound` (`quick_family`)."""
+        return self.quick_family(resident, [(None, ())])[0]
+
+    def quick_family(self, base: frozenset[str],
+                     changes: Sequence[tuple[str | None, tuple[str, ...]]]) -> list[float]:
+        """Cheap upper bounds on Phi((base - {drop}) | add) for every (drop,
+        add) of `changes` (small pools), in O(|add|) each after one pass over
+        `base`: V_reuse by its per-agent bound (Eq. 11), each task the set
+        touches by its whole reduction (Eqs. 6, 7), or at most its
+        `partial_cap` when the set leaves out one of its agents, the sum
+        capped by room times the best ratio; nothing sorted. Its sums run in
+        another order than the scores', so it keeps a margin far above their
+        rounding."""
+        terms = self._quick_terms()
+        room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
+        agents0, parts, memo = 0, self._quick_parts, self._touched_memo
+        for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
+            hold, share, least, value, bits, bit = terms[a]
+            agents0 |= bit
+            room0 -= hold
+            if share is None:
+                need0 += least
+            else:
+                lost0 -= share
+            reuse0 += value
+            mask0 |= bits
+        room_tol, value_tol = self._quick_scales
+        room_tol *= _QUICK_SLACK
+        without: dict[str, int] = {}
+        out = []
+        for drop, add in changes:
+            room, need, lost, reuse, mask, agents = room0, need0, lost0, reuse0, mask0, agents0
+            if drop is not None:
+                hold, share, least, value, _, bit = terms[drop]
+                agents &= ~bit
+                room += hold
+                if share is None:
+                    need -= least
+                else:
+                    lost += share
+                reuse -= value
+                mask = without.get(drop, -1)
+                if mask < 0:
+                    mask = without[drop] = _mask(terms, base - {drop})
+            for a in add:
+                hold, share, least, value, bits, bit = terms[a]
+                agents |= bit
+                room -= hold
+                if share is None:
+                    need += least
+                else:
+                    lost -= share
+                reuse += value
+                mask |= bits
+            if room + room_tol < need:
+                out.append(-math.inf)
+                continue
+            partial = 0  # touched items of tasks whose agents the set covers in part
+            for item, its_agents in parts:
+                if mask & item and its_agents & ~agents:
+                    partial |= item
+            total, ratio = memo.get((mask, partial)) or self._touched(mask, partial)
+            if ratio < math.inf:
+                total = min(total, max(room + room_tol, 0.0) * ratio)
+            ub = reuse - lost + total
+            out.append(ub + _QUICK_SLACK * (abs(ub) + value_tol + total))
+        return out
+
+    def _quick_terms(self) -> QuickTerms:
+        """Per agent: `agent_terms`, its V_reuse bound, a bit mask of the items
+        (`_items` positions) with a request of the agent and the agent's own
+        bit; the items of tasks of several agents; and the magnitudes that
+        `quick_family`'s rounding margin scales with."""
+        if self._quick is None:
+            bits: dict[str, int] = {}
+            for i, (_, _, ags) in enumerate(self._items()):
+                for a in ags:
+                    bits[a] = bits.get(a, 0) | (1 << i)
+            self._quick = {a: (*t, self.reuse_value.get(a, 0.0), bits.get(a, 0), 1 << j)
+                           for j, (a, t) in enumerate(self.agent_terms.items())}
+            self._quick_parts = [  # (item bit, its agents' bits) of tasks of several agents
+                (1 << i, sum(self._quick[a][5] for a in ags))
+                for i, (_, _, ags) in enumerate(self._items()) if len(ags) > 1]
+            finite = [t[2] for t in self._quick.values() if t[1] is None and t[2] < math.inf]
+            self._quick_scales = (
+                self.budget + sum(t[0] for t in self._quick.values()) + sum(finite),
+                1.0 + self.lost_all + sum(t[3] for t in self._quick.values()))
+        return self._quick
+
+    def _touched(self, mask: int, partial: int) -> tuple[float, float]:
+        """The summed value and the best value per KV token of the items in
+        `mask`, those in `partial` valued at most by their `partial_cap`
+        (memoized: many sets touch the same items)."""
+        hit = self._touched_memo.get((mask, partial))
+        if hit is None:
+            items, tasks = self._items(), self.item_tasks
+            chosen = [(min(v, self.partial_cap(tasks[i])) if partial >> i & 1 else v, w)
+                      for i, (v, w, _) in enumerate(items) if mask >> i & 1]
+            hit = self._touched_memo[(mask, partial)] = (
+                sum(v for v, _ in chosen),
+                max((v / w if w > 0 else math.inf for v, w in chosen), default=0.0))
+        return hit
+
     def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
         room, need, lost = self.budget, 0.0, self.lost_all
+        terms = self.agent_terms
         for a in sorted(resident):  # a fixed order: the same floats in every process
-            room -= self.hold[a]
-            if a in self.running_agents:
-                lost -= self.lost_by_agent[a]
+            hold, share, least = terms[a]
+            room -= hold
+            if share is None:
+                need += least
             else:
-                need += self.min_d.get(a, math.inf)
+                lost -= share
         if room < need:
             return -math.inf
         return _loosen(self.v_reuse(resident) - lost + self._knapsack(
-            resident, room, self._t_move(resident), covers))
+            resident, room, self._t_move_sum(resident), covers))
+
+    def _t_move_sum(self, resident: frozenset[str]) -> float:
+        """`_t_move` (Eq. 8), the same float, without keeping it."""
+        hit = self._t_moves.get(resident)
+        if hit is not None:
+            return hit
+        t_out = t_in = 0.0
+        for a, move in self.gpu_moves:  # sorted
+            if a not in resident:
+                t_out += move
+        for a in sorted(resident):
+            if a not in self.gpu:
+                t_in += self.move_in[a]
+        return t_out + t_in
 
     def _knapsack(self, resident: frozenset[str], room: float, t_move: float,
                   covers: bool = False) -> float:
@@ -115,17 +259,17 @@ class SearchBounds:
                 chosen = sorted(((v, w) for v, w in chosen if v > 0), key=by_ratio)
             return _fractional(chosen, room)
         chosen = []
-        for tid, reqs in self.waiting_by_task.items():
-            if len(reqs) == 1:
-                r = reqs[0]
-                if r.agent not in resident:
+        covers = self._covers
+        for tid, reqs, mine, alone in self._cover_plan():
+            if alone is not None:
+                if alone[0] not in resident:
                     continue
-                v, w, incoming = self.base_gain(r), self.d[r.id], r.agent not in self.gpu
+                _, v, w, incoming = alone
             else:
-                covered = self.task_agents[tid] & resident
+                covered = mine & resident
                 if not covered:
                     continue
-                v, w, incoming = self._cover(tid, reqs, covered)
+                v, w, incoming = covers.get((tid, covered)) or self._cover(tid, reqs, covered)
             if incoming:
                 v -= t_move
             if v > 0:
@@ -177,6 +321,18 @@ class SearchBounds:
             self._item_arrays = ItemArrays(values, weights, member, col, off_gpu, lam)
         return self._item_arrays
 
+    def _cover_plan(self) -> list[tuple[int, list[Request], frozenset[str],
+                                        tuple[str, float, float, bool] | None]]:
+        """Per task: its id, waiting requests and their agents, and for a task
+        of one request (agent, value, d_r, prefix off the GPU) (built once)."""
+        if self._plan is None:
+            self._plan = [
+                (tid, reqs, self.task_agents[tid], None if len(reqs) > 1 else (
+                    reqs[0].agent, self.base_gain(reqs[0]), self.d[reqs[0].id],
+                    reqs[0].agent not in self.gpu))
+                for tid, reqs in self.waiting_by_task.items()]
+        return self._plan
+
     def _cover(self, task_id: int, reqs: list[Request],
                covered: frozenset[str]) -> tuple[float, float, bool]:
         """A task of which a prefix set covers only the requests of agents
@@ -185,7 +341,7 @@ class SearchBounds:
         the least KV it needs, and whether every covered prefix is off the GPU."""
         hit = self._covers.get((task_id, covered))
         if hit is None:
-            cov = [r for r in reqs if r.agent in covered]
+            cov = [(d, off) for a, _, _, d, off in self._task_table(task_id) if a in covered]
             if len(cov) == len(reqs):
                 value = self._joint_gain(task_id, reqs)
             elif (task := self.view.tasks.get(task_id)) is None:
@@ -196,15 +352,19 @@ class SearchBounds:
                     task, running, self._cover_cut(task_id, reqs, covered))
                 value = self.g.get(task_id, 1.0) * max(0.0, drop)
             hit = self._covers[(task_id, covered)] = (
-                value, min(self.d[r.id] for r in cov), all(r.agent not in self.gpu for r in cov))
+                value, min(d for d, _ in cov), all(off for _, off in cov))
         return hit
 
     def _cover_cut(self, task_id: int, reqs: list[Request], covered: frozenset[str]) -> Cut:
         """H = the requests of agents `covered` completed (memoized)."""
         hit = self._cover_cuts.get((task_id, covered))
         if hit is None:
-            hit = self._cover_cuts[(task_id, covered)] = self._joint_cut(
-                [r for r in reqs if r.agent in covered])
+            table = self._task_table(task_id)
+            if len({row for _, row, _, _, _ in table}) == len(table):  # nothing to merge
+                hit = tuple(sorted((row, dhat) for a, row, dhat, _, _ in table if a in covered))
+            else:
+                hit = self._joint_cut([r for r in reqs if r.agent in covered])
+            self._cover_cuts[(task_id, covered)] = hit
         return hit
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:
@@ -319,6 +479,15 @@ def _fractional(items: list[tuple[float, float]], room: float) -> float:
     return total
 
 
+def _mask(terms: QuickTerms, agents: frozenset[str]) -> int:
+    """The items touched by `agents` (`_quick_terms` bit masks)."""
+    mask = 0
+    for a in agents:
+        mask |= terms[a][4]
+    return mask
+
+
+_QUICK_SLACK = 1e-7  # `quick_bound`'s margin, relative: far above any rounding
 _SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
 
 

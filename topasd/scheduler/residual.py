@@ -31,12 +31,24 @@ class _Dist:
     """One pair's observations as a sorted array, their mean, and the residual
     of an unstarted stage (the whole distribution), shared by every task."""
 
-    __slots__ = ("mean", "unstarted", "values")
+    __slots__ = ("_above", "mean", "sorted", "unstarted", "values")
 
     def __init__(self, values: list[float]) -> None:
+        self.sorted = list(values)  # for `bisect`
         self.values = np.asarray(values)
         self.mean = float(self.values.mean())
         self.unstarted = _Residual(self.values, 0.0, self.mean)
+        self._above: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def above(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
+        """values[k:] at the stratified quantiles of `row` (memoized: a running
+        stage passes the same observations for many decisions)."""
+        hit = self._above.get((row, k))
+        if hit is None or hit[0] is not quantiles:
+            tail = self.values[k:]
+            hit = self._above[(row, k)] = (
+                quantiles, tail[(quantiles[row] * tail.size).astype(np.int64)])
+        return hit[1]
 
 
 class ServiceModel:
@@ -97,16 +109,39 @@ def stage_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
 
 
 class _Residual:
-    """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`."""
+    """Z_{i,v} of one stage (Eq. 4): an array of values, or a point `value`.
+    A started stage's array X - e | X > e is built only when read (`above`):
+    a DAG task reads just its samples."""
 
-    __slots__ = ("_rows", "_suffix", "mean", "point", "tail")
+    __slots__ = ("_mean", "_rows", "_source", "_suffix", "_tail", "point")
 
-    def __init__(self, tail: np.ndarray | None, point: float, mean: float) -> None:
-        self.tail = tail  # sorted ascending
+    def __init__(self, tail: np.ndarray | None, point: float, mean: float | None) -> None:
+        self._tail = tail  # sorted ascending
         self.point = point
-        self.mean = mean
+        self._mean = mean
+        self._source: tuple[_Dist, int, float] | None = None
         self._suffix: np.ndarray | None = None
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def above(cls, dist: _Dist, k: int, e: float) -> _Residual:
+        """X - e | X > e: dist.values[k:] - e, its first k observations being <= e."""
+        res = cls(None, 0.0, None)
+        res._source = (dist, k, e)
+        return res
+
+    @property
+    def tail(self) -> np.ndarray | None:
+        if self._tail is None and self._source is not None:
+            dist, k, e = self._source
+            self._tail = dist.values[k:] - e
+        return self._tail
+
+    @property
+    def mean(self) -> float:
+        if self._mean is None:
+            self._mean = float(self.tail.mean())  # type: ignore[union-attr]
+        return self._mean
 
     def sampled(self, row: int, quantiles: np.ndarray) -> np.ndarray:
         """Z at the stratified quantiles of row `row`, kept with the residual:
@@ -115,9 +150,14 @@ class _Residual:
         hit = self._rows.get(row)
         if hit is None or hit[0] is not quantiles:
             u = quantiles[row]
-            values = (np.full(u.shape, self.point) if self.tail is None
-                      else self.tail[(u * self.tail.size).astype(np.int64)])
-            hit = self._rows[row] = (quantiles, values)
+            if self._source is not None:  # the tail's entries, without building it
+                dist, k, e = self._source
+                picked = dist.above(k, quantiles, row) - e
+            elif self._tail is None:
+                picked = np.full(u.shape, self.point)
+            else:
+                picked = self._tail[(u * self._tail.size).astype(np.int64)]
+            hit = self._rows[row] = (quantiles, picked)
         return hit[1]
 
     def cut_mean(self, d: float) -> float:
@@ -154,7 +194,8 @@ class TaskPaths:
 
     def lhat(self, task: TaskView, running: Mapping[str, Request], cut: Cut = ()) -> float:
         """Eq. 5: expected longest remaining path after hypothetical completions."""
-        return self.lhat_many(task, running, [cut])[0]
+        hit = self._lhat.get((task.id, cut))
+        return self.lhat_many(task, running, [cut])[0] if hit is None else hit
 
     def lhat_many(self, task: TaskView, running: Mapping[str, Request],
                   cuts: list[Cut]) -> list[float]:
@@ -182,7 +223,7 @@ class TaskPaths:
         one vectorized longest-path pass per DAG workflow (chains are sums)."""
         by_wf: dict[str, list[tuple[TaskView, Mapping[str, Request], list[Cut]]]] = {}
         for task, running, cuts in jobs:
-            todo = [c for c in cuts if (task.id, c) not in self._lhat]
+            todo = [c for c in dict.fromkeys(cuts) if (task.id, c) not in self._lhat]
             if not todo:
                 continue
             if self.workflows[task.workflow].is_chain:
@@ -196,17 +237,23 @@ class TaskPaths:
                   group: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
         """E[LP] of every (task, cut) of `group` (tasks of the DAG `wf`) into the
         cache, averaged over the stratified samples in one longest-path pass."""
-        blocks, keys = [], []
-        for task, running, todo in group:
-            z = np.repeat(self._sampled(task, self._residuals(task, wf, running))[None],
-                          len(todo), axis=0)
-            for j, cut in enumerate(todo):
-                for row, d in cut:
-                    z[j, row] -= d
-            blocks.append(z)
-            keys += [(task.id, c) for c in todo]
-        z = np.maximum(np.concatenate(blocks), 0.0)  # [Z - D_hat]_+ (Eq. 6)
-        self._lhat.update(zip(keys, _longest_path(wf, z).mean(axis=-1).tolist(), strict=True))
+        keys = [(task.id, cut) for task, _, todo in group for cut in todo]
+        cuts = np.zeros((len(wf.topo_order), len(keys)))  # D_hat per (stage, cut)
+        entries = [(row, j, d) for j, (_, cut) in enumerate(keys) for row, d in cut]
+        if entries:  # a cut has each stage row at most once
+            rows, at, dhat = zip(*entries, strict=True)
+            cuts[rows, at] = dhat
+        samples = [self._sampled(task, self._residuals(task, wf, running))
+                   for task, running, _ in group]
+        if len(samples) == 1:
+            z = samples[0][:, None] - cuts[:, :, None]  # (stage, cut, sample)
+        else:  # each task's samples once per cut of it, then the cuts
+            z = np.repeat(np.stack(samples, axis=1), [len(todo) for _, _, todo in group], axis=1)
+            z -= cuts[:, :, None]  # x - 0.0 is x: a stage no cut holds is unchanged
+        lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (Eq. 6)
+        # the mean over samples, as ndarray.mean computes it (a sum, then / S)
+        self._lhat.update(zip(keys, (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist(),
+                              strict=True))
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
@@ -239,11 +286,11 @@ class TaskPaths:
             return _Residual(None, point, point)
         if not started:  # an unstarted stage keeps its whole distribution X
             return dist.unstarted
-        tail = dist.values[int(np.searchsorted(dist.values, e, side="right")):] - e
-        if not tail.size:
+        k = bisect.bisect_right(dist.sorted, e)
+        if k == len(dist.sorted):
             floor = self._floor(wf, v, req)
             return _Residual(None, floor, floor)
-        return _Residual(tail, 0.0, float(tail.mean()))
+        return _Residual.above(dist, k, e)
 
     def _prior(self, wf: Workflow, v: str) -> _Residual:
         """Before observations F_{a,v} is a point mass at the profiled service."""
@@ -272,7 +319,7 @@ class TaskPaths:
         s = self._samples.get(task.id)
         if s is None:
             n_rows = self.u.shape[0]
-            s = self._samples[task.id] = np.vstack(
+            s = self._samples[task.id] = np.array(
                 [r.sampled(i % n_rows, self.u) for i, r in enumerate(res)])
         return s
 
@@ -281,20 +328,15 @@ _ZERO = _Residual(None, 0.0, 0.0)
 
 
 def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:
-    """LP(G, z) per sample, from the sinks up; z is (..., stage, S) and is
-    overwritten with each stage's longest path to a sink."""
-    best = z
-    for rows, succ in wf.lp_groups:
-        tail = best[..., succ[0]:succ[0] + 1, :] if len(succ) == 1 else best[
-            ..., list(succ), :].max(axis=-2, keepdims=True)
-        if len(rows) == 1:
-            best[..., rows[0]:rows[0] + 1, :] += tail
-        else:
-            best[..., list(rows), :] += tail
+    """LP(G, z) per cut and sample, from the sinks up; z is (stage, cut, S)
+    and is overwritten with each stage's longest path to a sink."""
+    for rows, succ in wf.lp_steps:
+        tail = z[succ]
+        if tail.shape[0] > 1:
+            tail = tail.max(axis=0, keepdims=True)
+        z[rows] += tail
     entries = [wf.stage_index[v] for v in wf.entry_stages]
-    if len(entries) == 1:
-        return best[..., entries[0], :]
-    return best[..., entries, :].max(axis=-2)
+    return z[entries[0]] if len(entries) == 1 else z[entries].max(axis=0)
 
 
 def quantile_rows(n_rows: int, samples: int, seed: int) -> np.ndarray:

@@ -40,7 +40,7 @@ from topasd.model import (
     Workflow,
     replace_known,
 )
-from topasd.scheduler.bounds import ItemArrays, SearchBounds, by_ratio
+from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 
 
@@ -129,6 +129,7 @@ class TopasPolicy:
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
         self._task_service: dict[int, float] = defaultdict(float)
         self._age_obs: list[float] = []
+        self._age_mean = (0, 0.0)  # (len(_age_obs), mean of its last 256)
 
     def set_params(self, **changes: Any) -> TopasParams:
         """Change parameters; effective from the next decision."""
@@ -178,7 +179,10 @@ class TopasPolicy:
         if self.params.h_age is not None:
             return defaultdict(lambda: float(self.params.h_age))  # type: ignore[arg-type]
         if self._age_obs:
-            mean = float(np.mean(self._age_obs[-256:]))
+            n, mean = self._age_mean
+            if n != len(self._age_obs):  # tasks finished since: the window moved
+                n, mean = self._age_mean = (len(self._age_obs),
+                                            float(np.mean(self._age_obs[-256:])))
             return defaultdict(lambda: max(mean, 1e-3))
         return {name: max(paths.lhat(_fresh_task(wf), {}), 1e-3)
                 for name, wf in view.workflows.items()}
@@ -342,14 +346,17 @@ class _Search(SearchBounds):
         self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
         self.requests = {r.id: r for r in view.waiting}
-        mode = Reservation(p.reservation)
-        self.d = {r.id: r.admit_demand(mode, view.new_request_ratio) for r in view.waiting}
-        self.waiting_by_agent: dict[str, list[Request]] = defaultdict(list)
-        self.waiting_by_task: dict[int, list[Request]] = defaultdict(list)
+        mode, ratio = Reservation(p.reservation), view.new_request_ratio
+        self.d = d = {r.id: r.admit_demand(mode, ratio) for r in view.waiting}  # Eq. 2
+        self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
+        self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
+        self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
         for r in view.waiting:
-            self.waiting_by_agent[r.agent].append(r)
-            self.waiting_by_task[r.task_id].append(r)
-        self.min_d = {a: min(self.d[r.id] for r in rs) for a, rs in self.waiting_by_agent.items()}
+            by_agent[r.agent].append(r)
+            by_task[r.task_id].append(r)
+            least = self.min_d.get(r.agent)
+            if least is None or d[r.id] < least:
+                self.min_d[r.agent] = d[r.id]
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
         self.solo_agents = frozenset(
@@ -362,6 +369,7 @@ class _Search(SearchBounds):
         # Eq. 11 terms, per (agent of the running predecessor, agent of the stage)
         self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
                             for (u, a), n in sorted(by_pred.items()) if a in self.ell}
+        self.reuse_list = [(u, a, v) for (u, a), v in self.reuse_pairs.items()]
         self.reuse_value: dict[str, float] = defaultdict(float)  # an upper bound per agent
         for (_, a), v in self.reuse_pairs.items():
             self.reuse_value[a] += v
@@ -378,6 +386,15 @@ class _Search(SearchBounds):
         self.task_agents = {tid: frozenset(r.agent for r in rs)
                             for tid, rs in self.waiting_by_task.items()}
         self._primed = False  # base gains computed (_prime_base_gains)
+        self._joint_gains: dict[int, float] = {}
+        self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
+        self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
+        self.item_tasks: list[int] = []  # the task of each of `_items`
+        self._caps: dict[int, float] = {}
+        self._plan: list[tuple[int, list[Request], frozenset[str],
+                               tuple[str, float, float, bool] | None]] | None = None
+        self._quick: QuickTerms | None = None
+        self._touched_memo: dict[tuple[int, int], tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
@@ -388,26 +405,29 @@ class _Search(SearchBounds):
         # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
         # prompt when the engine drops its KV on preemption (prefilled again).
         redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
-        self.run_ids: dict[str, list[int]] = defaultdict(list)
-        self.run_kv: dict[str, float] = defaultdict(float)
-        self.run_redo: dict[str, float] = defaultdict(float)
-        self.run_revoke: dict[str, float] = defaultdict(float)
-        self.run_tasks: dict[str, set[int]] = defaultdict(set)
-        self.running_stage: dict[int, dict[str, Request]] = defaultdict(dict)
+        self.run_ids = run_ids = defaultdict[str, list[int]](list)
+        self.run_kv = run_kv = defaultdict[str, float](float)
+        self.run_redo = run_redo = defaultdict[str, float](float)
+        self.run_revoke = run_revoke = defaultdict[str, float](float)
+        self.run_tasks = run_tasks = defaultdict[str, set[int]](set)
+        self.running_stage = running_stage = defaultdict[int, dict[str, Request]](dict)
+        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
         for r in view.running:
             a = r.agent
-            self.run_ids[a].append(r.id)
-            self.run_kv[a] += r.demand(view.new_token_ratio)
-            self.run_redo[a] += t_dec * r.generated + redo_input * view.costs.t_prefill(
-                r.input_tokens)  # Eq. 9
-            self.run_revoke[a] += self.policy.credits.get(r.id, 0.0)  # Eq. 10
-            self.run_tasks[a].add(r.task_id)
-            self.running_stage[r.task_id][r.stage] = r
+            run_ids[a].append(r.id)
+            run_kv[a] += r.demand(ratio)
+            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.input_tokens)  # Eq. 9
+            run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
+            run_tasks[a].add(r.task_id)
+            running_stage[r.task_id][r.stage] = r
         self.running_agents = frozenset(self.run_ids)
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
         self.lost_all = sum(self.lost_by_agent.values())  # J_redo + J_revoke if all leave
+        self.agent_terms = {a: (self.hold[a], self.lost_by_agent.get(a),
+                                self.min_d.get(a, math.inf)) for a in self.ell}
         self.move_out = {a: self.sec_per_token * self.ell[a] for a in self.gpu}
+        self.gpu_moves = sorted(self.move_out.items())
         self.move_in: dict[str, float] = {}
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
@@ -436,59 +456,73 @@ class _Search(SearchBounds):
             states = [s for s in states if not s.is_empty]
         return states
 
-    def _evaluate(self, sets: list[frozenset[str]], coarse: np.ndarray | None = None) -> None:
+    def _evaluate(self, sets: list[frozenset[str]], coarse: np.ndarray | None = None,
+                  quick: list[float] | None = None) -> None:
         """GreedyPack every set that could beat the best state found so far
-        (most promising first; pruning by `bound` never changes Eq. 14's argmax).
-        `coarse`, when given, holds cheaper upper bounds on `bound` per set."""
-        order = self._visit_order(sets, coarse)
+        (most promising first; pruning by valid bounds never changes Eq. 14's
+        argmax, only which losing sets get packed). `coarse` holds cheaper
+        upper bounds on `bound` per set (large pools), `quick` cheap ones on
+        small pools (else `quick_bound`); a set is packed if `refined` (which
+        is `bound` on large pools) leaves it a chance."""
+        order = self._visit_order(sets, coarse, quick)
         self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
         for ub, i in order:
             if ub < self.best_total:
                 break
-            if (coarse is None or self.bound(sets[i]) >= self.best_total) and self.refined(
-                    sets[i]) >= self.best_total:
+            if self.refined(sets[i]) >= self.best_total:
                 self.pack(sets[i])
 
-    def _visit_order(self, sets: Sequence[frozenset[str]],
-                     coarse: np.ndarray | None) -> list[tuple[float, int]]:
+    def _visit_order(self, sets: Sequence[frozenset[str]], coarse: np.ndarray | None,
+                     quick: list[float] | None) -> list[tuple[float, int]]:
         """(upper bound, index) of every set, most promising first (ties: first
-        listed); the bound is `coarse` when given, else `bound`."""
-        if coarse is None:
-            order = [(self.bound(r), i) for i, r in enumerate(sets)]
+        listed): by `coarse` (large pools), else by `quick` (else `quick_bound`)."""
+        if coarse is not None:
+            ubs = coarse.tolist()
         else:
-            order = list(zip(coarse.tolist(), range(len(sets)), strict=True))
+            ubs = quick if quick is not None else [self.quick_bound(r) for r in sets]
+        order = list(zip(ubs, range(len(sets)), strict=True))
         order.sort(key=lambda b: (-b[0], b[1]))
         return order
 
     def _greedy_sets(self, active: list[str]) -> None:
         """Greedy additions from R_t, one pair test at the first stall, repairs."""
-        r_g = self.gpu & frozenset(active)
+        r_g = start = self.gpu & frozenset(active)
         self.pack(r_g)
         self._evaluate(*self._repair(r_g, active))
         tested_pair = False
         while True:
             rest = [a for a in active if a not in r_g]
-            best = self._best_of(_Extensions(r_g, rest, 1), self.phi(r_g),
-                                 self._ext_bounds(r_g, rest, 1))
+            best = self._best_of(*self._extensions(r_g, rest, 1))
             if best is not None:
                 r_g = best
                 continue
             if tested_pair:
                 break
             tested_pair = True
-            best = self._best_of(_Extensions(r_g, rest, 2), self.phi(r_g),
-                                 self._ext_bounds(r_g, rest, 2))
+            best = self._best_of(*self._extensions(r_g, rest, 2))
             if best is None:
                 break
             r_g = best
-        self._evaluate(*self._repair(r_g, active))
+        if r_g != start:  # the same repairs again would pack nothing new: each set's
+            self._evaluate(*self._repair(r_g, active))  # bound is the same, the best only rose
+
+    def _extensions(self, r_g: frozenset[str], rest: list[str], size: int) -> tuple[
+            _Extensions, float, np.ndarray | None, list[float] | None]:
+        """`_best_of`'s arguments for the greedy additions of `size` agents."""
+        ext = _Extensions(r_g, rest, size)
+        coarse = self._ext_bounds(r_g, rest, size)
+        quick = None if coarse is not None else self.quick_family(
+            r_g, [(None, added) for added in ext.added])
+        return ext, self.phi(r_g), coarse, quick
 
     def _best_of(self, sets: Sequence[frozenset[str]], floor: float,
-                 coarse: np.ndarray | None = None) -> frozenset[str] | None:
+                 coarse: np.ndarray | None = None,
+                 quick: list[float] | None = None) -> frozenset[str] | None:
         """The set with the highest Phi if it beats `floor` (ties: first listed).
 
-        `coarse`, when given, holds cheaper upper bounds on `bound` per set: sets
-        are visited by it and priced by `bound` only when it leaves them a chance."""
+        Sets are visited by `coarse` (cheaper upper bounds on `bound`, large
+        pools) or by `quick` (small pools, `_visit_order`) and priced by
+        `refined` only when that leaves them a chance."""
         best, best_i, best_phi = None, -1, floor
 
         def hopeless(ub: float) -> bool:
@@ -498,34 +532,35 @@ class _Search(SearchBounds):
             dropped once a non-empty state exists)."""
             return (ub <= floor and ub < self.best_total) or (best is not None and ub < best_phi)
 
-        order = self._visit_order(sets, coarse)
+        order = self._visit_order(sets, coarse, quick)
         if coarse is None:
             self._prime_covers([sets[i] for ub, i in order if not hopeless(ub)])
         for ub, i in order:
             if hopeless(ub):
                 break
             r = sets[i]
-            exact = self.bound(r) if coarse is not None else ub
-            if not hopeless(exact):
-                exact = self.refined(r)
-            if hopeless(exact):
+            if hopeless(self.refined(r)):
                 continue
             phi = self.phi(r)
             if phi > best_phi or (phi == best_phi and best is not None and i < best_i):
                 best, best_i, best_phi = r, i, phi
         return best
 
-    def _repair(self, r: frozenset[str],
-                active: list[str]) -> tuple[list[frozenset[str]], np.ndarray | None]:
-        """Single-agent drops and swaps of R, with coarse bounds on large pools."""
-        drops = [r - {a} for a in sorted(r)]
+    def _repair(self, r: frozenset[str], active: list[str]) -> tuple[
+            list[frozenset[str]], np.ndarray | None, list[float] | None]:
+        """Single-agent drops and swaps of R, with coarse bounds on large pools
+        and quick ones on small pools."""
+        order = sorted(r)
+        drops = [r - {a} for a in order]
         rest = [b for b in active if b not in r]
-        swaps = [(r - {a}) | {b} for a in sorted(r) for b in rest]
-        coarse = [self._ext_bounds(r - {a}, rest, 1) for a in sorted(r)]
+        swaps = [x.union((b,)) for x in drops for b in rest]
+        coarse = [self._ext_bounds(x, rest, 1) for x in drops]
         if not drops or coarse[0] is None:
-            return drops + swaps, None
+            quick = self.quick_family(r, [(a, ()) for a in order]
+                                      + [(a, (b,)) for a in order for b in rest])
+            return drops + swaps, None, quick
         exact = np.array([self.bound(x) for x in drops])
-        return drops + swaps, np.concatenate([exact, *coarse])  # type: ignore[list-item]
+        return drops + swaps, np.concatenate([exact, *coarse]), None  # type: ignore[list-item]
 
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
@@ -557,23 +592,76 @@ class _Search(SearchBounds):
             for tid, reqs in self.waiting_by_task.items():
                 if len(reqs) == 1:
                     r = reqs[0]
-                    items.append((self.base_gain(r), self.d[r.id], alone[r.agent]))
+                    items.append(((self.base_gain(r), self.d[r.id], alone[r.agent]), tid))
                     continue
-                items.append((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
-                              frozenset(r.agent for r in reqs)))
-            items.sort(key=by_ratio)
-            self._item_cache = items
+                items.append(((self._joint_gain(tid, reqs), min(self.d[r.id] for r in reqs),
+                               frozenset(r.agent for r in reqs)), tid))
+            items.sort(key=lambda item: by_ratio(item[0]))
+            self._item_cache = [item for item, _ in items]
+            self.item_tasks = [tid for _, tid in items]
         return self._item_cache
 
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
-        """g_i * (L_hat_i({}) - L_hat_i(all of reqs)): no subset reduces more."""
-        task = self.view.tasks.get(task_id)
-        if task is None:
-            return 0.0
-        cut = self._joint_cut(reqs)
-        running = self.running_stage.get(task_id, {})
-        drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
-        return self.g.get(task_id, 1.0) * max(0.0, drop)
+        """g_i * (L_hat_i({}) - L_hat_i(all of reqs)): no subset reduces more
+        (kept per task for its whole waiting list)."""
+        whole = reqs is self.waiting_by_task.get(task_id)
+        hit = self._joint_gains.get(task_id) if whole else None
+        if hit is None:
+            task = self.view.tasks.get(task_id)
+            if task is None:
+                return 0.0
+            cut = self._joint_cut(reqs)
+            running = self.running_stage.get(task_id, {})
+            drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
+            hit = self.g.get(task_id, 1.0) * max(0.0, drop)
+            if whole:
+                self._joint_gains[task_id] = hit
+        return hit
+
+    def _task_table(self, task_id: int) -> list[tuple[str, int, float, float, bool]]:
+        """(agent, stage row, D_hat, d, prefix off the GPU) of each of a task's
+        waiting requests, in order (built once per decision)."""
+        hit = self._tables.get(task_id)
+        if hit is None:
+            hit = self._tables[task_id] = [
+                (r.agent, self._row(r), self._dhat(r), self.d[r.id], r.agent not in self.gpu)
+                for r in self.waiting_by_task[task_id]]
+        return hit
+
+    def _complement_cuts(self, task_id: int) -> list[tuple[tuple[int, float], ...]]:
+        """For each agent of a task with requests of several agents: H = the
+        requests of every other agent completed (memoized)."""
+        hit = self._complement_cut_memo.get(task_id)
+        if hit is None:
+            agents = sorted(self.task_agents[task_id])
+            table = sorted((row, dhat, a) for a, row, dhat, _, _ in self._task_table(task_id))
+            if len(agents) < 2:
+                hit = []
+            elif len({row for row, _, _ in table}) == len(table):  # nothing to merge
+                hit = [tuple((row, dhat) for row, dhat, b in table if b != a) for a in agents]
+            else:
+                reqs = self.waiting_by_task[task_id]
+                hit = [self._joint_cut([r for r in reqs if r.agent != a]) for a in agents]
+            self._complement_cut_memo[task_id] = hit
+        return hit
+
+    def partial_cap(self, task_id: int) -> float:
+        """An upper bound on what any subset of a task's requests that leaves
+        out some agent's can reduce: max over agents a of g_i * (L_hat_i({})
+        - L_hat_i(all but a's requests)) (completing a superset never
+        lengthens the path, Eq. 5); inf for a task of one agent."""
+        hit = self._caps.get(task_id)
+        if hit is None:
+            cuts = self._complement_cuts(task_id)
+            task = self.view.tasks.get(task_id)
+            hit = math.inf
+            if cuts and task is not None:
+                running = self.running_stage.get(task_id, {})
+                before = self.paths.lhat(task, running, ())
+                hit = self.g.get(task_id, 1.0) * max(
+                    max(0.0, before - v) for v in self.paths.lhat_many(task, running, cuts))
+            self._caps[task_id] = hit
+        return hit
 
     def _joint_cut(self, reqs: list[Request]) -> tuple[tuple[int, float], ...]:
         """H = all of `reqs` completed."""
@@ -710,7 +798,7 @@ class _Search(SearchBounds):
     def v_reuse(self, resident: frozenset[str]) -> float:
         """V_reuse(R') (Eq. 11): a downstream stage counts when its agent and
         its running predecessor's agent both stay in R' (`reuse_pairs`)."""
-        return sum(v for (u, a), v in self.reuse_pairs.items() if a in resident and u in resident)
+        return sum(v for u, a, v in self.reuse_list if a in resident and u in resident)
 
     def _t_move(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
@@ -733,13 +821,17 @@ class _Search(SearchBounds):
             task = self.view.tasks.get(task_id)
             if task is None:
                 continue
-            wf = self.view.workflows[task.workflow]
+            wf, status = self.view.workflows[task.workflow], task.stages
+            undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
             for u in stages:
                 for v in wf.succs[u]:
-                    if task.stages[v].status is not StageStatus.PENDING:
+                    if status[v].status is not StageStatus.PENDING:
                         continue
-                    others = [p for p in wf.preds[v] if p != u]
-                    if all(task.stages[p].status is StageStatus.DONE for p in others):
+                    left = undone.get(v)
+                    if left is None:
+                        left = undone[v] = [p for p in wf.preds[v]
+                                            if status[p].status is not StageStatus.DONE]
+                    if not left or left == [u]:  # every other predecessor is done
                         counts[(wf.stages[u].agent, wf.stages[v].agent)] += 1
         return counts
 
@@ -789,9 +881,10 @@ class _Search(SearchBounds):
             delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
             self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
                                   strict=True))
-        self.paths.lhat_batch([  # every cut `_gains` and `_joint_gain` read, in one pass
+        self.paths.lhat_batch([  # every cut `_gains`, `_joint_gain`, `partial_cap` read
             (task, running, [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
-                             self._joint_cut(reqs)]) for task, running, reqs in dags])
+                             self._joint_cut(reqs), *self._complement_cuts(task.id)])
+            for task, running, reqs in dags])
         for task, _, reqs in dags:
             self._gains(task.id, (), reqs)
 
@@ -991,6 +1084,8 @@ def _t_decode(view: EngineView) -> float:
 def _add_cut(cut: tuple[tuple[int, float], ...], row: int,
              d: float) -> tuple[tuple[int, float], ...]:
     """H + {r}: add r's expected service to its stage row (sorted, hashable)."""
+    if not cut:
+        return ((row, 0.0 + d),)
     merged = dict(cut)
     merged[row] = merged.get(row, 0.0) + d
     return tuple(sorted(merged.items()))
