@@ -37,7 +37,9 @@ from topasd.scheduler.residual import TaskPaths
 Cut = tuple[tuple[int, float], ...]
 # per agent: hold, J_redo + J_revoke share (None if not running), least d_r,
 # V_reuse bound, bit mask of its items, its own bit (`_quick_terms`)
-QuickTerms = dict[str, tuple[float, float | None, float, float, int, int]]
+# per agent: (l_a + KV of Q_t, least d_r if not running, J_redo + J_revoke if running,
+# V_reuse bound, bit mask of its items, its own bit)
+QuickTerms = dict[str, tuple[float, float, float, float, int, int]]
 
 
 class SearchBounds:
@@ -125,15 +127,10 @@ class SearchBounds:
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
         agents0, parts, memo = 0, self._quick_parts, self._touched_memo
         for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
-            hold, share, least, value, bits, bit = terms[a]
-            agents0 |= bit
-            room0 -= hold
-            if share is None:
-                need0 += least
-            else:
-                lost0 -= share
-            reuse0 += value
-            mask0 |= bits
+            hold, need_d, lost_d, value, bits, bit = terms[a]
+            room0, need0, lost0, reuse0, mask0, agents0 = (
+                room0 - hold, need0 + need_d, lost0 - lost_d, reuse0 + value, mask0 | bits,
+                agents0 | bit)
         room_tol, value_tol = self._quick_scales
         room_tol *= _QUICK_SLACK
         without: dict[str, int] = {}
@@ -141,27 +138,17 @@ class SearchBounds:
         for drop, add in changes:
             room, need, lost, reuse, mask, agents = room0, need0, lost0, reuse0, mask0, agents0
             if drop is not None:
-                hold, share, least, value, _, bit = terms[drop]
-                agents &= ~bit
-                room += hold
-                if share is None:
-                    need -= least
-                else:
-                    lost += share
-                reuse -= value
+                hold, need_d, lost_d, value, _, bit = terms[drop]
+                room, need, lost, reuse, agents = (
+                    room + hold, need - need_d, lost + lost_d, reuse - value, agents & ~bit)
                 mask = without.get(drop, -1)
                 if mask < 0:
                     mask = without[drop] = _mask(terms, base - {drop})
             for a in add:
-                hold, share, least, value, bits, bit = terms[a]
-                agents |= bit
-                room -= hold
-                if share is None:
-                    need += least
-                else:
-                    lost -= share
-                reuse += value
-                mask |= bits
+                hold, need_d, lost_d, value, bits, bit = terms[a]
+                room, need, lost, reuse, mask, agents = (
+                    room - hold, need + need_d, lost - lost_d, reuse + value, mask | bits,
+                    agents | bit)
             if room + room_tol < need:
                 out.append(-math.inf)
                 continue
@@ -186,12 +173,14 @@ class SearchBounds:
             for i, (_, _, ags) in enumerate(self._items()):
                 for a in ags:
                     bits[a] = bits.get(a, 0) | (1 << i)
-            self._quick = {a: (*t, self.reuse_value.get(a, 0.0), bits.get(a, 0), 1 << j)
-                           for j, (a, t) in enumerate(self.agent_terms.items())}
+            self._quick = {  # a leaving agent frees `share`, a new one needs `least`
+                a: (hold, least if share is None else 0.0, 0.0 if share is None else share,
+                    self.reuse_value.get(a, 0.0), bits.get(a, 0), 1 << j)
+                for j, (a, (hold, share, least)) in enumerate(self.agent_terms.items())}
             self._quick_parts = [  # (item bit, its agents' bits) of tasks of several agents
                 (1 << i, sum(self._quick[a][5] for a in ags))
                 for i, (_, _, ags) in enumerate(self._items()) if len(ags) > 1]
-            finite = [t[2] for t in self._quick.values() if t[1] is None and t[2] < math.inf]
+            finite = [t[1] for t in self._quick.values() if t[1] < math.inf]
             self._quick_scales = (
                 self.budget + sum(t[0] for t in self._quick.values()) + sum(finite),
                 1.0 + self.lost_all + sum(t[3] for t in self._quick.values()))
