@@ -345,18 +345,7 @@ class _Search(SearchBounds):
         self.sec_per_token = mu / b_swap
         self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
-        self.requests = {r.id: r for r in view.waiting}
-        mode, ratio = Reservation(p.reservation), view.new_request_ratio
-        self.d = d = {r.id: r.admit_demand(mode, ratio) for r in view.waiting}  # Eq. 2
-        self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
-        self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
-        self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
-        for r in view.waiting:
-            by_agent[r.agent].append(r)
-            by_task[r.task_id].append(r)
-            least = self.min_d.get(r.agent)
-            if least is None or d[r.id] < least:
-                self.min_d[r.agent] = d[r.id]
+        self._index_waiting(view)
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
         self.solo_agents = frozenset(
@@ -365,14 +354,7 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.hol = _head_of_line(view, p.hol_age)
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
-        by_pred = self._reuse_counts() if p.reuse else {}
-        # Eq. 11 terms, per (agent of the running predecessor, agent of the stage)
-        self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
-                            for (u, a), n in sorted(by_pred.items()) if a in self.ell}
-        self.reuse_list = [(u, a, v) for (u, a), v in self.reuse_pairs.items()]
-        self.reuse_value: dict[str, float] = defaultdict(float)  # an upper bound per agent
-        for (_, a), v in self.reuse_pairs.items():
-            self.reuse_value[a] += v
+        self._reuse_terms()
         self.g = self._aging()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.best_total = -math.inf  # best non-empty state so far (pruning)
@@ -398,6 +380,33 @@ class _Search(SearchBounds):
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
+
+    def _index_waiting(self, view: EngineView) -> None:
+        """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
+        self.requests = {r.id: r for r in view.waiting}
+        mode, ratio = Reservation(self.params.reservation), view.new_request_ratio
+        self.d = d = {r.id: r.admit_demand(mode, ratio) for r in view.waiting}  # Eq. 2
+        self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
+        self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
+        self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
+        for r in view.waiting:
+            by_agent[r.agent].append(r)
+            by_task[r.task_id].append(r)
+            least = self.min_d.get(r.agent)
+            if least is None or d[r.id] < least:
+                self.min_d[r.agent] = d[r.id]
+
+    def _reuse_terms(self) -> None:
+        """Eq. 11's terms per (agent of the running predecessor, agent of the
+        stage), and their sum per stage agent (an upper bound on its share)."""
+        p = self.params
+        by_pred = self._reuse_counts() if p.reuse else {}
+        self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
+                            for (u, a), n in sorted(by_pred.items()) if a in self.ell}
+        self.reuse_list = [(u, a, v) for (u, a), v in self.reuse_pairs.items()]
+        self.reuse_value: dict[str, float] = defaultdict(float)
+        for (_, a), v in self.reuse_pairs.items():
+            self.reuse_value[a] += v
 
     def _index_running(self, view: EngineView) -> None:
         """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
