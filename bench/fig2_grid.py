@@ -30,12 +30,18 @@ POLICIES = ("topas", "topas arrival order", *BASELINES)
 CANONICAL = ((0.0, 0.0, 0.0), (0.0, 0.0, 3.0))  # the test scenarios (tests/test_fig2.py)
 
 
-def mean_jct(policy: str, arrivals: Sequence[float], batch: int) -> float:
+def run(policy: str, arrivals: Sequence[float], batch: int) -> tuple[float, int]:
+    """(mean JCT, preemptions) of one policy on one scenario."""
     profile = get_profile("unit").with_overrides(budget_tokens=fig2_budget(batch))
     pol = (TopasPolicy(TopasParams(pack_order="arrival")) if policy == "topas arrival order"
            else make_policy(policy))
-    jct = Run(fig2_trace(arrivals), pol, SimBackend(profile, warm_host=True)).execute().jct
-    return float(np.mean(list(jct.values())))
+    backend = SimBackend(profile, warm_host=True)
+    jct = Run(fig2_trace(arrivals), pol, backend).execute().jct
+    return float(np.mean(list(jct.values()))), backend.stats.preemptions
+
+
+def mean_jct(policy: str, arrivals: Sequence[float], batch: int) -> float:
+    return run(policy, arrivals, batch)[0]
 
 
 def scenarios(n: int, seed: int) -> list[tuple[float, ...]]:
@@ -61,16 +67,18 @@ def render(rows: dict[int, list[dict[str, float]]], canon: dict[tuple[int, tuple
              "each scenario is 2-5 tasks at integer times 0-12. W/T/L: TOPAS's mean JCT "
              "against the better of LPM and SRPT (`spf`) in the same scenario.", "",
              "| requests beside the prefix | scenarios | TOPAS W / T / L | "
-             "TOPAS arrival order W / T / L | "
+             "TOPAS losses that preempt | TOPAS arrival order W / T / L | "
              + " | ".join(f"{p} (avg)" for p in POLICIES) + " |",
-             "|---|---|---|---|" + "---|" * len(POLICIES)]
+             "|---|---|---|---|---|" + "---|" * len(POLICIES)]
     for batch, runs in rows.items():
         counts = {}
         for name in ("topas", "topas arrival order"):
             v = [verdict(r[name], r["lpm"], r["spf"]) for r in runs]
             counts[name] = " / ".join(str(v.count(k)) for k in ("win", "tie", "loss"))
         avgs = " | ".join(f"{np.mean([r[p] for r in runs]):.2f}" for p in POLICIES)
-        lines.append(f"| {batch} | {len(runs)} | {counts['topas']} | "
+        preempting = sum(1 for r in runs if verdict(r["topas"], r["lpm"], r["spf"]) == "loss"
+                         and r["topas preemptions"] > 0)
+        lines.append(f"| {batch} | {len(runs)} | {counts['topas']} | {preempting} | "
                      f"{counts['topas arrival order']} | {avgs} |")
     lines += ["", "The two scenarios of `tests/test_fig2.py` (mean JCT, time units):", "",
               "| requests | arrivals | " + " | ".join(POLICIES) + " |",
@@ -92,7 +100,9 @@ def main() -> None:
     for batch in (1, 2):
         rows[batch] = []
         for i, arrivals in enumerate(scenarios(args.scenarios, args.seed)):
-            rows[batch].append({p: mean_jct(p, arrivals, batch) for p in POLICIES})
+            row = {p: mean_jct(p, arrivals, batch) for p in POLICIES if p != "topas"}
+            row["topas"], row["topas preemptions"] = run("topas", arrivals, batch)
+            rows[batch].append(row)
             print(f"\rbatch {batch}: {i + 1}/{args.scenarios}", end="", flush=True)
         print()
     canon = {(b, a): {p: mean_jct(p, a, b) for p in POLICIES} for b in (1, 2) for a in CANONICAL}

@@ -196,12 +196,13 @@ def _crowded_trace(n_agents: int, n_tasks: int, stages: int, seed: int) -> Trace
     return Trace(wfs, tasks, {})
 
 
-def _pruned_and_exhaustive(trace: Trace, budget: int, k: int, pack_order: str
+def _pruned_and_exhaustive(trace: Trace, budget: int, k: int, pack_order: str, m: int = 2
                            ) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
     """Every decision's (admit, preempt, load, evict) with the pruned search
-    and with every generated prefix set packed."""
+    and with every generated prefix set packed (greedy search when more than
+    `m` agents are active, else every prefix set)."""
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, m=2, samples=16, pack_order=pack_order)
+    params = TopasParams(k=k, m=m, samples=16, pack_order=pack_order)
 
     def chosen() -> list[tuple[object, ...]]:
         sink = RecordingSink()
@@ -230,13 +231,16 @@ def test_bound_pruning_never_changes_the_chosen_state(
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(4, 7), st.integers(6, 30), st.integers(900, 3000),
-       st.sampled_from([0, 3]), st.integers(0, 2**16), st.sampled_from(["ratio", "arrival"]))
+       st.sampled_from([0, 3]), st.integers(0, 2**16), st.sampled_from(["ratio", "arrival"]),
+       st.sampled_from([2, 6]))
 def test_cover_pruning_never_changes_the_chosen_state_on_forks(
-        n_agents: int, n_tasks: int, budget: int, k: int, seed: int, pack_order: str) -> None:
+        n_agents: int, n_tasks: int, budget: int, k: int, seed: int, pack_order: str,
+        m: int) -> None:
     """The same on small pools of fork/join tasks, where a prefix set covering
-    some of a task's ready branches is valued by those branches alone."""
+    some of a task's ready branches is valued by those branches alone, with
+    the greedy search (M = 2) and with full enumeration (M = 6)."""
     pruned, exhaustive = _pruned_and_exhaustive(
-        _fork_trace(n_agents, n_tasks, seed), budget, k, pack_order)
+        _fork_trace(n_agents, n_tasks, seed), budget, k, pack_order, m)
     assert pruned == exhaustive
 
 

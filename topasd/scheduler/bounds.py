@@ -35,8 +35,6 @@ from topasd.model import EngineView, Request
 from topasd.scheduler.residual import TaskPaths
 
 Cut = tuple[tuple[int, float], ...]
-# per agent: hold, J_redo + J_revoke share (None if not running), least d_r,
-# V_reuse bound, bit mask of its items, its own bit (`_quick_terms`)
 # per agent: (l_a + KV of Q_t, least d_r if not running, J_redo + J_revoke if running,
 # V_reuse bound, bit mask of its items, its own bit)
 QuickTerms = dict[str, tuple[float, float, float, float, int, int]]
@@ -75,6 +73,7 @@ class SearchBounds:
     move_out: dict[str, float]
     waiting_by_task: Mapping[int, list[Request]]
     _bounds: dict[frozenset[str], float]
+    _t_moves: dict[frozenset[str], float]
     _refined: dict[frozenset[str], float]
     _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
     task_agents: dict[int, frozenset[str]]
@@ -110,14 +109,15 @@ class SearchBounds:
         return hit
 
     def quick_bound(self, resident: frozenset[str]) -> float:
-        """A cheap upper bound on `bound` (`quick_family`)."""
+        """A cheap upper bound on Phi(R) (`quick_family`)."""
         return self.quick_family(resident, [(None, ())])[0]
 
     def quick_family(self, base: frozenset[str],
                      changes: Sequence[tuple[str | None, tuple[str, ...]]]) -> list[float]:
         """Cheap upper bounds on Phi((base - {drop}) | add) for every (drop,
-        add) of `changes` (small pools), in O(|add|) each after one pass over
-        `base`: V_reuse by its per-agent bound (Eq. 11), each task the set
+        add) of `changes` (small pools), each in O(|add|) plus a pass over the
+        tasks of several agents, after one pass over `base` (and one per
+        distinct drop): V_reuse by its per-agent bound (Eq. 11), each task the set
         touches by its whole reduction (Eqs. 6, 7), or at most its
         `partial_cap` when the set leaves out one of its agents, the sum
         capped by room times the best ratio; nothing sorted. Its sums run in
@@ -180,10 +180,10 @@ class SearchBounds:
             self._quick_parts = [  # (item bit, its agents' bits) of tasks of several agents
                 (1 << i, sum(self._quick[a][5] for a in ags))
                 for i, (_, _, ags) in enumerate(self._items()) if len(ags) > 1]
-            finite = [t[1] for t in self._quick.values() if t[1] < math.inf]
-            self._quick_scales = (
-                self.budget + sum(t[0] for t in self._quick.values()) + sum(finite),
-                1.0 + self.lost_all + sum(t[3] for t in self._quick.values()))
+            terms = [self._quick[a] for a in sorted(self._quick)]  # a fixed order
+            finite = [t[1] for t in terms if t[1] < math.inf]
+            self._quick_scales = (self.budget + sum(t[0] for t in terms) + sum(finite),
+                                  1.0 + self.lost_all + sum(t[3] for t in terms))
         return self._quick
 
     def _touched(self, mask: int, partial: int) -> tuple[float, float]:
@@ -213,13 +213,11 @@ class SearchBounds:
         if room < need:
             return -math.inf
         return _loosen(self.v_reuse(resident) - lost + self._knapsack(
-            resident, room, self._t_move_sum(resident), covers))
+            resident, room, self._t_moves.get(resident) or self._t_move_of(resident), covers))
 
-    def _t_move_sum(self, resident: frozenset[str]) -> float:
-        """`_t_move` (Eq. 8), the same float, without keeping it."""
-        hit = self._t_moves.get(resident)
-        if hit is not None:
-            return hit
+    def _t_move_of(self, resident: frozenset[str]) -> float:
+        """T_move(S'|S_t) (Eq. 8): the transfers out, then in, each summed in
+        sorted agent order, so that every process computes the same float."""
         t_out = t_in = 0.0
         for a, move in self.gpu_moves:  # sorted
             if a not in resident:
@@ -248,7 +246,7 @@ class SearchBounds:
                 chosen = sorted(((v, w) for v, w in chosen if v > 0), key=by_ratio)
             return _fractional(chosen, room)
         chosen = []
-        covers = self._covers
+        priced = self._covers
         for tid, reqs, mine, alone in self._cover_plan():
             if alone is not None:
                 if alone[0] not in resident:
@@ -258,7 +256,7 @@ class SearchBounds:
                 covered = mine & resident
                 if not covered:
                     continue
-                v, w, incoming = covers.get((tid, covered)) or self._cover(tid, reqs, covered)
+                v, w, incoming = priced.get((tid, covered)) or self._cover(tid, reqs, covered)
             if incoming:
                 v -= t_move
             if v > 0:

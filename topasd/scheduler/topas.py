@@ -184,12 +184,14 @@ class TopasPolicy:
                 n, mean = self._age_mean = (len(self._age_obs),
                                             float(np.mean(self._age_obs[-256:])))
             return defaultdict(lambda: max(mean, 1e-3))
-        return {name: max(paths.lhat(_fresh_task(wf), {}), 1e-3)
-                for name, wf in view.workflows.items()}
+        return {name: max(paths.lhat(_fresh_task(view.workflows[name], -1 - i), {}), 1e-3)
+                for i, name in enumerate(sorted(view.workflows))}
 
 
-def _fresh_task(wf: Workflow) -> TaskView:
-    return TaskView(-1, wf.name, 0.0, {v: StageProgress() for v in wf.topo_order})
+def _fresh_task(wf: Workflow, task_id: int) -> TaskView:
+    """A task of `wf` with no stage started (`task_id`: negative, one per
+    workflow, as `TaskPaths` caches by task id)."""
+    return TaskView(task_id, wf.name, 0.0, {v: StageProgress() for v in wf.topo_order})
 
 
 # --------------------------------------------------------------------------
@@ -703,16 +705,18 @@ class _Search(SearchBounds):
 
     def _fill(self, pack: _Pack, uncovered: set[str], used: float,
               reserved: float) -> list[_State]:
-        """Admit by largest age-weighted progress per additional KV token,
-        updating same-task marginals (Eq. 7); emit every feasible allocation."""
+        """Admit by largest age-weighted progress per additional KV token (or
+        by task arrival, `pack_order`), updating same-task marginals (Eq. 7);
+        emit every feasible allocation."""
         fill = _Filler(self, pack, uncovered, used, reserved)
         if all(a in self.solo_agents for a in pack.resident):
             return self._fill_solo(fill)
         return self._fill_heap(fill)
 
     def _fill_heap(self, fill: _Filler) -> list[_State]:
-        """The general fill: a heap of marginal gains per KV token, re-keyed
-        when a same-task sibling is admitted (Eq. 7)."""
+        """The general fill: a heap of marginal gains per KV token (after task
+        arrival with `pack_order="arrival"`), re-keyed when a same-task
+        sibling is admitted (Eq. 7)."""
         pack = fill.pack
         cands = [r for a in sorted(pack.resident) for r in self.waiting_by_agent.get(a, ())]
         represented: set[int] = set()
@@ -775,12 +779,14 @@ class _Search(SearchBounds):
 
     def _solo_order(self) -> _SoloOrder:
         """Every waiting request of a solo agent in GreedyPack order (-gain
-        per KV token, task arrival, id) as arrays; built once per decision."""
+        per KV token, task arrival, id; `pack_order="arrival"` puts the task
+        arrival first) as arrays; built once per decision."""
         if self._solo is None:
             reqs = [r for a in sorted(self.solo_agents) for r in self.waiting_by_agent[a]]
             keyed = sorted((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs)
-            if self.params.pack_order == "arrival":
-                keyed.sort(key=lambda k: (k[1], k[0], k[2]))
+            if self.params.pack_order != "ratio":  # the heap's order; solo tasks are
+                key, _ = _pack_key(self.params.pack_order)  # never represented yet
+                keyed.sort(key=lambda k: (*key(k[0], True, k[1]), k[2]))
             code_of = {a: i for i, a in enumerate(sorted(self.solo_agents))}
             rs = [self.requests[rid] for _, _, rid in keyed]
             d = np.array([self.d[r.id] for r in rs], dtype=float)
@@ -814,9 +820,7 @@ class _Search(SearchBounds):
         summed in a fixed order so that every process computes the same float."""
         hit = self._t_moves.get(resident)
         if hit is None:
-            hit = self._t_moves[resident] = (
-                sum(self.move_out[a] for a in sorted(self.gpu - resident))
-                + sum(self.move_in[a] for a in sorted(resident - self.gpu)))
+            hit = self._t_moves[resident] = self._t_move_of(resident)
         return hit
 
     def _reuse_counts(self) -> dict[tuple[str, str], int]:
