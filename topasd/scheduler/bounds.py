@@ -346,13 +346,15 @@ class SearchBounds:
         """H = the requests of agents `covered` completed (memoized)."""
         hit = self._cover_cuts.get((task_id, covered))
         if hit is None:
-            table = self._task_table(task_id)
-            if len({row for _, row, _, _, _ in table}) == len(table):  # nothing to merge
-                hit = tuple(sorted((row, dhat) for a, row, dhat, _, _ in table if a in covered))
-            else:
-                hit = self._joint_cut([r for r in reqs if r.agent in covered])
-            self._cover_cuts[(task_id, covered)] = hit
+            hit = self._cover_cuts[(task_id, covered)] = self._cut_of(task_id, reqs, covered)
         return hit
+
+    def _cut_of(self, task_id: int, reqs: list[Request], agents: frozenset[str]) -> Cut:
+        """H = the requests of `reqs` (the task's waiting ones) of `agents` completed."""
+        table = self._task_table(task_id)
+        if len({row for _, row, _, _, _ in table}) == len(table):  # nothing to merge
+            return tuple(sorted((row, dhat) for a, row, dhat, _, _ in table if a in agents))
+        return self._joint_cut([r for r in reqs if r.agent in agents])
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:
         """Price the partial covers `refined` will need for `sets` in one

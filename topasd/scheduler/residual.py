@@ -45,9 +45,7 @@ class _Dist:
         stage passes the same observations for many decisions)."""
         hit = self._above.get((row, k))
         if hit is None or hit[0] is not quantiles:
-            tail = self.values[k:]
-            hit = self._above[(row, k)] = (
-                quantiles, tail[(quantiles[row] * tail.size).astype(np.int64)])
+            hit = self._above[(row, k)] = (quantiles, _at(self.values[k:], quantiles[row]))
         return hit[1]
 
 
@@ -156,7 +154,7 @@ class _Residual:
             elif self._tail is None:
                 picked = np.full(u.shape, self.point)
             else:
-                picked = self._tail[(u * self._tail.size).astype(np.int64)]
+                picked = _at(self._tail, u)
             hit = self._rows[row] = (quantiles, picked)
         return hit[1]
 
@@ -325,6 +323,11 @@ class TaskPaths:
 
 
 _ZERO = _Residual(None, 0.0, 0.0)
+
+
+def _at(values: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Sorted `values` at the quantiles `u` in [0, 1)."""
+    return values[(u * values.size).astype(np.int64)]
 
 
 def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:

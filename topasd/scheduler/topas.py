@@ -644,15 +644,10 @@ class _Search(SearchBounds):
         requests of every other agent completed (memoized)."""
         hit = self._complement_cut_memo.get(task_id)
         if hit is None:
-            agents = sorted(self.task_agents[task_id])
-            table = sorted((row, dhat, a) for a, row, dhat, _, _ in self._task_table(task_id))
-            if len(agents) < 2:
-                hit = []
-            elif len({row for row, _, _ in table}) == len(table):  # nothing to merge
-                hit = [tuple((row, dhat) for row, dhat, b in table if b != a) for a in agents]
-            else:
-                reqs = self.waiting_by_task[task_id]
-                hit = [self._joint_cut([r for r in reqs if r.agent != a]) for a in agents]
+            mine = self.task_agents[task_id]
+            reqs = self.waiting_by_task[task_id]
+            hit = [] if len(mine) < 2 else [self._cut_of(task_id, reqs, mine - {a})
+                                            for a in sorted(mine)]
             self._complement_cut_memo[task_id] = hit
         return hit
 
