@@ -73,7 +73,6 @@ class SearchBounds:
     move_out: dict[str, float]
     waiting_by_task: Mapping[int, list[Request]]
     _bounds: dict[frozenset[str], float]
-    _t_moves: dict[frozenset[str], float]
     _refined: dict[frozenset[str], float]
     _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
     task_agents: dict[int, frozenset[str]]
@@ -213,7 +212,7 @@ class SearchBounds:
         if room < need:
             return -math.inf
         return _loosen(self.v_reuse(resident) - lost + self._knapsack(
-            resident, room, self._t_moves.get(resident) or self._t_move_of(resident), covers))
+            resident, room, self._t_move(resident), covers))
 
     def _t_move_of(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t) (Eq. 8): the transfers out, then in, each summed in

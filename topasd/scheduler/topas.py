@@ -405,7 +405,6 @@ class _Search(SearchBounds):
         by_pred = self._reuse_counts() if p.reuse else {}
         self.reuse_pairs = {(u, a): p.beta * n * self.sec_per_token * self.ell[a]
                             for (u, a), n in sorted(by_pred.items()) if a in self.ell}
-        self.reuse_list = [(u, a, v) for (u, a), v in self.reuse_pairs.items()]
         self.reuse_value: dict[str, float] = defaultdict(float)
         for (_, a), v in self.reuse_pairs.items():
             self.reuse_value[a] += v
@@ -808,7 +807,7 @@ class _Search(SearchBounds):
     def v_reuse(self, resident: frozenset[str]) -> float:
         """V_reuse(R') (Eq. 11): a downstream stage counts when its agent and
         its running predecessor's agent both stay in R' (`reuse_pairs`)."""
-        return sum(v for u, a, v in self.reuse_list if a in resident and u in resident)
+        return sum(v for (u, a), v in self.reuse_pairs.items() if a in resident and u in resident)
 
     def _t_move(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
