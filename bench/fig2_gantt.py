@@ -1,10 +1,10 @@
 """Fig. 2 of the paper as Gantt charts: LPM vs SRPT (`spf`) on A -> B -> C.
 
-Three tasks at t=0 on the `unit` profile (every engine step 1 unit); every
-prefix 10 tokens (1 unit over the host link: the prefix setup), every request
-1 input + 4 output tokens (4 units); a KV budget of 15 tokens holds one prefix
-and one request. `SimBackend(profile, warm_host=True)`: every prefix starts
-with a host copy. Both runs go into one decision log; each is exported with
+Three tasks at t=0 on `workflows.fig2.fig2_profile(1)` (every engine step 1
+unit); every prefix 100 tokens (1 unit over the host link: the prefix setup),
+every request 1 input + 4 output tokens (4 units); a KV budget of 105 tokens
+holds one prefix and one request. `SimBackend(profile, warm_host=True)`:
+every prefix starts with a host copy. Both runs go into one decision log; each is exported with
 `topasd gantt` and screenshotted with headless Chromium.
 
     python bench/fig2_gantt.py [--out docs] [--db fig2.db] [--html-dir DIR]
@@ -19,17 +19,11 @@ from pathlib import Path
 from backends.sim.engine import SimBackend
 from console.gantt import export_gantt, figure_height, screenshot
 from store import Store
-from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from workflows.fig2 import fig2_budget, fig2_trace
+from workflows.fig2 import fig2_profile, fig2_trace
 
 POLICIES = ("lpm", "spf")
-
-
-def fig2_profile() -> HardwareProfile:
-    """Room for one prefix and one request."""
-    return get_profile("unit").with_overrides(budget_tokens=fig2_budget(1))
 
 
 def replay_fig2(db: Path) -> dict[str, tuple[int, dict[str, float]]]:
@@ -38,7 +32,7 @@ def replay_fig2(db: Path) -> dict[str, tuple[int, dict[str, float]]]:
     with Store(db) as store:
         for policy in POLICIES:
             sink = store.sink("all")
-            backend = SimBackend(fig2_profile(), warm_host=True)
+            backend = SimBackend(fig2_profile(1), warm_host=True)
             trace = fig2_trace([0.0] * 3)
             result = Run(trace, make_policy(policy), backend, sink=sink).execute()
             assert sink.run_id is not None

@@ -1,13 +1,14 @@
-"""TOPAS on many Fig. 2 machines: random arrivals, room for one or two requests.
+"""TOPAS on many Fig. 2 machines: random arrivals, room for 1 to 5 requests.
 
 The paper's Fig. 2 fixes the machine (A -> B -> C, one prefix resident at a
 time, 4-unit requests, 1-unit prefix setups; `workflows/fig2.py`) but not the
 arrivals or how many requests fit beside the prefix. This bench draws
-`--scenarios` arrival lists per batch size (2-5 tasks at integer times
-0-12, seeded), runs every policy on each, and counts how often TOPAS's mean
-JCT beats, ties or trails the better of LPM and SRPT (`spf`).
+`--scenarios` arrival lists (2-5 tasks at integer times 0-12, seeded), runs
+every policy on each for every batch size of `--batches`, and counts how
+often TOPAS's mean JCT beats, ties or trails the better of LPM and SRPT
+(`spf`).
 
-    python bench/fig2_grid.py [--scenarios 60] [--seed 0] [--write]
+    python bench/fig2_grid.py [--scenarios 60] [--seed 0] [--batches 1,2,3,5] [--write]
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from backends.sim.engine import SimBackend
-from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
 from topasd.scheduler.topas import TopasParams, TopasPolicy
-from workflows.fig2 import fig2_budget, fig2_trace
+from workflows.fig2 import MAX_BATCH, fig2_profile, fig2_trace
 
 POLICIES = ("topas", "topas arrival order", *BASELINES)
 CANONICAL = ((0.0, 0.0, 0.0), (0.0, 0.0, 3.0))  # the test scenarios (tests/test_fig2.py)
@@ -32,10 +32,9 @@ CANONICAL = ((0.0, 0.0, 0.0), (0.0, 0.0, 3.0))  # the test scenarios (tests/test
 
 def run(policy: str, arrivals: Sequence[float], batch: int) -> tuple[float, int]:
     """(mean JCT, preemptions) of one policy on one scenario."""
-    profile = get_profile("unit").with_overrides(budget_tokens=fig2_budget(batch))
     pol = (TopasPolicy(TopasParams(pack_order="arrival")) if policy == "topas arrival order"
            else make_policy(policy))
-    backend = SimBackend(profile, warm_host=True)
+    backend = SimBackend(fig2_profile(batch), warm_host=True)
     jct = Run(fig2_trace(arrivals), pol, backend).execute().jct
     return float(np.mean(list(jct.values()))), backend.stats.preemptions
 
@@ -63,7 +62,8 @@ def render(rows: dict[int, list[dict[str, float]]], canon: dict[tuple[int, tuple
            dict[str, float]], args: argparse.Namespace, wall: float) -> str:
     lines = ["## Fig. 2 machines: TOPAS vs LPM and SRPT on random arrivals", "",
              f"Command: `python bench/fig2_grid.py --scenarios {args.scenarios} --seed "
-             f"{args.seed} --write` ({wall:.0f} s). The machine of `workflows/fig2.py`; "
+             f"{args.seed} --batches {','.join(map(str, args.batches))} --write` "
+             f"({wall:.0f} s). The machine of `workflows/fig2.py`; "
              "each scenario is 2-5 tasks at integer times 0-12. W/T/L: TOPAS's mean JCT "
              "against the better of LPM and SRPT (`spf`) in the same scenario.", "",
              "| requests beside the prefix | scenarios | TOPAS W / T / L | "
@@ -89,15 +89,28 @@ def render(rows: dict[int, list[dict[str, float]]], canon: dict[tuple[int, tuple
     return "\n".join(lines)
 
 
+def _batches(text: str) -> tuple[int, ...]:
+    """`--batches`: comma-separated batch sizes in 1..MAX_BATCH."""
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers, e.g. 1,2,3,5") from None
+    if not sizes or any(not 1 <= b <= MAX_BATCH for b in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: each batch size must be in 1-{MAX_BATCH}")
+    return sizes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", type=int, default=60, help="arrival lists per batch size")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batches", type=_batches, default=(1, 2, 3, 5),
+                    help=f"requests that fit beside the prefix, comma-separated (1-{MAX_BATCH})")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows: dict[int, list[dict[str, float]]] = {}
-    for batch in (1, 2):
+    for batch in args.batches:
         rows[batch] = []
         for i, arrivals in enumerate(scenarios(args.scenarios, args.seed)):
             row = {p: mean_jct(p, arrivals, batch) for p in POLICIES if p != "topas"}
@@ -105,7 +118,8 @@ def main() -> None:
             rows[batch].append(row)
             print(f"\rbatch {batch}: {i + 1}/{args.scenarios}", end="", flush=True)
         print()
-    canon = {(b, a): {p: mean_jct(p, a, b) for p in POLICIES} for b in (1, 2) for a in CANONICAL}
+    canon = {(b, a): {p: mean_jct(p, a, b) for p in POLICIES} for b in args.batches
+             for a in CANONICAL}
     text = render(rows, canon, args, time.perf_counter() - t0)
     print(text)
     if args.write:

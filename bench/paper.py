@@ -88,6 +88,11 @@ class _Waits:
                 sums[stage].append(self.admit[rid] - t)
         return {s: sum(v) / len(v) for s, v in sorted(sums.items())}
 
+    def longest(self) -> tuple[float, str]:
+        """The longest wait from ready to first admission, and its stage."""
+        return max(((self.admit[rid] - t, stage) for rid, (t, stage) in self.ready.items()
+                    if rid in self.admit), default=(0.0, "-"))
+
 
 def operating_point(workload: str, rate: float, tasks: int, seed: int, topas: bool,
                     engine: str = "paper") -> tuple[Trace, HardwareProfile]:
@@ -107,7 +112,7 @@ def run_job(job: Job) -> dict[str, Any]:
     result = Run(trace, make_policy(job.policy), SimBackend(profile), sink=sink).execute()
     row = result.summary()
     row.update(workload=job.workload, rate=job.rate, engine=job.engine,
-               stage_waits=sink.per_stage())
+               stage_waits=sink.per_stage(), longest_wait=sink.longest())
     return row
 
 
@@ -242,8 +247,8 @@ def render_diagnostics(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["### Decision data at the heaviest point (same engine)", "",
              "| workload | policy | mean / p50 / p99 JCT s | mean batch | prefix loads "
              "| preemptions | retractions | recomputed tokens | first task s "
-             "| mean wait per stage s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| mean wait per stage s | longest wait s (stage) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in _names(rows):
         mine = [r for r in rows if r["workload"] == name]
         rate = max(r["rate"] for r in mine)
@@ -255,7 +260,8 @@ def render_diagnostics(rows: list[dict[str, Any]]) -> list[str]:
                 f"| {name} @ {rate} | {r['policy']} | {r['mean_jct_s']:.0f} / "
                 f"{r['p50_jct_s']:.0f} / {r['p99_jct_s']:.0f} | {r['mean_batch']:.1f} | "
                 f"{r['prefix_loads']} | {r['preemptions']} | {r['retractions']} | "
-                f"{r['recomputed_tokens']} | {r['first_task_s']:.0f} | {waits} |")
+                f"{r['recomputed_tokens']} | {r['first_task_s']:.0f} | {waits} | "
+                f"{r['longest_wait'][0]:.0f} ({r['longest_wait'][1]}) |")
     return [*lines, ""]
 
 

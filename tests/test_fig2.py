@@ -3,11 +3,12 @@
 The abstract machine of Fig. 2's caption: every engine step costs 1 time unit
 (`t_weights_s=1`, everything else 0), so a request with 4 output tokens takes
 4 units (1 prefill step producing the first token + 3 decode steps), and a
-10-token prefix moves over the host link in 1 unit (1 byte/token at 10 B/unit).
+100-token prefix moves over the host link in 1 unit (1 byte/token at 100
+B/unit, `workflows.fig2.fig2_profile`).
 `SimBackend(..., warm_host=True)` gives every prefix a host copy from the
 start, so each prefix setup is a 1-unit host load.
 
-Workflow A -> B -> C (stages a, b, c on agents A, B, C), every prefix 10
+Workflow A -> B -> C (stages a, b, c on agents A, B, C), every prefix 100
 tokens, every request 1 input token + 4 output tokens (5 KV tokens).
 
 The timelines below were computed by hand from the engine's documented rules
@@ -35,15 +36,13 @@ from hypothesis import strategies as st
 from backends.sim.engine import SimBackend
 from tests.simkit import RecordingSink
 from topasd.model import EventKind
-from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from workflows.fig2 import fig2_budget, fig2_trace
+from workflows.fig2 import fig2_profile, fig2_trace
 
 
-def run_fig2(policy: str, arrivals: list[float], budget: int, closed_form: bool):
-    profile = get_profile("unit").with_overrides(budget_tokens=budget)
-    backend = SimBackend(profile, warm_host=True, closed_form=closed_form)
+def run_fig2(policy: str, arrivals: list[float], batch: int, closed_form: bool):
+    backend = SimBackend(fig2_profile(batch), warm_host=True, closed_form=closed_form)
     sink = RecordingSink()
     result = Run(fig2_trace(arrivals), make_policy(policy), backend, sink=sink).execute()
     return result, sink, backend
@@ -80,12 +79,12 @@ def timeline(sink: RecordingSink):
 
 # --------------------------------------------------------------------------
 # Scenario 1: Fig. 2 literally. Three tasks at t=0; the GPU holds one prefix
-# and one request: budget 15 = prefix 10 + request 5. A second request never
-# fits (10 + a running request's >= 1.39 + 5 > 15), nor a second prefix (20).
+# and one request: budget 105 = prefix 100 + request 5. A second request never
+# fits (100 + a running request's >= 1.39 + 5 > 105), nor a second prefix (200).
 #
 # LPM (longest resident prefix first; a non-resident agent's first request
 # keeps its FCFS place, its later ones go last):
-#   t=0   T0.a,T1.a,T2.a ready. Admit T0.a (needs 10+5=15), load A; T1.a blocked.
+#   t=0   T0.a,T1.a,T2.a ready. Admit T0.a (needs 100+5=105), load A; T1.a blocked.
 #   0-1   load A.   1: T0.a prefill (start 1), decode 2-5, finish 5.
 #   t=5   T0.b ready. Queue T1.a(A resident), T2.a, T0.b -> admit T1.a: 5-9.
 #   t=9   T1.b ready. T2.a (resident) first: 9-13.
@@ -105,7 +104,7 @@ def timeline(sink: RecordingSink):
 # --------------------------------------------------------------------------
 
 S1_ARRIVALS = [0.0, 0.0, 0.0]
-S1_BUDGET = fig2_budget(1)
+S1_BATCH = 1
 
 S1_EXPECTED = {
     "lpm": {
@@ -133,18 +132,18 @@ S1_EXPECTED = {
 
 # --------------------------------------------------------------------------
 # Scenario 2: batching and a staggered arrival. Tasks at t=0, 0, 3; budget
-# 20 = one prefix + two requests. A third request never fits beside two
+# 110 = one prefix + two requests. A third request never fits beside two
 # running ones (their optimistic charge is >= 3.6 each while ratio >= 0.65,
-# which holds for the few dozen steps here: 10 + 7.2 + 5 > 20), and two
-# prefixes never fit beside a request (10 + 10 + 5 > 20).
+# which holds for the few dozen steps here: 100 + 7.2 + 5 > 110), and two
+# prefixes never fit beside a request (100 + 100 + 5 > 110).
 #
 # LPM:
-#   t=0   admit T0.a, T1.a (15, then 20), load A 0-1. Both prefill at 1 (start 1).
-#   t=3   T2.a arrives mid-decode: 10 + 2 x (3 + 0.7 x 2) + 5 > 20 -> blocked.
+#   t=0   admit T0.a, T1.a (105, then 110), load A 0-1. Both prefill at 1 (start 1).
+#   t=3   T2.a arrives mid-decode: 100 + 2 x (3 + 0.7 x 2) + 5 > 110 -> blocked.
 #   t=5   T0.a, T1.a finish; T0.b, T1.b ready. Queue: T2.a (A resident) first,
-#         admitted (15); T0.b needs 15 more and A is now in use -> blocked.
+#         admitted (105); T0.b needs 105 more and A is now in use -> blocked.
 #         T2.a 5-9 runs alone while both B requests wait.
-#   t=9   T2.b ready. Admit T0.b (evict idle A, load B 9-10) and T1.b (20);
+#   t=9   T2.b ready. Admit T0.b (evict idle A, load B 9-10) and T1.b (110);
 #         T2.b blocked. T0.b, T1.b 10-14.
 #   t=14  T0.c, T1.c ready; T2.b (B resident) first, alone: 14-18; C blocked.
 #   t=18  T2.c ready. Admit T0.c (evict B, load C 18-19), T1.c; T2.c blocked.
@@ -160,7 +159,7 @@ S1_EXPECTED = {
 # --------------------------------------------------------------------------
 
 S2_ARRIVALS = [0.0, 0.0, 3.0]
-S2_BUDGET = fig2_budget(2)
+S2_BATCH = 2
 
 S2_EXPECTED = {
     "lpm": {
@@ -186,8 +185,8 @@ S2_EXPECTED = {
 }
 
 SCENARIOS = {
-    "one-request": (S1_ARRIVALS, S1_BUDGET, S1_EXPECTED),
-    "batch-of-two": (S2_ARRIVALS, S2_BUDGET, S2_EXPECTED),
+    "one-request": (S1_ARRIVALS, S1_BATCH, S1_EXPECTED),
+    "batch-of-two": (S2_ARRIVALS, S2_BATCH, S2_EXPECTED),
 }
 
 
@@ -195,9 +194,9 @@ SCENARIOS = {
 @pytest.mark.parametrize("policy", ["lpm", "spf"])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_fig2_timeline(scenario: str, policy: str, closed_form: bool) -> None:
-    arrivals, budget, expected = SCENARIOS[scenario]
+    arrivals, batch, expected = SCENARIOS[scenario]
     want = expected[policy]
-    result, sink, backend = run_fig2(policy, arrivals, budget, closed_form)
+    result, sink, backend = run_fig2(policy, arrivals, batch, closed_form)
     spans, loads, completion, most_on_gpu = timeline(sink)
 
     assert spans == want["spans"]
@@ -217,9 +216,9 @@ def test_fig2_conflict(scenario: str) -> None:
     """The caption's point, on the hand-computed numbers: SRPT finishes the
     first task sooner but pays a prefix setup at every stage transition;
     LPM amortises setups over same-prefix requests and holds service upstream."""
-    arrivals, budget, _ = SCENARIOS[scenario]
-    lpm, _, lpm_backend = run_fig2("lpm", arrivals, budget, True)
-    spf, _, spf_backend = run_fig2("spf", arrivals, budget, True)
+    arrivals, batch, _ = SCENARIOS[scenario]
+    lpm, _, lpm_backend = run_fig2("lpm", arrivals, batch, True)
+    spf, _, spf_backend = run_fig2("spf", arrivals, batch, True)
     assert min(spf.finishes.values()) < min(lpm.finishes.values())
     assert lpm_backend.stats.prefix_loads == 3  # one setup per agent
     assert spf_backend.stats.prefix_loads > lpm_backend.stats.prefix_loads
@@ -232,8 +231,8 @@ def _mean_jct(completion: dict[int, float], arrivals: list[float]) -> float:
 def test_topas_beats_lpm_and_srpt_when_the_gpu_batches_two() -> None:
     """Fig. 2 with room for one prefix and two requests: TOPAS finishes tasks
     no later on average than both LPM and SRPT (spf)."""
-    arrivals, budget, expected = SCENARIOS["batch-of-two"]
-    topas, _, _ = run_fig2("topas", arrivals, budget, True)
+    arrivals, batch, expected = SCENARIOS["batch-of-two"]
+    topas, _, _ = run_fig2("topas", arrivals, batch, True)
     mean = _mean_jct(topas.finishes, arrivals)
     assert mean <= _mean_jct(expected["lpm"]["completion"], arrivals)
     assert mean <= _mean_jct(expected["spf"]["completion"], arrivals)
@@ -245,8 +244,8 @@ def test_topas_on_the_literal_fig2_ties_stage_values_and_saves_the_move() -> Non
     J_move decides for the resident prefix: TOPAS runs LPM's timeline (mean JCT
     35), not SRPT's (30). No term of the score prefers finishing a task over
     starting another of equal remaining service; see docs/RESULTS.md."""
-    arrivals, budget, expected = SCENARIOS["one-request"]
-    topas, _, backend = run_fig2("topas", arrivals, budget, True)
+    arrivals, batch, expected = SCENARIOS["one-request"]
+    topas, _, backend = run_fig2("topas", arrivals, batch, True)
     assert topas.finishes == expected["lpm"]["completion"]
     assert backend.stats.prefix_loads == 3 and backend.stats.preemptions == 0
 
@@ -257,22 +256,22 @@ def test_topas_does_not_thrash_between_prefixes_that_are_still_loading() -> None
     load end for ~1,600 units (2,436 preemptions). Reuse now needs the running
     predecessor's prefix to stay resident too."""
     arrivals = [0.0, 3.0, 6.0]
-    topas, _, backend = run_fig2("topas", arrivals, S2_BUDGET, True)
-    lpm, _, _ = run_fig2("lpm", arrivals, S2_BUDGET, True)
+    topas, _, backend = run_fig2("topas", arrivals, S2_BATCH, True)
+    lpm, _, _ = run_fig2("lpm", arrivals, S2_BATCH, True)
     assert _mean_jct(topas.finishes, arrivals) <= _mean_jct(lpm.finishes, arrivals)
     assert backend.stats.preemptions <= 1 and backend.stats.prefix_loads <= 6
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arrivals=st.lists(st.integers(0, 12), min_size=2, max_size=5).map(sorted),
-       batch=st.integers(1, 2), closed_form=st.booleans())
+       batch=st.integers(1, 5), closed_form=st.booleans())
 def test_topas_finishes_within_serial_time_on_the_fig2_machine(
         arrivals: list[int], batch: int, closed_form: bool) -> None:
     """On the Fig. 2 machine any sane schedule ends within running every
     request alone after the last arrival, each behind a prefix swap (4 + 2
     units), and preempts each request at most once on average."""
     times = [float(a) for a in arrivals]
-    topas, _, backend = run_fig2("topas", times, fig2_budget(batch), closed_form)
+    topas, _, backend = run_fig2("topas", times, batch, closed_form)
     n_requests = 3 * len(times)
     assert set(topas.finishes) == set(range(len(times)))
     assert max(topas.finishes.values()) <= max(times) + n_requests * (4 + 2)

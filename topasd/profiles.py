@@ -151,10 +151,11 @@ def _small() -> HardwareProfile:
 
 def _unit() -> HardwareProfile:
     """Fig. 2's abstract machine: every step 1 time unit, prefill free of extra
-    cost, a 10-token prefix moves in 1 unit, room for one prefix plus requests."""
+    cost, a prefix moves at 10 tokens per unit (`workflows.fig2.fig2_profile`
+    sets the budget and a link that moves Fig. 2's prefixes in 1 unit)."""
     return HardwareProfile(
         name="unit",
-        description="Fig. 2 units: 1 unit per step, prefix setup 1 unit (10-token prefixes)",
+        description="Fig. 2 units: 1 unit per step, prefixes move at 10 tokens per unit",
         t_weights_s=1.0,
         t_lin_per_token_s=0.0,
         t_attn_per_pair_s=0.0,
