@@ -38,7 +38,30 @@ from tests.simkit import RecordingSink
 from topasd.model import EventKind
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from workflows.fig2 import fig2_profile, fig2_trace
+from workflows.fig2 import (
+    MAX_BATCH,
+    PREFIX_TOKENS,
+    REQUEST_TOKENS,
+    fig2_budget,
+    fig2_profile,
+    fig2_trace,
+)
+
+
+@pytest.mark.parametrize("batch", range(1, MAX_BATCH + 1))
+def test_the_machine_holds_one_prefix_and_batch_requests(batch: int) -> None:
+    """Every batch size keeps the caption: one prefix at a time (two never fit
+    beside a request), `batch` requests beside it, a 1-unit prefix setup."""
+    profile = fig2_profile(batch)
+    assert profile.budget_tokens == PREFIX_TOKENS + batch * REQUEST_TOKENS
+    assert profile.budget_tokens < 2 * PREFIX_TOKENS + REQUEST_TOKENS
+    assert profile.t_swap(PREFIX_TOKENS) == 1.0
+
+
+@pytest.mark.parametrize("batch", [0, MAX_BATCH + 1, 2.5])
+def test_a_batch_outside_the_machine_is_refused(batch: float) -> None:
+    with pytest.raises(ValueError, match=f"1 to {MAX_BATCH}"):
+        fig2_budget(batch)  # type: ignore[arg-type]
 
 
 def run_fig2(policy: str, arrivals: list[float], batch: int, closed_form: bool):
@@ -228,7 +251,7 @@ def _mean_jct(completion: dict[int, float], arrivals: list[float]) -> float:
     return sum(completion[i] - arrivals[i] for i in completion) / len(completion)
 
 
-def test_topas_beats_lpm_and_srpt_when_the_gpu_batches_two() -> None:
+def test_topas_is_no_later_than_lpm_and_srpt_when_the_gpu_batches_two() -> None:
     """Fig. 2 with room for one prefix and two requests: TOPAS finishes tasks
     no later on average than both LPM and SRPT (spf)."""
     arrivals, batch, expected = SCENARIOS["batch-of-two"]
