@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import networkx as nx
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -283,9 +284,17 @@ def test_pruning_against_the_empty_state_still_admits_when_every_load_costs_more
     assert (pruned.admit, pruned.load) == (exhaustive.admit, exhaustive.load)
 
 
-def test_pruning_keeps_states_that_tie_the_best_one() -> None:
+@pytest.mark.parametrize("margin", [True, False])
+def test_pruning_keeps_states_that_tie_the_best_one(margin: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A zero-progress fork branch on a free prefix ties the best score; Eq.
-    14's tie-break (more admissions) must still see it (batch bounds path)."""
+    14's tie-break (more admissions) must still see it (batch bounds path).
+    Without the bounds' rounding margin a bound equals the tied score, so only
+    pruning strictly below the best keeps the tie."""
+    if not margin:
+        import topasd.scheduler.bounds as bounds
+
+        monkeypatch.setattr(bounds, "_loosen", lambda bound: bound)
     from tests.topas_views import view
     from topasd.model import Dist, RequestState, Reservation, StageProgress, StageStatus, TaskView
 

@@ -154,6 +154,25 @@ def test_move_cost_is_charged_once_per_admitted_task_waiting_for_a_prefix() -> N
     assert two_tasks.j_move == pytest.approx(t_move * 2)
 
 
+def test_greedypack_admits_a_fork_sibling_at_its_conditional_progress() -> None:
+    """Eq. 7 inside GreedyPack: two parallel branches b and c of equal, certain
+    length (10 s). Alone neither shortens the path, since the other is as long:
+    Delta(b | {}) = Delta(c | {}) = 0. After b, c is worth its whole service:
+    Delta(c | {b}) = 10. Packing through the zero-gain first choice, the state
+    that admits both scores J_admit = L({}) - L({b, c}) = 10, and the credits
+    stored at admission are 0 and 10."""
+    pol = policy(aging=False, beta=0.0)
+    observe(pol, "B", "b", [10.0], request_service=10.0)
+    observe(pol, "C", "c", [10.0], request_service=10.0)
+    reqs = [request(1, 1, FORK, "b"), request(2, 1, FORK, "c")]
+    tk = task(1, FORK, a="done", b="active", c="active")
+    d = pol.decide(view(FORK, [tk], [], reqs, gpu=("B", "C")))
+    both = [c for c in d.candidates if set(c.admit) == {1, 2}]
+    assert len(both) == 1 and both[0].terms.j_admit == pytest.approx(10.0)
+    assert set(d.admit) == {1, 2}
+    assert sorted(pol.credits.values()) == pytest.approx([0.0, 10.0])
+
+
 # ----------------------------------------------------------------- Eq. 11
 
 
@@ -215,6 +234,18 @@ def test_parameters_are_validated_and_changeable_between_decisions() -> None:
         pol.set_params(gamma=1)
     pol.set_params(beta=3.5, k=2)
     assert (pol.params.beta, pol.params.k) == (3.5, 2)
+    with pytest.raises(TopasError, match="k must be an integer"):
+        pol.set_params(k=2.5)
+
+
+def test_integral_floats_are_taken_as_integers() -> None:
+    """k=2.0 or seed=1.0 (JSON numbers, config files) work like 2 and 1."""
+    pol = TopasPolicy(TopasParams(k=2.0, seed=1.0, m=3.0, samples=8.0))  # type: ignore[arg-type]
+    assert all(type(getattr(pol.params, n)) is int for n in ("k", "seed", "m", "samples"))
+    reqs = [request(i, i, CHAIN, "a") for i in (1, 2, 3)]
+    tasks = [task(i, CHAIN, a="active") for i in (1, 2, 3)]
+    d = pol.decide(view(CHAIN, tasks, [], reqs))
+    assert len(d.admit) == 2  # the cap K = 2
 
 
 def test_the_empty_incumbent_is_removed_when_a_nonempty_state_exists() -> None:

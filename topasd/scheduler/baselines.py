@@ -4,7 +4,8 @@ The helper emulates the engine's default behaviour (SGLang 0.5.3's
 PrefillAdder): walk the waiting queue in the policy's priority order and admit
 while `input + max_new` fits beside the running requests' optimistic
 reservations; prefixes become resident on demand; unlocked prefixes are
-evicted LRU when room is needed; the walk stops at the first request that does
+evicted LRU when an admitted request needs their room (never for a request
+that would not fit even without them); the walk stops at the first request that does
 not fit (head-of-line blocking), and no new attempt is made until a running
 request finishes (`batch_is_full`).
 """
@@ -46,14 +47,14 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
         need += 0 if req.agent in gpu else req.prefix_tokens
         if req.agent in idle:
             idle.remove(req.agent)
-        while used + need > view.budget_tokens and idle:
+        if used - sum(view.prefixes[a].tokens for a in idle) + need > view.budget_tokens:
+            blocked = True  # no room even with every idle prefix gone: evict nothing
+            break  # (SGLang counts evictable cache as room and evicts on allocation)
+        while used + need > view.budget_tokens:
             victim = idle.pop(0)
             evict.append(victim)
             gpu.discard(victim)
             used -= view.prefixes[victim].tokens
-        if used + need > view.budget_tokens:
-            blocked = True
-            break
         if req.agent not in gpu:
             gpu.add(req.agent)
             if req.agent in evict:  # still on the GPU: keep it rather than reload

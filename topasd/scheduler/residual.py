@@ -277,8 +277,8 @@ class TaskPaths:
         started = e > 0.0 or (req is not None and req.started_at is not None)
         if req is not None and req.started_at is not None:
             e += max(0.0, self.t - req.started_at)
-        if dist is None:
-            if not started:
+        if dist is None:  # F is a point mass at the profile: it knows no rounds,
+            if not started:  # so a started stage keeps at least the floor
                 return self._prior(wf, v)
             point = max(self._prior(wf, v).point - e, self._floor(wf, v, req))
             return _Residual(None, point, point)

@@ -90,8 +90,10 @@ class TopasParams:
         if self.pack_order not in ("ratio", "arrival"):
             raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
         for name in ("m", "k", "samples", "seed"):
-            if not float(getattr(self, name)).is_integer():
+            value = getattr(self, name)
+            if not float(value).is_integer():
                 raise TopasError(f"TOPAS parameter {name} must be an integer")
+            object.__setattr__(self, name, int(value))  # 2.0 (JSON, --param) -> 2
 
     def changed(self, **changes: Any) -> TopasParams:
         """A validated copy with `changes` applied (unknown names are errors)."""
@@ -174,8 +176,9 @@ class TopasPolicy:
         )
 
     def age_scale(self, view: EngineView, paths: TaskPaths) -> dict[str, float]:
-        """H_age per workflow: the given `h_age`, else the observed mean task
-        service once tasks finished, else the expected path of a fresh task."""
+        """H_age by workflow: the given `h_age`, else the observed mean task
+        service over every workflow once any task finished (one scale for
+        all), else each workflow's expected path of a fresh task."""
         if self.params.h_age is not None:
             return defaultdict(lambda: float(self.params.h_age))  # type: ignore[arg-type]
         if self._age_obs:
