@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import marshal
+import signal
 import sqlite3
 import struct
 import sys
@@ -180,6 +181,11 @@ def read_frames(stream: BinaryIO) -> Any:
 
 def main(argv: list[str]) -> int:
     path = argv[1]
+    # Ctrl-C in a terminal (or a signal to the daemon's process group) reaches
+    # this child too: it must keep writing while the daemon drains, and it
+    # stops on end of input when the daemon closes the pipe.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

@@ -351,14 +351,15 @@ def decisions_before(db: Database, run_id: int, t: float, *, limit: int = 200,
 
 def params_at(db: Database, run: RunRow, t: float) -> tuple[str, dict[str, Any]]:
     """The policy and its parameters in force at `t`: the run's starting ones with
-    every logged change up to `t` applied (a policy switch keeps the names known)."""
+    every logged change up to `t` applied. A policy switch starts the parameters
+    afresh: the daemon logs every parameter of the new policy right after it."""
     policy = run.policy
     params = dict(run.params.get("policy") or {})
     for change in db.query("SELECT name, new FROM param_changes WHERE run_id = ? AND t <= ? "
                            "ORDER BY t, id", [run.id, t]):
         value = _loads(change["new"])
         if change["name"] == "policy":
-            policy = str(value)
+            policy, params = str(value), {}
         else:
             params[change["name"]] = value
     return policy, params

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,7 +30,8 @@ class Daemon:
     """`topasd start --port 0 ...` in `workdir`; found through its runtime file."""
 
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None,
-                 speed: str = "max", token: str | None = None) -> None:
+                 speed: str = "max", token: str | None = None,
+                 own_group: bool = False) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.runtime = workdir / "daemon.json"
@@ -39,9 +41,13 @@ class Daemon:
         cmd = [sys.executable, "-m", "topasd.cli", "start", "--port", "0",
                "--runtime-file", str(self.runtime), "--db", str(self.db), "--speed", speed,
                "--log-level", "warning", *args]
+        self.own_group = own_group
         self._log_fh = open(self.log, "wb")  # noqa: SIM115 (closed in stop)
+        # own_group: the daemon leads a process group of its own, as a shell
+        # job does, so that `stop(group=True)` signals it and its children
         self.proc = subprocess.Popen(cmd, cwd=workdir, env=env or clean_env(),
-                                     stdout=self._log_fh, stderr=subprocess.STDOUT)
+                                     stdout=self._log_fh, stderr=subprocess.STDOUT,
+                                     start_new_session=own_group)
         self.info = self._wait_started()
         self.url: str = self.info["url"]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -80,10 +86,15 @@ class Daemon:
                 raise AssertionError(f"timed out waiting; last state counts {st['counts']}")
             time.sleep(0.05)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        """Signal the daemon and wait for its exit code."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0,
+             group: bool = False) -> int:
+        """Signal the daemon (with `group`, its whole process group, as Ctrl-C
+        in a terminal does) and wait for its exit code."""
         if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+            if group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -104,6 +115,9 @@ class Daemon:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc.poll() is None:
+            if self.own_group:  # the writer child too
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.kill()
             self.proc.wait()
         self.http.close()

@@ -7,6 +7,7 @@ with code 2, and never show a traceback.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,8 @@ def test_trace_gen_is_reproducible(tmp_path: Path, spec_file: Path) -> None:
 
 @pytest.mark.parametrize(("args", "says"), [
     (["-w", "nonexistent", "-r", "1"], "unknown workload 'nonexistent'"),
-    (["-w", "chain3", "-r", "0"], "rate must be > 0"),
+    (["-w", "chain3", "-r", "0"], "rate must be a finite number > 0"),
+    (["-w", "chain3", "-r", "nan", "-n", "3"], "rate must be a finite number > 0"),
 ])
 def test_trace_gen_errors(tmp_path: Path, args: list[str], says: str) -> None:
     res = invoke("trace", "gen", *args, "-o", str(tmp_path / "x.jsonl"))
@@ -315,3 +317,53 @@ def test_doc_example_replays(tmp_path: Path) -> None:
     assert "topasd replay example.jsonl --profile small --policy all" in doc
     data = replay_json(str(path), "--profile", "small", "--policy", "all")
     check_runs(data, list(POLICY_NAMES), 2)
+
+
+# --------------------------------------------------------------------------
+# status
+# --------------------------------------------------------------------------
+
+
+def test_status_reports_a_daemon_that_answers_with_an_error(tmp_path: Path) -> None:
+    """A daemon that answers GET /v1/state with an error is reported as such
+    (one line, its message), not as an idle daemon."""
+    import http.server
+    import threading
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"error": {"message": "internal error (Boom)", "type": "x",
+                                         "code": 500}}).encode()
+            self.send_response(500)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        runtime = tmp_path / "rt.json"
+        runtime.write_text(json.dumps({"pid": os.getpid(), "url": (
+            f"http://127.0.0.1:{server.server_address[1]}")}))
+        res = invoke("status", "--runtime-file", str(runtime))
+        line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+        assert "with 500: internal error (Boom)" in line
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--log-file", "/nonexistent-dir/x.log"], "cannot write the daemon log /nonexistent-dir"),
+    (["--runtime-file", "/nonexistent-dir/rt.json"], "folder /nonexistent-dir does not exist"),
+])
+def test_detach_names_a_path_it_cannot_use(tmp_path: Path, flags: list[str], says: str) -> None:
+    args = ["start", "--detach", "--port", "0", "--db", str(tmp_path / "d.db"), *flags]
+    if "--runtime-file" not in flags:
+        args += ["--runtime-file", str(tmp_path / "rt.json")]
+    res = run_cli(*args)
+    line = assert_clean_error(res.returncode, res.stdout, res.stderr)
+    assert says in line

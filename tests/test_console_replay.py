@@ -137,7 +137,7 @@ def test_params_at_applies_logged_changes(db: Path) -> None:
     assert q.params_at(store.db, run, 29.0)[1]["beta"] == 20.0
     policy, params = q.params_at(store.db, run, 30.0)
     assert (policy, params["beta"]) == ("topas", 5.0)
-    assert q.params_at(store.db, run, 61.0)[0] == "lpm"
+    assert q.params_at(store.db, run, 61.0) == ("lpm", {})  # a switch starts afresh
     store.close()
 
 

@@ -12,10 +12,12 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon, clean_env
+from topasd.scheduler.topas import TopasParams
 from topasd.service import agent_key, count_tokens
 
 SYSTEM = "You are agent {0}. Follow the plan and answer tersely. " * 6
@@ -289,9 +292,21 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         assert h.post("/v1/chat/completions", json=call).status_code == 200
         err(h.post("/v1/chat/completions", json=call), 409, "already finished stage 'a'")
         err(h.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"]}), 422, "one prompt")
+        for body, where in (  # JSON can escape an unpaired surrogate; no text encoding can
+                (b'{"model": "m", "messages": [{"role": "system", "content": "\\ud800"}]}',
+                 "messages.0.content"),
+                (b'{"model": "\\ud800", "prompt": "x"}', "model"),
+                (b'{"model": "m", "prompt": "x", "topasd": {"task_id": "\\udc00"}}',
+                 "topasd.task_id")):
+            path = "/v1/chat/completions" if b"messages" in body else "/v1/completions"
+            err(h.post(path, content=body, headers={"content-type": "application/json"}),
+                422, where, "not valid Unicode")
+        assert h.get("/v1/state").status_code == 200
         err(h.get("/v1/events", params={"kinds": "nonsense"}), 422, "nonsense")
         err(h.patch("/v1/params", json={"policy": "fcfs", "beta": 3}), 422, "no parameters")
         err(h.patch("/v1/params", json={"policy": "magic"}), 422, "policy")
+        err(h.patch("/v1/params", json={"M": None}), 422, "M:", "range [0, 16]")
+        err(h.patch("/v1/params", json={"rho": -1}), 422, "rho:", "range [0, 1000]")
         assert h.get("/health").json() == {"status": "ok", "engine": True}
         switched = h.patch("/v1/params", json={"policy": "lpm"}).json()
         assert (switched["policy"], switched["params"]) == ("lpm", {})
@@ -301,9 +316,14 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         assert (back["policy"], back["params"]["k"], back["changed"]) == ("topas", 2, ["k"])
         assert d.stop() == 0
     with Store(d.db, create=False) as store:
-        changes = q.param_changes(store.db, q.get_run(store.db).id)
-        assert [(c["name"], c["old"], c["new"]) for c in changes] == [
-            ("policy", "topas", "lpm"), ("policy", "lpm", "topas"), ("k", None, 2)]
+        run = q.get_run(store.db)
+        changes = [(c["name"], c["old"], c["new"]) for c in q.param_changes(store.db, run.id)]
+        # each switch is logged, then every parameter of the new policy (lpm: none)
+        assert changes[:2] == [("policy", "topas", "lpm"), ("policy", "lpm", "topas")]
+        assert [name for name, _, _ in changes[2:]] == sorted(asdict(TopasParams()))
+        assert ("k", None, 2) in changes and ("beta", None, 20.0) in changes
+        last = max(c["t"] for c in q.param_changes(store.db, run.id))
+        assert q.params_at(store.db, run, last) == ("topas", asdict(TopasParams(k=2)))
         decided_by = {row["policy"] for row in store.db.query("SELECT policy FROM runs")}
         assert decided_by == {"topas"}  # the run keeps the policy it started with
 
@@ -381,6 +401,28 @@ def test_sigterm_lets_running_work_finish_and_exits_0_with_the_store_intact(
     assert not d.runtime.exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_process_group_drains_and_logs_everything(
+        tmp_path: Path, sig: int) -> None:
+    """Ctrl-C in a terminal (or `timeout`, or a service manager) signals the
+    daemon's whole process group, the decision-log writer included: the
+    writer keeps writing while the daemon drains, and the run ends clean."""
+    with Daemon(tmp_path, "--workload", "chain3", "--rate", "2", "--grace", "60",
+                speed="50", own_group=True) as d:
+        d.wait_for(lambda s: s["counts"]["requests_running"] > 0)
+        assert d.stop(sig, group=True) == 0, d.log.read_text(errors="replace")
+    with Store(d.db, create=False) as store:
+        assert store.integrity() == "ok"
+        run = q.get_run(store.db)
+        assert run.status == "done" and run.error is None
+        counts = q.counts(store.db, run.id)
+        assert counts["decisions"] == run.decisions > 0
+        assert counts["engine_events"] == run.events
+        rows = q.tasks(store.db, run.id)
+        assert rows and all(r.completion is not None for r in rows)
+    assert not d.runtime.exists()
+
+
 def test_event_stream_and_metrics(tmp_path: Path) -> None:
     with Daemon(tmp_path, "--workload", "dag4", "--rate", "0.5", "--tasks", "30") as d:
         events: list[tuple[str, dict[str, Any]]] = []
@@ -419,6 +461,17 @@ def test_event_stream_and_metrics(tmp_path: Path) -> None:
         assert d.stop() == 0
 
 
+def test_the_paced_clock_is_wall_time_times_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from topasd.service import Clock
+
+    wall = [1000.0]
+    monkeypatch.setattr("topasd.service.time.monotonic", lambda: wall[0])
+    clock = Clock(500.0)
+    assert clock.now() == 0.0
+    wall[0] += 0.2
+    assert clock.now() == pytest.approx(100.0)  # 0.2 s of wall time at 500x
+
+
 def test_paced_clock_follows_the_wall_clock_times_speed(tmp_path: Path) -> None:
     with Daemon(tmp_path, speed="500") as d:
         t1 = d.state()["t"]
@@ -428,9 +481,29 @@ def test_paced_clock_follows_the_wall_clock_times_speed(tmp_path: Path) -> None:
         t2 = d.state()["t"]
         assert t1 < meta["t_ready"] < meta["t_finish"] <= t2  # engine time moves while idle
         assert d.state()["speed"] == 500.0
-        assert d.stop(signal.SIGINT) == 0  # Ctrl-C: the same clean stop as SIGTERM
+        assert d.stop(signal.SIGINT) == 0  # SIGINT to the daemon alone: a clean stop
     with Store(d.db, create=False) as store:
         assert q.get_run(store.db).status == "done"
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this machine")
+def test_an_ipv6_loopback_daemon_is_reachable_at_its_advertised_url(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--host", "::1") as d:
+        assert d.url.startswith("http://[::1]:")
+        st = subprocess.run([sys.executable, "-m", "topasd.cli", "status", "--runtime-file",
+                             str(d.runtime)], env=clean_env(), capture_output=True, text=True,
+                            timeout=60)
+        assert st.returncode == 0 and f"running: {d.url}" in st.stdout, st.stderr
+        assert d.stop() == 0
 
 
 def test_detach_status_and_stop(tmp_path: Path) -> None:

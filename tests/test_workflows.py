@@ -217,8 +217,9 @@ def test_poisson_arrivals() -> None:
     t = poisson_arrivals(0.5, 400, np.random.default_rng(1))
     assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
     assert 400 / t[-1] == pytest.approx(0.5, rel=0.2)
-    with pytest.raises(TopasError, match="rate must be > 0"):
-        poisson_arrivals(0.0, 5, np.random.default_rng(1))
+    for rate in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(TopasError, match="rate must be a finite number > 0"):
+            poisson_arrivals(rate, 5, np.random.default_rng(1))
 
 
 def test_generated_trace_is_seeded() -> None:
@@ -342,7 +343,11 @@ MALFORMED = {
     "bad-round": (lambda ls: edit_task(ls, 3, lambda r: r["stages"]["b"].__setitem__(
         0, [3, 0, 0])), 4, "stage 'b', round 0"),
     "negative-arrival": (lambda ls: edit_task(ls, 3, lambda r: r.update(arrival=-1)), 4,
-                         "arrival a number >= 0"),
+                         "arrival a finite number >= 0"),
+    "nan-arrival": (lambda ls: edit_task(ls, 3, lambda r: r.update(arrival=float("nan"))), 4,
+                    "arrival a finite number >= 0"),
+    "infinite-arrival": (lambda ls: edit_task(ls, 2, lambda r: r.update(arrival=float("inf"))),
+                         3, "arrival a finite number >= 0"),
     "unknown-type": (lambda ls: [*ls, '{"type": "comment"}\n'], 5, "unknown record type"),
     "header-twice": (lambda ls: [*ls, ls[0]], 5, "header must be the first line"),
     "header-missing": (lambda ls: ls[1:], 1, "header must be the first line"),

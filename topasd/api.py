@@ -46,10 +46,11 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    model_validator,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from topasd.config import PARAM_ALIASES, Settings, read_runtime
+from topasd.config import PARAM_ALIASES, Settings, canonical_param, read_runtime
 from topasd.model import EventKind, TopasError
 from topasd.scheduler import ALL_POLICY_NAMES
 from topasd.scheduler.topas import PARAM_RANGES, TopasParams
@@ -83,6 +84,43 @@ class Forbidden(ServiceError):
 
 
 # ------------------------------------------------------------------ models
+
+
+def unpaired_surrogate(value: Any, path: str = "") -> str | None:
+    """The JSON path of the first string (or key) in `value` that is not valid
+    Unicode (an unpaired UTF-16 surrogate such as "\\ud800", which JSON can
+    escape but no text encoding can carry), else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            bad = unpaired_surrogate(key, where) or unpaired_surrogate(item, where)
+            if bad:
+                return bad
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            bad = unpaired_surrogate(item, f"{path}.{i}" if path else str(i))
+            if bad:
+                return bad
+    return None
+
+
+class RequestBody(BaseModel):
+    """A request body: every string in it must be valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        bad = unpaired_surrogate(data)
+        if bad:
+            raise ValueError(f"{bad} is not valid Unicode (an unpaired surrogate such as "
+                             "\\ud800); send UTF-8 text")
+        return data
 
 
 class ErrorDetail(BaseModel):
@@ -135,7 +173,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(RequestBody):
     """An OpenAI chat completion request; unknown OpenAI fields are accepted and ignored."""
 
     model_config = ConfigDict(extra="allow", strict=True)
@@ -149,7 +187,7 @@ class ChatCompletionRequest(BaseModel):
     topasd: TopasdMeta | None = None
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(RequestBody):
     """An OpenAI (legacy) completion request; unknown OpenAI fields are ignored."""
 
     model_config = ConfigDict(extra="allow", strict=True)
@@ -232,7 +270,7 @@ class StageOverride(BaseModel):
                                       description="Generated tokens of every round.")
 
 
-class TaskSubmit(BaseModel):
+class TaskSubmit(RequestBody):
     """A task of a registered workflow, its rounds sampled from the workflow's profiles."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -366,8 +404,9 @@ def _params_patch_model() -> type[BaseModel]:
         if hint is bool:
             hint = StrictBool
         fields[name] = (hint, Field(default=None, description=desc, **extra))
-    return create_model("ParamsPatch", __config__=ConfigDict(extra="forbid", strict=True),
-                        **fields)
+    base = type("ParamsBody", (RequestBody,),
+                {"model_config": ConfigDict(extra="forbid", strict=True)})
+    return create_model("ParamsPatch", __base__=base, **fields)
 
 
 ParamsPatch = _params_patch_model()
@@ -847,7 +886,11 @@ def _install_errors(app: FastAPI) -> None:
         for e in errors[:8]:
             loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
             param = param or loc
-            parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+            why = e.get("msg", "invalid")
+            if request.url.path == "/v1/params" and canonical_param(loc) in PARAM_RANGES:
+                lo, hi = PARAM_RANGES[canonical_param(loc)]
+                why += f" (range [{lo:g}, {hi:g}])"
+            parts.append(f"{loc}: {why}")
         return _error(422, "invalid_request_error", "; ".join(parts), param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -901,7 +944,11 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else host
+    """The address clients use: a wildcard bind by its loopback, an IPv6
+    literal in brackets."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
     return f"http://{shown}:{port}"
 
 

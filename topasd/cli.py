@@ -49,7 +49,7 @@ def main() -> None:
 
 @main.group()
 def trace() -> None:
-    """Write and inspect workload traces (JSON Lines, docs/trace-format.md)."""
+    """Write workload traces (JSON Lines, docs/trace-format.md)."""
 
 
 @trace.command("gen")
@@ -498,8 +498,17 @@ def _detach(settings: Any) -> None:
         raise TopasError(f"a daemon already runs (pid {other.get('pid')}, {other.get('url')}); "
                          "stop it with `topasd stop` or give another --runtime-file")
     log_path = Path(settings.log_file or runtime.with_suffix(".log"))
+    if not runtime.parent.is_dir():
+        raise TopasError(f"runtime file {runtime}: folder {runtime.parent} does not exist; "
+                         "create it or give another --runtime-file")
     args = [a for a in sys.argv[1:] if a != "--detach"]  # the same command, in the foreground
-    with open(log_path, "ab") as log_fh:
+    try:
+        log_fh = open(log_path, "ab")  # noqa: SIM115 (closed below, the child keeps its copy)
+    except OSError as exc:
+        flag = "--log-file" if settings.log_file else "--runtime-file (the log sits beside it)"
+        raise TopasError(f"cannot write the daemon log {log_path} ({exc.strerror}); give "
+                         f"another {flag}") from None
+    with log_fh:
         proc = subprocess.Popen([sys.executable, "-m", "topasd.cli", *args],
                                 stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
                                 start_new_session=True)
@@ -543,10 +552,16 @@ def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> 
         raise TopasError(f"no daemon running (no live runtime file at {path}); start one with "
                          "`topasd start`")
     try:
-        state = httpx.get(f"{info['url']}/v1/state", params={"limit": 1}, timeout=10).json()
+        reply = httpx.get(f"{info['url']}/v1/state", params={"limit": 1}, timeout=10)
+        state = reply.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise TopasError(f"daemon pid {info['pid']} at {info['url']} does not answer ({exc})"
                          ) from None
+    if reply.status_code != 200:
+        message = (state.get("error") or {}).get("message") if isinstance(state, dict) else None
+        raise TopasError(f"daemon pid {info['pid']} at {info['url']} answered GET /v1/state "
+                         f"with {reply.status_code}: {message or reply.text[:200]}; see its "
+                         "log")
     if as_json:
         click.echo(json.dumps({"daemon": info, "state": state}, indent=2))
         return

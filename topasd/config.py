@@ -89,14 +89,14 @@ class Settings(BaseModel):
     token: str | None = None
     speed: float | Literal["max"] = 1.0
     workload: str | None = None
-    rate: float | None = Field(default=None, gt=0)
+    rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     tasks: int | None = Field(default=None, ge=1)
     seed: int = 0
     workflows: list[str] = Field(default_factory=list)
     max_tokens: int = Field(default=256, ge=1)
-    task_timeout: float = Field(default=600.0, ge=0)
+    task_timeout: float = Field(default=600.0, ge=0, allow_inf_nan=False)
     model: str = "topasd-sim"
-    grace: float = Field(default=30.0, ge=0)
+    grace: float = Field(default=30.0, ge=0, allow_inf_nan=False)
     runtime_file: str = Field(default_factory=default_runtime_file)
     log_file: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"

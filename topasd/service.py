@@ -1093,12 +1093,13 @@ class Service:
                               "(\"policy\": \"topas\")")
             set_params(**changes)
         new_params = _params_of(self.policy)
-        if switched:  # a fresh policy: log the switch and the parameters the body named
-            changed = {k: new_params[k] for k in changes}
+        if switched:  # a fresh policy: the body named `changed`; the log gets the switch
+            changed = {k: new_params[k] for k in changes}  # and every parameter in force
+            logged = new_params  # (a replay resets the parameters at a switch)
             self.store_sink.param_change(t, "policy", old_name, new_name)
         else:
-            changed = {k: v for k, v in new_params.items() if old_params.get(k) != v}
-        for name, value in sorted(changed.items()):
+            changed = logged = {k: v for k, v in new_params.items() if old_params.get(k) != v}
+        for name, value in sorted(logged.items()):
             self.store_sink.param_change(t, name, old_params.get(name), value)
         if changed or switched:
             self.params_version += 1

@@ -8,6 +8,7 @@ tokens, tool wait after the round).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,8 +110,8 @@ def _ancestors(wf: Workflow, v: str) -> tuple[str, ...]:
 
 def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
     """n arrival times of a Poisson process of `rate` tasks/s, the first at 0."""
-    if rate <= 0:
-        raise TopasError(f"arrival rate must be > 0 task/s, got {rate}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise TopasError(f"arrival rate must be a finite number > 0 task/s, got {rate}")
     gaps = rng.exponential(1.0 / rate, size=n)
     gaps[0] = 0.0
     return np.round(np.cumsum(gaps), 6)
@@ -234,8 +235,10 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
         raise TraceError(f"{where}: task {tid} uses workflow {wf_name!r}, which no earlier "
                          "'workflow' line defines")
     wf = workflows[wf_name]
-    if not isinstance(tid, int) or not isinstance(arrival, (int, float)) or arrival < 0:
-        raise TraceError(f"{where}: task id must be an integer and arrival a number >= 0")
+    if (not isinstance(tid, int) or not isinstance(arrival, (int, float))
+            or not math.isfinite(arrival) or arrival < 0):
+        raise TraceError(f"{where}: task id must be an integer and arrival a finite number "
+                         ">= 0")
     if not isinstance(stages, dict) or set(stages) != set(wf.stages):
         got = sorted(stages) if isinstance(stages, dict) else stages
         raise TraceError(f"{where}: task {tid} must give rounds for exactly the stages "
