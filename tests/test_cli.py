@@ -83,10 +83,10 @@ def trace_file(tmp_path: Path, spec_file: Path) -> Path:
     return out
 
 
-def builtin_or_skip(name: str) -> None:
+def builtin_present(name: str) -> None:
+    """Every built-in workload ships with the package: a missing file fails."""
     path = BUILTIN_DIR / f"{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"built-in workload file {path} does not exist yet")
+    assert path.exists(), f"built-in workload file {path} is missing"
 
 
 # --------------------------------------------------------------------------
@@ -152,7 +152,7 @@ def check_runs(data: dict, policies: list[str], tasks: int) -> None:
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_replay_every_builtin_with_all_policies(name: str) -> None:
-    builtin_or_skip(name)
+    builtin_present(name)
     data = replay_json("--workload", name, "--policy", "all", "--tasks", "20")
     check_runs(data, list(POLICY_NAMES), 20)
     points = load_workload(name).operating_points
@@ -210,6 +210,8 @@ def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
     (["-p", "topas", "--param", "preempt=maybe"], "must be true or false"),
     (["-p", "topas", "--param", "gamma=1"], "gamma"),
     (["-p", "topas", "--param", "rho"], "expected NAME=VALUE"),
+    (["--rate", "5"], "--rate only shape a trace made from --workload"),
+    (["-n", "1000", "--seed", "9"], "--tasks, --seed only shape a trace"),
 ])
 def test_replay_usage_errors(trace_file: Path, args: list[str], says: str) -> None:
     res = invoke("replay", str(trace_file), *args)
@@ -367,3 +369,17 @@ def test_detach_names_a_path_it_cannot_use(tmp_path: Path, flags: list[str], say
     res = run_cli(*args)
     line = assert_clean_error(res.returncode, res.stdout, res.stderr)
     assert says in line
+
+
+def test_tool_commands_name_a_path_they_cannot_use(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for args, says in (
+            (["model", "tiny", "-o", str(afile / "m")], "cannot create the model directory"),
+            (["model", "tiny", "-o", str(tmp_path / "m"), "--hidden", "160"],
+             "multiple of 64"),
+            (["trace", "gen", "-w", "chain3", "-r", "1", "-o", str(afile / "t.jsonl")],
+             "cannot write trace"),
+            (["console", "--db", str(afile), "--at", "nan"], "--at nan: give a finite time")):
+        res = invoke(*args)
+        assert says in assert_clean_error(res.exit_code, res.stdout, res.stderr), args

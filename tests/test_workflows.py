@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from topasd.model import TopasError, WorkflowError
-from workflows.builtin import BUILTIN, load_workload
+from workflows.builtin import BUILTIN, load_workload, workload_from_dict
 from workflows.spec import load_workflow, workflow_from_dict, workflow_to_dict
 from workflows.trace import (
     TRACE_FORMAT,
@@ -38,10 +38,10 @@ def spec(*stages: dict, agents: dict | None = None, name: str = "wf") -> dict:
             "stages": list(stages)}
 
 
-def builtin_or_skip(name: str) -> None:
+def builtin_present(name: str) -> None:
+    """Every built-in workload ships with the package: a missing file fails."""
     path = BUILTIN_DIR / f"{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"built-in workload file {path} does not exist yet")
+    assert path.exists(), f"built-in workload file {path} is missing"
 
 
 # --------------------------------------------------------------------------
@@ -121,8 +121,24 @@ def test_boolean_is_not_a_distribution() -> None:
 
 
 def test_zero_rounds_rejected() -> None:
-    with pytest.raises(WorkflowError, match=r"stage 'a'.*rounds must be at least 1"):
+    with pytest.raises(WorkflowError, match=r"stage 'a', rounds: values must lie in \[1, 10000\]"):
         workflow_from_dict(spec({"name": "a", "agent": "A", "rounds": 0}))
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("input_tokens", -500, "input_tokens: values must lie in [0, 1e+07]"),
+    ("output_tokens", -3, "output_tokens: values must lie in [1, 1e+07]"),
+    ("output_tokens", {"uniform_int": [0, 9]}, "reaches [0, 9]"),
+    ("tool_wait_s", -4, "tool_wait_s: values must lie in [0, inf]"),
+    ("rounds", 100_000_000, "rounds: values must lie in [1, 10000]"),
+    ("output_tokens", {"lognormal": {"median": 100, "sigma": 1}}, "reaches [0, inf]"),
+    ("input_tokens", float("nan"), "input_tokens: values must lie"),
+])
+def test_stage_numbers_out_of_range_are_refused(field: str, value: object, says: str) -> None:
+    """No silent clamping: a value a stage field cannot take is an error."""
+    with pytest.raises(WorkflowError) as err:
+        workflow_from_dict(spec({"name": "a", "agent": "A", field: value}))
+    assert "stage 'a'" in str(err.value) and says in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize(("data", "where"), [
@@ -177,7 +193,7 @@ def test_valid_spec_builds_the_dag(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_builtin_workloads_load_and_round_trip(name: str) -> None:
-    builtin_or_skip(name)
+    builtin_present(name)
     wl = load_workload(name)
     assert wl.workflows and wl.operating_points
     for wf in wl.workflows:
@@ -255,7 +271,7 @@ def test_trace_round_trip(tmp_path: Path, name: str) -> None:
         workflows = (workflow_from_dict(ALL_KINDS),)
         meta_name = "kinds"
     else:
-        builtin_or_skip(name)
+        builtin_present(name)
         workflows = load_workload(name).workflows
         meta_name = name
     trace = generate_trace(workflows, 0.3, 25, seed=11, name=meta_name)
@@ -349,6 +365,12 @@ MALFORMED = {
     "infinite-arrival": (lambda ls: edit_task(ls, 2, lambda r: r.update(arrival=float("inf"))),
                          3, "arrival a finite number >= 0"),
     "unknown-type": (lambda ls: [*ls, '{"type": "comment"}\n'], 5, "unknown record type"),
+    "workflow-twice": (lambda ls: [*ls[:3], ls[1], *ls[3:]], 4,
+                       "defined twice (first on line 2)"),
+    "nan-wait": (lambda ls: edit_task(ls, 3, lambda r: r["stages"]["b"].__setitem__(
+        0, [3, 4, float("nan")])), 4, "a finite number"),
+    "workflow-not-a-name": (lambda ls: edit_task(ls, 2, lambda r: r.update(workflow=["x"])), 3,
+                            "must be a name"),
     "header-twice": (lambda ls: [*ls, ls[0]], 5, "header must be the first line"),
     "header-missing": (lambda ls: ls[1:], 1, "header must be the first line"),
     "wrong-version": (lambda ls: [ls[0].replace('"version": 1', '"version": 99'), *ls[1:]], 1,
@@ -445,3 +467,32 @@ def test_doc_line_examples_parse() -> None:
              json.dumps({"type": "workflow", "spec": workflow_to_dict(wf)}) + "\n",
              json.dumps(task) + "\n"]
     assert read_trace(lines).tasks[0].stages["a"] == (RoundSpec(200, 300, 0.0),)
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    ({"workflows": [spec({"name": "a", "agent": "A"})]}, "needs a name"),
+    ({"name": "w", "workflows": []}, "non-empty list"),
+    ({"name": "w", "workflows": [spec({"name": "a", "agent": "A"})],
+      "operating_pionts": [0.1]}, "unknown key(s) ['operating_pionts']"),
+    ({"name": "w", "workflows": [spec({"name": "a", "agent": "A"})],
+      "operating_points": ["fast"]}, "operating_points must be a list of arrival rates"),
+    ({"name": "w", "workflows": [spec({"name": "a", "agent": "A"}),
+                                 spec({"name": "b", "agent": "B"})]}, "['wf'] used twice"),
+    ({"name": "w", "workflows": [spec({"name": "a", "agent": "A"}), {"name": "x"}]},
+     "workflows[1]"),
+])
+def test_a_bad_workload_of_several_workflows_is_one_clear_error(data: dict, says: str) -> None:
+    with pytest.raises(WorkflowError) as err:
+        workload_from_dict(data, "w.yaml")
+    assert str(err.value).startswith("w.yaml") and says in str(err.value), str(err.value)
+
+
+def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(WorkflowError, match=r"latin1\.yaml: not UTF-8 text"):
+        load_workload(str(bad))
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(b'{"type": "header", "note": "caf\xe9"}\n')
+    with pytest.raises(TraceError, match=r"t\.jsonl: not UTF-8 text"):
+        load_trace(trace)

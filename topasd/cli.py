@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,7 +60,8 @@ def trace() -> None:
 @click.option("--rate", "-r", type=float, required=True, help="Poisson arrival rate, task/s.")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
               help="Number of task arrivals.")
-@click.option("--seed", "-s", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--seed", "-s", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Sampling seed.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), required=True,
               help="Where to write the trace (.jsonl).")
 def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) -> None:
@@ -92,7 +94,8 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
               help="Arrival rate for --workload (default: its middle operating point).")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
               help="Tasks for --workload.")
-@click.option("--seed", "-s", type=int, default=0, show_default=True, help="Seed for --workload.")
+@click.option("--seed", "-s", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed for --workload.")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}); also "
                    "the TOPAS ablation variants topas-base, topas-noreuse, topas-noaging.")
@@ -143,7 +146,7 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     """
     vllm_opts = _vllm_options(backend, model, budget)
     store = _open_store(db_path, log_candidates)
-    tr = _load_or_generate(trace_file, workload, rate, tasks, seed)
+    tr = _load_or_generate(trace_file, workload, rate, tasks, seed, _given("tasks", "seed"))
     if vllm_opts is not None:
         if click.get_current_context().get_parameter_source("profile") is \
                 click.core.ParameterSource.COMMANDLINE:
@@ -178,14 +181,30 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
             click.echo("TOPAS parameters: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
 
 
+def _given(*names: str) -> set[str]:
+    """Which of these options the command line (or the environment) set."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return {n for n in names if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT,
+                                                                     None)}
+
+
 def _load_or_generate(trace_file: str | None, workload: str | None, rate: float | None,
-                      tasks: int, seed: int) -> Any:
+                      tasks: int, seed: int, given: frozenset[str] | set[str] = frozenset(),
+                      ) -> Any:
     from workflows.builtin import load_workload
     from workflows.trace import load_trace
 
     if trace_file and workload:
         raise TopasError("give either TRACE_FILE or --workload, not both")
     if trace_file:
+        ignored = [flag for flag, used in (("--rate", rate is not None),
+                                           ("--tasks", "tasks" in given),
+                                           ("--seed", "seed" in given)) if used]
+        if ignored:
+            raise TopasError(f"{', '.join(ignored)} only shape a trace made from --workload; "
+                             f"TRACE_FILE {trace_file} already fixes its tasks (drop them)")
         return load_trace(trace_file)
     if not workload:
         raise TopasError("give a TRACE_FILE (see `topasd trace gen`) or --workload NAME")
@@ -321,7 +340,8 @@ def model() -> None:
               help="The directory to write (created if missing).")
 @click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=64), default=128, show_default=True,
-              help="Hidden size, a multiple of 32 (head size 32).")
+              help="Hidden size, a multiple of 64 (head size 32; the key/value heads "
+                   "must divide the query heads).")
 @click.option("--vocab", type=click.IntRange(min=64), default=2048, show_default=True)
 def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
     """Write a tiny Qwen2-style config.json; vLLM runs it with dummy weights.
@@ -387,7 +407,8 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
                    "point).")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=None,
               help="Stop the driver after this many tasks (default: unbounded).")
-@click.option("--seed", "-s", type=int, default=None, help="Sampling seed [default: 0].")
+@click.option("--seed", "-s", type=click.IntRange(min=0), default=None,
+              help="Sampling seed [default: 0].")
 @click.option("--workflow", "workflows", multiple=True, metavar="SPEC",
               help="Register a workflow spec file for /v1/tasks and OpenAI calls, repeatable.")
 @click.option("--grace", type=float, default=None,
@@ -650,6 +671,8 @@ def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: fl
         raise TopasError("give --url (a live daemon) or --db (a recorded run), not both")
     if db_path is None and (run_id is not None or at is not None):
         raise TopasError("--run and --at need --db FILE (the decision log to replay)")
+    if at is not None and not math.isfinite(at):
+        raise TopasError(f"--at {at}: give a finite time in seconds")
     keys = load_keymap(keymap) if keymap else None
     if db_path is not None:
         source = ReplaySource(db_path, run_id)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from topasd.model import TopasError, Workflow
+from topasd.model import TopasError, Workflow, WorkflowError
 from workflows.spec import spec_dict, workflow_from_dict
 
 BUILTIN = ("table1", "chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
@@ -41,11 +42,40 @@ def load_workload(name_or_path: str) -> Workload:
     return workload_from_dict(data, str(path))
 
 
+MULTI_KEYS = ("name", "description", "notes", "operating_points", "workflows")
+
+
 def workload_from_dict(data: dict[str, Any], where: str) -> Workload:
-    points = tuple(float(r) for r in data.get("operating_points", ()))
-    if "workflows" in data:
-        wfs = tuple(workflow_from_dict(w, where) for w in data["workflows"])
-        return Workload(data["name"], wfs, points, data.get("notes", ""),
-                        data.get("description", ""))
-    wf = workflow_from_dict(data, where)
-    return Workload(wf.name, (wf,), points, data.get("notes", ""), wf.description)
+    """A workload spec: one workflow spec, or `workflows:` (a list of them) with
+    a name; both may give `operating_points` (arrival rates, task/s)."""
+    points = _operating_points(data.get("operating_points", ()), where)
+    if "workflows" not in data:
+        wf = workflow_from_dict(data, where)
+        return Workload(wf.name, (wf,), points, data.get("notes", ""), wf.description)
+    unknown = sorted(set(data) - set(MULTI_KEYS))
+    if unknown:
+        raise WorkflowError(f"{where}: unknown key(s) {unknown}; a workload of several "
+                            f"workflows takes {', '.join(MULTI_KEYS)}")
+    name, items = data.get("name"), data["workflows"]
+    if not isinstance(name, str) or not name:
+        raise WorkflowError(f"{where}: a workload of several workflows needs a name")
+    if not isinstance(items, list) or not items:
+        raise WorkflowError(f"{where}: workflows must be a non-empty list of workflow specs")
+    wfs = tuple(workflow_from_dict(w, f"{where}, workflows[{i}]") for i, w in enumerate(items))
+    names = [wf.name for wf in wfs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise WorkflowError(f"{where}: workflow name(s) {twice} used twice; give each workflow "
+                            "its own name")
+    return Workload(name, wfs, points, str(data.get("notes", "")),
+                    str(data.get("description", "")))
+
+
+def _operating_points(points: Any, where: str) -> tuple[float, ...]:
+    ok = isinstance(points, (list, tuple)) and all(
+        isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0
+        for r in points)
+    if not ok:
+        raise WorkflowError(f"{where}: operating_points must be a list of arrival rates "
+                            f"(finite numbers > 0, task/s), got {points!r}")
+    return tuple(float(r) for r in points)

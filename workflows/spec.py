@@ -19,11 +19,15 @@
 
 A number is a fixed value; a distribution is one of
 `{uniform: [lo, hi]}`, `{uniform_int: [lo, hi]}`, `{choice: [...]}`,
-`{lognormal: {median: m, sigma: s, low: lo, high: hi}}`.
+`{lognormal: {median: m, sigma: s, low: lo, high: hi}}`. Every value a stage
+field can take must make sense: rounds 1-10,000, input and observation
+tokens >= 0, output tokens >= 1, tool waits >= 0 (a lognormal is bounded by
+its clip).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +45,35 @@ from topasd.model import (
 )
 
 DistSpec = float | int | dict[str, Any]
+MAX_ROUNDS = 10_000  # LLM rounds of one stage
+MAX_TOKENS = 10_000_000  # tokens of one round's input, output or observation
 
 
-def parse_dist(spec: DistSpec, where: str) -> Dist:
-    """Turn a number or a one-key mapping into a `Dist`, naming `where` on error."""
+def parse_dist(spec: DistSpec, where: str,
+               bounds: tuple[float, float] = (-math.inf, math.inf)) -> Dist:
+    """Turn a number or a one-key mapping into a `Dist`, naming `where` on error;
+    every value it can take must lie within `bounds`."""
+    dist = _parse_dist(spec, where)
+    lo, hi = _support(dist)
+    if not (bounds[0] <= lo and hi <= bounds[1]) or math.isnan(lo) or math.isnan(hi):
+        raise WorkflowError(f"{where}: values must lie in [{bounds[0]:g}, {bounds[1]:g}], "
+                            f"but {spec!r} reaches [{lo:g}, {hi:g}]")
+    return dist
+
+
+def _support(dist: Dist) -> tuple[float, float]:
+    """The least and largest value `dist` can give (a clip bounds a lognormal)."""
+    if dist.kind == "fixed":
+        return dist.mean(), dist.mean()
+    if dist.kind == "choice":
+        return min(dist.values), max(dist.values)
+    if dist.kind == "lognormal":
+        lo = 0.0 if dist.low is None else max(dist.low, 0.0)
+        return lo, math.inf if dist.high is None else dist.high
+    return float(dist.low), float(dist.high)  # type: ignore[arg-type]
+
+
+def _parse_dist(spec: DistSpec, where: str) -> Dist:
     try:
         if isinstance(spec, bool):
             raise WorkflowError("a boolean is not a distribution")
@@ -129,11 +158,12 @@ def workflow_from_dict(data: dict[str, Any], where: str = "workflow") -> Workflo
         seen.add(s.name)
         at = f"{where}, stage {s.name!r}"
         profile = StageProfile(
-            rounds=parse_dist(s.rounds, f"{at}, rounds"),
-            input_tokens=parse_dist(s.input_tokens, f"{at}, input_tokens"),
-            output_tokens=parse_dist(s.output_tokens, f"{at}, output_tokens"),
-            tool_wait_s=parse_dist(s.tool_wait_s, f"{at}, tool_wait_s"),
-            observation_tokens=parse_dist(s.observation_tokens, f"{at}, observation_tokens"),
+            rounds=parse_dist(s.rounds, f"{at}, rounds", (1, MAX_ROUNDS)),
+            input_tokens=parse_dist(s.input_tokens, f"{at}, input_tokens", (0, MAX_TOKENS)),
+            output_tokens=parse_dist(s.output_tokens, f"{at}, output_tokens", (1, MAX_TOKENS)),
+            tool_wait_s=parse_dist(s.tool_wait_s, f"{at}, tool_wait_s", (0, math.inf)),
+            observation_tokens=parse_dist(s.observation_tokens, f"{at}, observation_tokens",
+                                          (0, MAX_TOKENS)),
             history=s.history,
             carry_rounds=s.carry_rounds,
         )
@@ -148,9 +178,12 @@ def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
     """Read a spec file (YAML or JSON) as a mapping."""
     path = Path(path_or_name)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise WorkflowError(f"cannot read workflow spec {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise WorkflowError(f"{path}: not UTF-8 text (byte {exc.start}); a spec is YAML or "
+                            "JSON in UTF-8") from None
     except yaml.YAMLError as exc:
         raise WorkflowError(f"{path}: not valid YAML/JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -158,16 +158,22 @@ def task_to_dict(task: TaskRecord) -> dict[str, Any]:
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
-    with open(path, "w") as fh:
-        write_trace(trace, fh)
+    try:
+        with open(path, "w") as fh:
+            write_trace(trace, fh)
+    except OSError as exc:
+        raise TraceError(f"cannot write trace {path}: {exc.strerror}; give another -o") from None
 
 
 def load_trace(path: str | Path) -> Trace:
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             return read_trace(fh, str(path))
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start}); a trace is JSON Lines "
+                         "in UTF-8") from None
 
 
 def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
@@ -176,6 +182,7 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     tasks: list[TaskRecord] = []
     meta: dict[str, Any] | None = None
     seen_ids: set[int] = set()
+    defined_on: dict[str, int] = {}
     for lineno, line in enumerate(lines, start=1):
         where = f"{name}:{lineno}"
         if not line.strip():
@@ -196,7 +203,11 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
             except WorkflowError as exc:
                 msg = str(exc)
                 raise TraceError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+            if wf.name in workflows:
+                raise TraceError(f"{where}: workflow {wf.name!r} is defined twice (first on "
+                                 f"line {defined_on[wf.name]}); give each workflow its own name")
             workflows[wf.name] = wf
+            defined_on[wf.name] = lineno
         elif kind == "task":
             task = _task(rec, where, workflows, lineno)
             if task.id in seen_ids:
@@ -231,6 +242,8 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
         tid, wf_name, arrival, stages = rec["id"], rec["workflow"], rec["arrival"], rec["stages"]
     except KeyError as exc:
         raise TraceError(f"{where}: task record lacks field {exc.args[0]!r}") from None
+    if not isinstance(wf_name, str):
+        raise TraceError(f"{where}: task workflow must be a name (a string), got {wf_name!r}")
     if wf_name not in workflows:
         raise TraceError(f"{where}: task {tid} uses workflow {wf_name!r}, which no earlier "
                          "'workflow' line defines")
@@ -256,8 +269,9 @@ def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
     for k, r in enumerate(rounds):
         ok = (isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) for x in r)
               and isinstance(r[0], int) and isinstance(r[1], int))
-        if not ok or r[0] < 0 or r[1] < 1 or r[2] < 0:
+        if not ok or r[0] < 0 or r[1] < 1 or not math.isfinite(r[2]) or r[2] < 0:
             raise TraceError(f"{where}, round {k}: expected [input_tokens >= 0, output_tokens "
-                             f">= 1, tool_wait_s >= 0] as integers and a number, got {r!r}")
+                             f">= 1, tool_wait_s >= 0] as integers and a finite number, "
+                             f"got {r!r}")
         out.append(RoundSpec(r[0], r[1], float(r[2])))
     return tuple(out)

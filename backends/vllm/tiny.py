@@ -39,14 +39,19 @@ TINY_CONFIG: dict[str, Any] = {
 def write_tiny_model(directory: str | Path, *, layers: int = 2, hidden: int = 128,
                      vocab: int = 2048, max_len: int = 8192) -> Path:
     """Write a tiny Qwen2 `config.json` into `directory` (created if missing)."""
-    if hidden % 32 or hidden < 64:
-        raise TopasError(f"--hidden must be a multiple of 32 and >= 64, got {hidden}")
+    if hidden % 64 or hidden < 64:  # hidden/32 query heads, hidden/64 key/value heads
+        raise TopasError(f"--hidden must be a multiple of 64 (>= 64), got {hidden}: the "
+                         "key/value heads must divide the query heads")
     if layers < 1 or vocab < 64 or max_len < 256:
         raise TopasError("the tiny model needs layers >= 1, vocab >= 64 and max_len >= 256")
     path = Path(directory)
     if path.exists() and not path.is_dir():
         raise TopasError(f"{path} exists and is not a directory")
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TopasError(f"cannot create the model directory {path} ({exc.strerror}); give "
+                         "another -o") from None
     config = dict(TINY_CONFIG, num_hidden_layers=layers, max_window_layers=layers,
                   hidden_size=hidden, intermediate_size=2 * hidden,
                   num_attention_heads=hidden // 32, num_key_value_heads=max(1, hidden // 64),
