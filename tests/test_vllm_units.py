@@ -49,8 +49,10 @@ def test_the_tiny_model_directory_round_trips(tmp_path: Path) -> None:
     assert cfg["architectures"] == ["Qwen2ForCausalLM"]
     assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (3, 256, 512)
     assert cfg["hidden_size"] // cfg["num_attention_heads"] == 32
-    with pytest.raises(TopasError, match="multiple of 32"):
-        write_tiny_model(tmp_path / "bad", hidden=100)
+    assert cfg["num_attention_heads"] % cfg["num_key_value_heads"] == 0
+    for hidden in (100, 160):  # 160: 5 query heads over 2 key/value heads
+        with pytest.raises(TopasError, match="multiple of 64"):
+            write_tiny_model(tmp_path / "bad", hidden=hidden)
 
 
 @pytest.mark.parametrize(("setup", "message"), [
