@@ -29,6 +29,7 @@ from backends.vllm import make_backend, write_tiny_model
 from backends.vllm.backend import VllmBackend, cpu_profile
 from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
 from store import Store
+from tests.simkit import RecordingSink
 from topasd.cli import main
 from topasd.profiles import HardwareProfile
 from topasd.runner import Run, RunResult
@@ -192,8 +193,13 @@ def test_vllm_runs_the_simulators_schedule_step_for_step(runs: Runs, policy: str
     from the profile) vLLM and the simulator make the same decisions and give
     every task the same JCT: the simulator's engine model is vLLM's."""
     real = runs.by_policy[policy].result
-    sim = Run(runs.trace, make_policy(policy), SimBackend(runs.profile)).execute()
+    sink = RecordingSink()
+    sim = Run(runs.trace, make_policy(policy), SimBackend(runs.profile), sink=sink).execute()
     assert real.decisions == sim.decisions
+    logged = _decisions(runs.db, runs.by_policy[policy].run_id)  # the decisions themselves
+    assert [(d["admit"], d["preempt"], d["load"], d["evict"]) for d in logged] == [
+        (list(d.admit), list(d.preempt), list(d.load), list(d.evict)) for d in sink.decisions]
+    assert [d["t"] for d in logged] == pytest.approx([d.t for d in sink.decisions])
     assert real.jct == pytest.approx(sim.jct, rel=1e-9, abs=1e-9)
     assert real.stats.preemptions == sim.stats.preemptions
     assert real.stats.prefix_computes == sim.stats.prefix_computes
@@ -235,3 +241,47 @@ def test_an_idle_engine_waits_for_the_next_arrival(runs: Runs, native: bool) -> 
         assert result.decisions == 0
     else:
         assert result.decisions > 0
+
+
+def test_an_eviction_and_a_reload_before_one_step_leave_the_prefix_pinned(runs: Runs) -> None:
+    """Two decisions between engine steps (a daemon's run_until slice can end
+    right after `apply`): evict A, then load A back for a new request. vLLM
+    must carry them out in that order, so A ends pinned and the request runs
+    (the reload used to be dropped: the queued eviction unpinned A after it)."""
+    from topasd.model import Decision, EventKind, Request
+
+    def req(rid: int, agent: str, prefix: int) -> Request:
+        return Request(id=rid, task_id=rid, workflow="w", stage="s", agent=agent, round=0,
+                       input_tokens=16, output_tokens=4, ready_at=0.0, task_arrival=0.0,
+                       prefix_tokens=prefix)
+
+    backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile")
+    started: list[int] = []
+
+    def pump(until: float | None, decide: Any) -> None:
+        for ev in backend.run_until(until):
+            if ev.kind is EventKind.SCHEDULE:
+                d = decide(backend.view({}, {}))
+                if d is not None:
+                    backend.apply(d)
+            elif ev.kind is EventKind.REQUEST_START:
+                started.append(ev.request_id)
+
+    def admit_all(v: Any) -> Decision | None:
+        if not v.waiting:
+            return None
+        load = tuple(sorted({r.agent for r in v.waiting if not v.prefixes[r.agent].on_gpu}))
+        return Decision(v.t, "script", load=load, admit=tuple(r.id for r in v.waiting))
+
+    try:
+        backend.submit(req(1, "A", 256))
+        pump(None, admit_all)
+        backend.submit(req(3, "B", 32))
+        pump(backend.t, lambda v: Decision(v.t, "script", evict=("A",)))
+        backend.submit(req(2, "A", 256))
+        pump(backend.t, lambda v: Decision(v.t, "script", load=("A",), admit=(2,)))
+        pump(None, admit_all)
+        assert sorted(started) == [1, 2, 3]
+        assert "A" in backend.sched.pins and backend.view({}, {}).prefixes["A"].ready
+    finally:
+        backend.close()

@@ -295,12 +295,12 @@ class VllmBackend(EventBuffer):
         for agent in decision.evict:
             p = self._prefixes[agent]
             p.location, p.ready, p.ready_at = Location.NONE, False, None
-            plan.evict.append(agent)
+            plan.residency.append(("evict", agent))
             self._emit(t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note="policy")
         for agent in decision.load:
             p = self._prefixes[agent]
             p.location, p.ready = Location.GPU, False
-            self.sched.keep_resident(agent)
+            plan.residency.append(("keep", agent))
             self.stats.prefix_computes += 1
             self._emit(t, EventKind.PREFIX_COMPUTE_START, agent=agent, tokens=p.tokens)
         for rid in decision.admit:
@@ -313,7 +313,7 @@ class VllmBackend(EventBuffer):
         self.batch_is_full = decision.blocked
         self._retry = decision.retry
         self.sched.plan(plan)
-        if plan.preempt or plan.admit or plan.evict:
+        if plan.preempt or plan.admit or any(op == "evict" for op, _ in plan.residency):
             self._pending.append(_Pending(decision.seq, list(decision.preempt)))
 
     # ----------------------------------------------------------- validation

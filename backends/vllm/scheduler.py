@@ -65,7 +65,9 @@ class Plan:
 
     preempt: list[str] = field(default_factory=list)
     admit: list[str] = field(default_factory=list)
-    evict: list[str] = field(default_factory=list)
+    # prefix residency in decision order: ("evict" | "keep", agent); an evict then
+    # a keep of one agent before a step must leave it pinned, the reverse evicted
+    residency: list[tuple[str, str]] = field(default_factory=list)
 
 
 class TimedScheduler(Scheduler):
@@ -148,7 +150,7 @@ class TopasScheduler(TimedScheduler):
     def plan(self, plan: Plan) -> None:
         """Queue a decision; it is carried out at the start of the next step."""
         self._plan.preempt += plan.preempt
-        self._plan.evict += plan.evict
+        self._plan.residency += plan.residency
         self._plan.admit += plan.admit
 
     def register_prefix(self, agent: str, request: Request, prefix_tokens: int) -> None:
@@ -157,10 +159,18 @@ class TopasScheduler(TimedScheduler):
             n = prefix_tokens // self.hash_block_size
             self._hashes[agent] = tuple(request.block_hashes[:n])
 
-    def keep_resident(self, agent: str) -> None:
+    def _keep_resident(self, agent: str) -> None:
         """Pin the agent's prefix blocks as soon as they are cached."""
         if agent not in self.pins:
             self._want.add(agent)
+
+    def _residency(self, ops: Sequence[tuple[str, str]]) -> None:
+        """The queued evictions and keeps, in the order the decisions made them."""
+        for op, agent in ops:
+            if op == "evict":
+                self._evict((agent,))
+            else:
+                self._keep_resident(agent)
 
     def flush(self) -> StepRecord:
         """Carry out the queued preemptions and evictions now, outside a step
@@ -168,7 +178,7 @@ class TopasScheduler(TimedScheduler):
         self.last = StepRecord()
         plan, self._plan = self._plan, Plan(admit=self._plan.admit)
         self._preempt(plan.preempt)
-        self._evict(plan.evict)
+        self._residency(plan.residency)
         return self.last
 
     def pending_admissions(self) -> list[str]:
@@ -195,7 +205,7 @@ class TopasScheduler(TimedScheduler):
     def _schedule(self, throttle_prefills: bool) -> SchedulerOutput:
         plan, self._plan = self._plan, Plan()
         self._preempt(plan.preempt)
-        self._evict(plan.evict)
+        self._residency(plan.residency)
         self._admit += [rid for rid in plan.admit if rid not in self._admit]
         allowed = self._allowed()
         held = self.waiting
