@@ -10,7 +10,8 @@ Scheduler` (SGLang 0.5.23; the contract tests in tests/sglang pin them):
 
 Mappings (docs/sglang.md has the full table):
 
-- view: W_t = `waiting_queue`, Q_t = `running_batch.reqs` + `chunked_req`, B_t =
+- view: W_t = `waiting_queue`, Q_t = the prefill pass's `running_batch` argument's
+  `reqs` + `chunked_req`, B_t =
   the token pool's size, an agent prefix is GPU when its tokens match on device
   in the radix cache (`match_full_device_prefix`, read-only), HOST when only
   HiCache's host pool holds it, NONE otherwise.
@@ -30,6 +31,7 @@ Mappings (docs/sglang.md has the full table):
 
 from __future__ import annotations
 
+import logging
 import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping
@@ -52,6 +54,7 @@ from topasd.model import (
     Workflow,
 )
 
+log = logging.getLogger("topasd.sglang")
 Clock = Callable[[], float]
 UNCHUNKED = 1 << 30  # chunk_tokens reported when chunked prefill is off
 
@@ -115,6 +118,7 @@ class TopasScheduler:
         self.prefix_ids: dict[str, tuple[int, ...]] = {}
         self.plan: list[int] = []  # admitted by the last decision, not yet in a batch
         self.pins: dict[str, Any] = {}  # agent -> SGLang TreeLock on its prefix
+        self.want: set[str] = set()  # resident by decision, not yet cached whole to pin
         self.released: set[str] = set()  # evicted by TOPAS, still cached until reclaimed
         self.first_seen: dict[int, float] = {}
         self.admitted_at: dict[int, float] = {}
@@ -125,6 +129,13 @@ class TopasScheduler:
         self._key: tuple[frozenset[int], frozenset[int]] | None = None
         self._retry = False
         self._seq = 0
+        # the running batch of the prefill pass under way: SGLang passes it to
+        # the hooked method and stores it in `running_batch` only after the pass
+        self._batch: Any = None
+
+    def running_batch(self, sched: Any) -> Any:
+        """The running batch SGLang's current prefill pass works on."""
+        return sched.running_batch if self._batch is None else self._batch
 
     # ------------------------------------------------------------- the view
 
@@ -148,7 +159,7 @@ class TopasScheduler:
             prefixes=self._prefixes(sched),
             running=tuple(running),
             waiting=tuple(waiting),
-            batch_is_full=bool(sched.running_batch.batch_is_full),
+            batch_is_full=bool(self.running_batch(sched).batch_is_full),
             chunk_tokens=int(chunk) if chunk and chunk > 0 else UNCHUNKED,
             max_prefill_tokens=int(sched.max_prefill_tokens),
             key=(frozenset(r.id for r in waiting) | frozenset(r.id for r in running),
@@ -156,9 +167,8 @@ class TopasScheduler:
             seq=self._seq,
         )
 
-    @staticmethod
-    def _running_reqs(sched: Any) -> list[Any]:
-        reqs = list(sched.running_batch.reqs)
+    def _running_reqs(self, sched: Any) -> list[Any]:
+        reqs = list(self.running_batch(sched).reqs)
         chunked = sched.chunked_req
         if chunked is not None and all(r is not chunked for r in reqs):
             reqs.append(chunked)
@@ -230,17 +240,20 @@ class TopasScheduler:
         return expected is None or snap.key != expected or (self._retry and not self.plan)
 
     def step(self, sched: Any) -> Decision | None:
-        """Decide if something changed and carry the decision out."""
+        """Pin what became cached, decide if something changed, carry it out."""
+        for agent in sorted(self.want):  # a prefix computed since: pin it now, even if
+            self._pin(sched, agent)  # the request that computed it has finished
         snap = self.snapshot(sched)
         decision: Decision | None = None
         if self.needs_decision(snap):
             decision = self.decider(snap) if self.sync is None or self._is_leader() else None
             if self.sync is not None:
                 decision = self.sync(decision)
-            self._key = snap.key
-            if decision is not None:
+            if decision is not None:  # no answer (a timeout): ask again at the next pass
                 self.decisions += 1
-                self.apply(sched, decision)
+                report = self.apply(sched, decision)
+                for what in report.skipped:  # the state moved on since the view
+                    log.warning("topasd: decision %d: skipped %s", decision.seq, what)
                 self._key = self.snapshot_key(sched)
         return decision
 
@@ -264,6 +277,7 @@ class TopasScheduler:
         self._preempt(sched, decision.preempt, report, now)
         for agent in decision.evict:
             self._unpin(sched, agent)
+            self.want.discard(agent)
             self.released.add(agent)
             report.evicted.append(agent)
             self.events.append(EngineEvent(now, EventKind.PREFIX_EVICT, agent=agent,
@@ -280,18 +294,19 @@ class TopasScheduler:
         report.planned = list(self.plan)
         for agent in sorted(self._resident_after(sched, decision)):
             self.released.discard(agent)
+            self.want.add(agent)
             self._pin(sched, agent)
         for agent in decision.load:
             if agent not in {waiting[r].agent for r in self.plan}:
                 report.skipped.append(f"load {agent}: no admitted request of this agent")
         if self.plan:
-            sched.running_batch.batch_is_full = False
+            self.running_batch(sched).batch_is_full = False
         self._retry = decision.retry
         return report
 
     def _resident_after(self, sched: Any, decision: Decision) -> Iterable[str]:
         running = {m.agent for m in map(read_meta, self._running_reqs(sched)) if m is not None}
-        kept = {a for a in self.pins if a not in decision.evict}
+        kept = {a for a in self.pins.keys() | self.want if a not in decision.evict}
         return (running | kept | set(decision.load)) - set(decision.evict)
 
     def _preempt(self, sched: Any, rids: Iterable[int], report: ApplyReport,
@@ -300,7 +315,7 @@ class TopasScheduler:
         wanted = set(rids)
         if not wanted:
             return
-        batch = sched.running_batch
+        batch = self.running_batch(sched)
         chunked = sched.chunked_req
         metas = [read_meta(r) for r in batch.reqs]
         victims = [i for i, m in enumerate(metas) if m is not None and m.request_id in wanted]
@@ -333,13 +348,17 @@ class TopasScheduler:
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         ids = self.prefix_ids.get(agent)
-        if agent in self.pins or not ids:
+        if agent in self.pins:
+            self.want.discard(agent)
+            return
+        if not ids:
             return
         cache = sched.tree_cache
         key = RadixKey(array("q", ids))
         matched, node, _ = cache.tree_core.match_full_device_prefix(key)
         if matched >= len(key.page_aligned(cache.page_size)) and matched > 0:
             self.pins[agent] = cache.lock(node)
+            self.want.discard(agent)
 
     def _unpin(self, sched: Any, agent: str) -> None:
         lock = self.pins.pop(agent, None)
@@ -348,6 +367,7 @@ class TopasScheduler:
 
     def release_all(self, sched: Any) -> None:
         """Drop every pin (shutdown, or handing scheduling back to SGLang)."""
+        self.want.clear()
         for agent in list(self.pins):
             self._unpin(sched, agent)
 
@@ -372,15 +392,22 @@ class TopasScheduler:
     def around_prefill(self, original: Callable[..., Any], sched: Any, *args: Any,
                        **kwargs: Any) -> Any:
         """The hook on `Scheduler._get_new_batch_prefill_raw`: decide, then let
-        SGLang's prefill pass admit only what TOPAS planned, in its order."""
-        self.step(sched)
-        before = list(sched.waiting_queue)
-        planned, held = self.planned_queue(before)
-        sched.waiting_queue = planned
+        SGLang's prefill pass admit only what TOPAS planned, in its order.
+        The pass's running batch is its `running_batch` argument (SGLang 0.5.23
+        may have merged the last prefill batch into it, not yet stored in
+        `sched.running_batch`)."""
+        self._batch = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
         try:
-            return original(sched, *args, **kwargs)
+            self.step(sched)
+            before = list(sched.waiting_queue)
+            planned, held = self.planned_queue(before)
+            sched.waiting_queue = planned
+            try:
+                return original(sched, *args, **kwargs)
+            finally:
+                self._after_pass(sched, before, held)
         finally:
-            self._after_pass(sched, before, held)
+            self._batch = None
 
     def _after_pass(self, sched: Any, before: list[Any], held: list[Any]) -> None:
         left = sched.waiting_queue

@@ -96,15 +96,19 @@ class CpuEngine:
 
     # ------------------------------------------------------ scheduler steps
 
-    def prefill_pass(self, running_batch: Any = None) -> Any:
-        """Scheduler._get_new_batch_prefill_raw's core: walk the waiting queue
+    def prefill_pass(self, prefill_delayer_single_pass: Any = None,
+                     running_batch: Any = None) -> Any:
+        """Scheduler._get_new_batch_prefill_raw's core on the pass's
+        `running_batch` (default: `self.running_batch`): walk the waiting queue
         through a PrefillAdder, then init/prepare the extend batch, run it (one
-        output token each), checkpoint the KV and merge into the running batch."""
+        output token each), checkpoint the KV and merge into the running batch,
+        which becomes `self.running_batch` (as SGLang's loop stores it)."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
         from sglang.srt.mem_cache.common import checkpoint_kv_cache
 
-        running = self.running_batch
+        running = self.running_batch if running_batch is None else running_batch
+        self.running_batch = running
         adder = PrefillAdder(self.page_size, self.tree_cache, self.token_to_kv_pool_allocator,
                              running, self.new_token_ratio_tracker.current,
                              self.max_prefill_tokens, self.chunked_prefill_size)

@@ -79,8 +79,11 @@ def topas_for(decider: Any) -> TopasScheduler:
     return TopasScheduler(decider, clock=Clock())
 
 
-def run_pass(topas: TopasScheduler, eng: CpuEngine) -> Any:
-    return topas.around_prefill(lambda sched: sched.prefill_pass(), eng)
+def run_pass(topas: TopasScheduler, eng: CpuEngine, running_batch: Any = None) -> Any:
+    """The hooked call as SGLang 0.5.23 makes it (keyword arguments)."""
+    return topas.around_prefill(
+        lambda sched, **kw: sched.prefill_pass(**kw), eng, prefill_delayer_single_pass=None,
+        running_batch=eng.running_batch if running_batch is None else running_batch)
 
 
 # ----------------------------------------------------------------- version
@@ -125,7 +128,8 @@ PLUGIN_CHECK = """
                 return []
         fake = Fake()
         fake._topasd = T()
-        assert hooked(fake, None, None) == "ran" and calls == [True]
+        assert hooked(fake, prefill_delayer_single_pass=None, running_batch=None) == "ran"
+        assert calls == [True]
 """
 
 
@@ -324,6 +328,48 @@ def test_preemption_goes_through_sglangs_retract_path() -> None:
     assert victim.extend_len + victim.prefix_len == 48 + 6
 
 
+def test_the_view_and_preemption_use_the_passes_running_batch() -> None:
+    """SGLang merges the last prefill batch into the running batch it passes
+    to the hooked method and stores it in `sched.running_batch` only after
+    the pass: the running requests are the argument's, not the attribute's."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    eng = CpuEngine()
+    for i in range(2):
+        eng.submit(meta(i, "plan"), dyn(i), 32)
+    topas = topas_for(scripted(Decision(0.0, "t", admit=(0, 1)),
+                               Decision(0.0, "t", preempt=(0,))))
+    run_pass(topas, eng)
+    merged = eng.running_batch  # the pass's batch ...
+    eng.running_batch = ScheduleBatch(reqs=[], batch_is_full=False)  # ... not yet stored
+    eng.submit(meta(9, "code"), dyn(9), 4)  # an arrival: decide again
+    seen: list[Any] = []
+    topas.decider = lambda snap: seen.append(snap) or Decision(0.0, "t", preempt=(0,))
+    topas._key = None
+    run_pass(topas, eng, running_batch=merged)
+    assert sorted(r.id for r in seen[0].running) == [0, 1]
+    assert [r.rid for r in merged.reqs] == ["rid-1"]  # preempted from the pass's batch
+    assert "rid-0" in eng.waiting_rids()
+
+
+def test_a_pass_without_an_answer_asks_again_at_the_next_pass() -> None:
+    """No decision (the daemon did not answer in time) must not stall the
+    engine: the same state is decided again at the next prefill pass."""
+    eng = CpuEngine()
+    eng.submit(meta(0), dyn(0), 8)
+    answers: list[Decision | None] = [None, Decision(0.0, "t", admit=(0,))]
+    asked: list[int] = []
+
+    def decide(snap: EngineSnapshot) -> Decision | None:
+        asked.append(snap.seq)
+        return answers.pop(0) if answers else None
+
+    topas = topas_for(decide)
+    assert run_pass(topas, eng) is None  # no answer: nothing admitted
+    batch = run_pass(topas, eng)
+    assert len(asked) == 2 and [r.rid for r in batch.reqs] == ["rid-0"]
+
+
 def test_preempting_an_unknown_request_is_reported_not_done() -> None:
     eng = CpuEngine()
     eng.submit(meta(0), dyn(0), 8)
@@ -381,6 +427,30 @@ def _key(ids: list[int]) -> Any:
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     return RadixKey(array("q", ids))
+
+
+def test_a_loaded_prefix_is_pinned_once_cached_even_after_its_request_finished() -> None:
+    """The load's prefix is computed by its request's prefill, so it cannot be
+    pinned at decision time; it is pinned at the next pass, even when that
+    request has finished by then, and no LRU eviction takes it afterwards."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    eng = CpuEngine()
+    eng.submit(meta(0, "plan"), dyn(0), 2)
+    topas = topas_for(scripted(Decision(0.0, "t", load=("plan",), admit=(0,)),
+                               Decision(0.0, "t")))
+    run_pass(topas, eng)
+    assert "plan" not in topas.pins  # computing: nothing to pin yet
+    req = eng.running_batch.reqs[0]
+    req.finished_reason = object()  # request 0 finishes
+    release_kv_cache(req, eng.tree_cache, checkpoint=True)
+    eng.running_batch.filter_batch(keep_indices=[])
+    eng.submit(meta(1, "code"), dyn(1), 2)  # an arrival; the decision keeps `plan`
+    run_pass(topas, eng)
+    assert "plan" in topas.pins
+    eng.tree_cache.evict(EvictParams(num_tokens=10_000))  # SGLang's LRU, needing room
+    assert topas.snapshot(eng).prefixes["plan"].location is Location.GPU
 
 
 def test_admitting_onto_a_cached_prefix_reuses_it() -> None:
