@@ -206,6 +206,7 @@ class ConsoleApp(App[None]):
     def on_feed_reset(self, msg: FeedReset) -> None:
         if msg.restarted:
             self.decision_log.clear()
+            self.history.clear()  # the trend lines start over with the new daemon
             self._pending_rows.clear()
             self.dashboard.set_decisions([], None)
             self._detail_seq = None
@@ -308,7 +309,8 @@ class ConsoleApp(App[None]):
         self.snapshot = snap
         self.dashboard.show_snapshot(snap, self.replay.series(t))
         feed = self.dashboard.feed()
-        self.dashboard.set_decisions(self.replay.decisions(t, noop=feed.show_noop), seq)
+        self.dashboard.set_decisions(self.replay.decisions(t, noop=feed.show_noop, keep=seq),
+                                     seq)
         self.dashboard.cursor().set_cursor(t, self.replay.t0, self.replay.t1, seq,
                                            len(self.replay.replay.decision_seqs))
         if seq is not None:

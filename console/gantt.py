@@ -160,7 +160,7 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
     if len(bars) > max_bars:
         notes.append(f"{len(bars)} bars exceed --max-bars {max_bars}: requests aggregated "
                      f"({'busy spans per agent' if view == 'agents' else 'one bar per task'})")
-        bars, marks = agg, []
+        bars = agg  # preemption marks stay: each sits in its lane at its time
         mode = "aggregated" if mode == "detailed" else f"{mode}+aggregated"
     if len(bars) > max_bars:
         bars, win = _first_window(bars, max_bars, win)

@@ -231,9 +231,16 @@ class ReplaySource:
     def series(self, t: float, points: int = 30) -> list[Numbers]:
         return [numbers_from_headline(h) for h in self.replay.headline_series(t, points)]
 
-    def decisions(self, t: float, limit: int = 300, noop: bool = False) -> list[DecisionRow]:
-        rows = q.decisions_before(self.store.db, self.run.id, t, limit=limit, noop=noop)
-        return [decision_from_store(r) for r in rows]
+    def decisions(self, t: float, limit: int = 300, noop: bool = False,
+                  keep: int | None = None) -> list[DecisionRow]:
+        """The feed at `t` (no-ops only if `noop`), with decision `keep` (the
+        cursor's, a no-op perhaps) always among them."""
+        rows = [decision_from_store(r) for r in q.decisions_before(
+            self.store.db, self.run.id, t, limit=limit, noop=noop)]
+        if keep is not None and all(d.seq != keep for d in rows):
+            rows.append(decision_from_store(q.decision_row(self.store.db, self.run.id, keep)))
+            rows.sort(key=lambda d: d.seq)
+        return rows
 
     def detail(self, seq: int) -> DecisionDetail:
         row = q.decision_row(self.store.db, self.run.id, seq)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -239,17 +239,27 @@ def prefix_spans(db: Database, run_id: int) -> list[PrefixSpan]:
     out: list[PrefixSpan] = []
     resident: dict[str, tuple[float, int]] = {}
     computing: dict[str, float] = {}
+    loading: dict[str, int] = {}  # agent -> index in `out` of its load under way
     for agent, t, kind, tokens, value, note in rows:
         if kind in ("prefix_load_start", "prefix_compute_start") and agent not in resident:
             resident[agent] = (t, tokens)
         if kind in ("prefix_load_start", "prefix_offload_start"):
+            if kind == "prefix_load_start":  # drawn to its planned end unless it ends early
+                loading[agent] = len(out)
             out.append(PrefixSpan(agent, "load" if kind == "prefix_load_start" else "offload",
                                   t, t + (value or 0.0), tokens))
+        elif kind == "prefix_load_end" and agent in loading:
+            i = loading.pop(agent)
+            out[i] = replace(out[i], end=max(t, out[i].start))
         elif kind == "prefix_compute_start":
             computing[agent] = t
         elif kind == "prefix_compute_end" and agent in computing:
             out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens))
         elif kind == "prefix_evict":
+            if agent in loading and t < out[loading[agent]].end:  # evicted mid-load
+                i = loading.pop(agent)
+                out[i] = replace(out[i], end=max(t, out[i].start), note="cancelled")
+            loading.pop(agent, None)
             if agent in computing:
                 out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens,
                                       "cancelled"))

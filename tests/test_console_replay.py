@@ -181,6 +181,26 @@ def test_stepping_the_cursor_shows_residency_and_decisions_at_that_time(db: Path
     run_app(db, scenario, at=34.0)
 
 
+def test_the_cursor_on_a_hidden_no_op_shows_that_decision(db: Path) -> None:
+    """No-ops are hidden from the feed by default, but the cursor's own
+    decision is shown and detailed even when it is one."""
+    noops = sql(db, "SELECT d.seq, d.t FROM decisions d WHERE d.noop = 1 AND d.seq = "
+                    "(SELECT max(seq) FROM decisions WHERE t <= d.t) ORDER BY d.seq")
+    assert noops, "the fixture run has a no-op decision"
+    seq, t = noops[0]
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        await pilot.pause()
+        assert app.cursor_seq == seq
+        feed = app.dashboard.query_one("#decisions", DataTable)
+        assert feed.get_row_at(feed.cursor_row)[0] == str(seq)
+        cands = app.dashboard.query_one("#candidates", DataTable)
+        expected = sql(db, "SELECT count(*) FROM candidates WHERE decision_seq = ?", seq)[0][0]
+        assert cands.row_count == expected
+
+    run_app(db, scenario, at=t)
+
+
 def test_jumping_in_time_and_go_to(db: Path) -> None:
     async def scenario(pilot: Any, app: ConsoleApp) -> None:
         await pilot.press("right_square_bracket", "right_square_bracket")

@@ -172,6 +172,29 @@ def test_agents_view_bars_tell_waiting_prefill_and_service_apart(log: Path) -> N
     assert "request 0" in hover and "task 0, stage a, agent A" in hover
 
 
+def test_aggregating_the_requests_keeps_the_preemption_marks(log: Path) -> None:
+    with Store(log) as store:
+        g = build_gantt(store, max_bars=13)  # 14 bars: the requests are aggregated
+    assert g.mode == "aggregated" and g.marks == 2
+    marks = {t.meta: list(t.x) for t in g.figure.data if t.type == "scatter"}
+    assert marks == {"preempt": [3.0], "retract": [2.0]}
+
+
+def test_a_load_cut_short_ends_where_it_stopped(tmp_path: Path) -> None:
+    """A load planned for 1 s ends at its load end; one evicted mid-way ends
+    at the eviction, marked cancelled (not at its planned end)."""
+    path = tmp_path / "loads.db"
+    write_log(path, [pre(0.0, K.PREFIX_LOAD_START, "A", value=1.0),
+                     pre(0.8, K.PREFIX_LOAD_END, "A"),
+                     pre(2.0, K.PREFIX_LOAD_START, "B", value=1.0),
+                     pre(2.3, K.PREFIX_EVICT, "B", note="policy"),
+                     req(3.0, K.REQUEST_ADMIT, 0, 0, "s", "A")])
+    with Store(path) as store:
+        loads = [(s.agent, s.start, s.end, s.note) for s in q.prefix_spans(store.db, 1)
+                 if s.kind == "load"]
+    assert loads == [("A", 0.0, 0.8, ""), ("B", 2.0, 2.3, "cancelled")]
+
+
 def test_tasks_view_has_one_lane_per_task(log: Path) -> None:
     with Store(log) as store:
         g = build_gantt(store, view="tasks")
