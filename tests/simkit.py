@@ -10,6 +10,7 @@ from backends.sim.engine import SimBackend
 from topasd.model import Decision, EngineEvent, EventKind, Location
 from topasd.profiles import get_profile
 from topasd.runner import Run
+from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES, OrderPolicy
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
@@ -159,10 +160,12 @@ def scenarios(draw):
 
 def run_checked(trace: Trace, policy: str, knobs: dict, warm: bool, closed_form: bool,
                 profile: str = "small"):
-    """Run `trace` under a baseline on an instrumented engine; (result, sink, backend)."""
+    """Run `trace` under a policy (a baseline or a TOPAS variant) on an
+    instrumented engine; (result, sink, backend)."""
     prof = get_profile(profile).with_overrides(**knobs)
     trace.check_fits(prof.budget_tokens)
     backend = CheckedSim(prof, warm_host=warm, closed_form=closed_form)
     sink = RecordingSink()
-    result = Run(trace, OrderPolicy(policy, BASELINES[policy]), backend, sink=sink).execute()
+    pol = OrderPolicy(policy, BASELINES[policy]) if policy in BASELINES else make_policy(policy)
+    result = Run(trace, pol, backend, sink=sink).execute()
     return result, sink, backend

@@ -33,7 +33,7 @@ from topasd.scheduler.baselines import BASELINES, OrderPolicy
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
-POLICIES = sorted(BASELINES)
+POLICIES = [*sorted(BASELINES), "topas"]  # every invariant holds under TOPAS too
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
