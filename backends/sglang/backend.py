@@ -64,12 +64,10 @@ class SGLangStats:
     """Counters for the run summary (same names as the simulator's where shared)."""
 
     decisions: int = 0
-    decision_timeouts: int = 0
     preemptions: int = 0
     prefix_loads: int = 0
     prefix_evictions: int = 0
     requests_finished: int = 0
-    skipped_actions: int = 0
 
 
 def prompt_ids(request: Request) -> list[int]:
@@ -120,7 +118,8 @@ class SGLangBackend:
         self.channel = DaemonChannel(self.endpoint)
         os.environ[ENDPOINT_ENV] = self.endpoint  # inherited by SGLang's subprocesses
         os.environ[T0_ENV] = repr(self._t0)
-        self._done: queue.Queue[tuple[int, float, str | None]] = queue.Queue()
+        # (request id, finish time, error note, completion tokens SGLang reported)
+        self._done: queue.Queue[tuple[int, float, str | None, int | None]] = queue.Queue()
         self._requests: dict[int, Request] = {}
         self._started: dict[int, float] = {}
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
@@ -163,10 +162,10 @@ class SGLangBackend:
 
     async def _generate(self, rid: int, kwargs: dict[str, Any]) -> None:
         try:
-            await self.engine.async_generate(**kwargs)
-            self._done.put((rid, self.t, None))
+            out = await self.engine.async_generate(**kwargs)
+            self._done.put((rid, self.t, None, _completion_tokens(out)))
         except Exception as exc:  # reported as a finish with a note; the run goes on
-            self._done.put((rid, self.t, f"error: {exc}"))
+            self._done.put((rid, self.t, f"error: {exc}", None))
 
     def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
         while True:
@@ -199,6 +198,7 @@ class SGLangBackend:
         self._current = None
         self.channel.answer(ident, ask.seq, decision)
         self.stats.decisions += 1
+        self.stats.prefix_loads += len(decision.load)  # a load-back or a prefill recompute
 
     def idle(self) -> bool:
         return not self._requests and not self._asks and self._current is None
@@ -229,7 +229,7 @@ class SGLangBackend:
                 self._scheduler_events(msg.events)
         while True:
             try:
-                rid, t, note = self._done.get_nowait()
+                rid, t, note, tokens = self._done.get_nowait()
             except queue.Empty:
                 break
             req = self._requests.pop(rid, None)
@@ -237,8 +237,13 @@ class SGLangBackend:
                 continue
             started = self._started.pop(rid, t)
             self.stats.requests_finished += 1
+            if tokens is None:  # no count in the reply (an error, or a stand-in engine)
+                tokens = req.output_tokens
+            elif tokens < req.output_tokens and not note:  # SGLang clips max_new_tokens
+                note = (f"SGLang generated {tokens} of {req.output_tokens} tokens "
+                        "(max_new_tokens clipped to the KV pool)")
             self._events.append(EngineEvent(t, EventKind.REQUEST_FINISH, rid, req.task_id,
-                                            req.agent, req.stage, tokens=req.output_tokens,
+                                            req.agent, req.stage, tokens=tokens,
                                             value=t - started, note=note or ""))
 
     def _scheduler_events(self, events: list[EngineEvent]) -> None:
@@ -250,3 +255,10 @@ class SGLangBackend:
             elif ev.kind is EventKind.PREFIX_EVICT:
                 self.stats.prefix_evictions += 1
             self._events.append(ev)
+
+
+def _completion_tokens(reply: Any) -> int | None:
+    """The completion length SGLang's `async_generate` reports (`meta_info`)."""
+    meta = reply.get("meta_info") if isinstance(reply, dict) else None
+    count = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None

@@ -85,7 +85,7 @@ def test_scheduler_asks_daemon_decides_and_the_plan_is_admitted() -> None:
         leader.join(5)
         assert kinds.count(EventKind.SCHEDULE) == 1
         assert eng.running_rids() == ["rid-5"]  # the fcfs decision was admitted
-        assert backend.stats.decisions == 1
+        assert backend.stats.decisions == 1 and backend.stats.prefix_loads == 1
     finally:
         backend.close()
 
@@ -95,3 +95,25 @@ class _FakeReq:
         from sglang.srt.managers.kv_hints import decode_kv_hints_envelope
 
         self.kv_hints = decode_kv_hints_envelope(hints)
+
+
+class ClippingEngine(RecordingEngine):
+    """Replies as SGLang does when it clipped max_new_tokens to its memory."""
+
+    async def async_generate(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        return {"text": "", "meta_info": {"completion_tokens": 2}}
+
+
+def test_a_finish_reports_the_tokens_sglang_generated() -> None:
+    endpoint = f"ipc:///tmp/topasd-link-clip-{os.getpid()}.sock"
+    backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"), endpoint=endpoint,
+                            engine_factory=lambda o: ClippingEngine())
+    try:
+        backend.submit(_request(5, task=3))  # asks for 4 tokens
+        finishes = [ev for ev in backend.run_until(backend.t + 0.3)
+                    if ev.kind is EventKind.REQUEST_FINISH]
+    finally:
+        backend.close()
+    assert [(ev.request_id, ev.tokens) for ev in finishes] == [(5, 2)]
+    assert "generated 2 of 4 tokens" in finishes[0].note
