@@ -305,9 +305,16 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS),
+                    help="a subset to run (printed only: RESULTS records every workload)")
     ap.add_argument("--no-write", action="store_true", help="print, do not touch docs/")
     args = ap.parse_args()
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown or not args.workloads:
+        ap.error(f"--workloads: choose among {', '.join(WORKLOADS)} (got {unknown or 'none'})")
+    if sorted(args.workloads) != sorted(WORKLOADS) and not args.no_write:
+        ap.error("a subset of --workloads would replace the whole comparison in "
+                 "docs/RESULTS.md under a command that runs them all; add --no-write")
     jobs = jobs_for(args.tasks, args.seed, tuple(args.workloads))
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
