@@ -47,6 +47,10 @@ def connect(path: str | Path, *, create: bool = True) -> Database:
         db.execute("PRAGMA synchronous = NORMAL")
         migrate(db)
     except sqlite3.DatabaseError as exc:
+        if "locked" in str(exc):
+            raise StoreError(f"{p}: another process holds a write lock on this decision log "
+                             "(database is locked); wait for it to finish or stop it, then "
+                             "retry") from None
         raise StoreError(f"{p}: cannot open as a decision log ({exc})") from None
     return db
 

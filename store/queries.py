@@ -80,7 +80,8 @@ def _run_row(r: dict[str, Any]) -> RunRow:
 
 
 def time_span(db: Database, run_id: int) -> tuple[float, float]:
-    """(first, last) event time of a run; (0, 0) when it has no events."""
+    """(first event time, last event time or planned end of a prefix transfer)
+    of a run; (0, 0) when it has no events."""
     row = db.execute(
         "SELECT min(t), max(t + CASE WHEN kind IN ('prefix_load_start', 'prefix_offload_start') "
         "THEN value ELSE 0 END) FROM engine_events WHERE run_id = ?", [run_id]).fetchone()

@@ -187,6 +187,24 @@ def test_files_that_are_not_a_log_of_this_topasd_are_refused(tmp_path: Path) -> 
         CandidateLog.parse("top:0")
 
 
+def test_a_log_locked_by_another_process_says_so(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    import store.db
+
+    monkeypatch.setattr(store.db, "BUSY_TIMEOUT_MS", 100)
+    path = tmp_path / "locked.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(StoreError, match="another process holds a write lock"):
+            Store(path)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+
 # ------------------------------------------------------------ a replay
 
 
