@@ -554,6 +554,9 @@ class EventKind(StrEnum):
     PREFIX_EVICT = "prefix_evict"
     STAGE_FINISH = "stage_finish"
     TASK_FINISH = "task_finish"
+    # a logged decision the engine never carried out: SGLang's scheduler stopped
+    # waiting for it (`value`: the decision's seq)
+    DECISION_DROPPED = "decision_dropped"
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from backends.sglang.adapter import EngineSnapshot
 from backends.sglang.channel import (
     ENDPOINT_ENV,
     T0_ENV,
+    TIMEOUT_ENV,
     DaemonChannel,
     DecideRequest,
     EventBatch,
@@ -124,6 +125,7 @@ class SGLangBackend:
         self._started: dict[int, float] = {}
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
+        self._answered: dict[tuple[int, int], int] = {}  # (replica, ask seq) -> decision seq
         self._events: list[EngineEvent] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="topasd-sglang",
@@ -197,6 +199,7 @@ class SGLangBackend:
         ident, ask = self._current
         self._current = None
         self.channel.answer(ident, ask.seq, decision)
+        self._answered[(ask.replica, ask.seq)] = decision.seq
         self.stats.decisions += 1
         self.stats.prefix_loads += len(decision.load)  # a load-back or a prefill recompute
 
@@ -222,6 +225,7 @@ class SGLangBackend:
 
     def _collect(self, wait_s: float) -> None:
         for ident, msg in self.channel.poll(wait_s):
+            self._dropped(msg.replica, msg.dropped)
             if isinstance(msg, DecideRequest):
                 self._scheduler_events(msg.events)
                 self._asks.append((ident, msg))
@@ -245,6 +249,16 @@ class SGLangBackend:
             self._events.append(EngineEvent(t, EventKind.REQUEST_FINISH, rid, req.task_id,
                                             req.agent, req.stage, tokens=tokens,
                                             value=t - started, note=note or ""))
+
+    def _dropped(self, replica: int, seqs: Sequence[int]) -> None:
+        """Log the decisions a leader stopped waiting for (never carried out)."""
+        for ask_seq in seqs:
+            seq = self._answered.pop((replica, ask_seq), None)
+            if seq is not None:
+                self._events.append(EngineEvent(
+                    self.t, EventKind.DECISION_DROPPED, value=float(seq),
+                    note=f"decision {seq} reached the scheduler after it stopped waiting "
+                         f"({TIMEOUT_ENV}); it was not carried out"))
 
     def _scheduler_events(self, events: list[EngineEvent]) -> None:
         for ev in events:

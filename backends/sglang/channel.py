@@ -3,7 +3,9 @@ daemon: ZeroMQ over an IPC socket, pickled messages.
 
 leader -> daemon: ("decide", replica, seq, snapshot, events) and waits for
 ("decision", seq, decision); ("events", replica, events) needs no answer.
-A decision that arrives after its request timed out is dropped (seq check).
+A decision that arrives after its request timed out is dropped (seq check),
+and the leader's next message names that request's seq (`dropped`) so the
+daemon can log that the decision was never carried out.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ class DecideRequest:
     seq: int
     snapshot: Any  # adapter.EngineSnapshot
     events: list[EngineEvent]
+    dropped: tuple[int, ...] = ()  # seqs of earlier requests this leader stopped waiting for
 
 
 @dataclass(frozen=True, slots=True)
 class EventBatch:
     replica: int
     events: list[EngineEvent]
+    dropped: tuple[int, ...] = ()
 
 
 class LeaderChannel:
@@ -48,10 +52,16 @@ class LeaderChannel:
         self.replica = replica
         self.timeout_ms = int(timeout_s * 1000)
         self.timeouts = 0
+        self.dropped: list[int] = []  # timed out, not yet reported to the daemon
+
+    def _take_dropped(self) -> tuple[int, ...]:
+        dropped, self.dropped = tuple(self.dropped), []
+        return dropped
 
     def decide(self, seq: int, snapshot: Any, events: list[EngineEvent]) -> Decision | None:
         """The daemon's decision for `snapshot`, or None after the timeout."""
-        self.sock.send(pickle.dumps(DecideRequest(self.replica, seq, snapshot, events)))
+        self.sock.send(pickle.dumps(DecideRequest(self.replica, seq, snapshot, events,
+                                                  self._take_dropped())))
         poller = self._zmq.Poller()
         poller.register(self.sock, self._zmq.POLLIN)
         remaining = self.timeout_ms
@@ -63,11 +73,12 @@ class LeaderChannel:
                 return decision
             remaining = max(1, remaining // 2)  # a stale answer: keep waiting a little
         self.timeouts += 1
+        self.dropped.append(seq)
         return None
 
     def send_events(self, events: list[EngineEvent]) -> None:
-        if events:
-            self.sock.send(pickle.dumps(EventBatch(self.replica, events)))
+        if events or self.dropped:
+            self.sock.send(pickle.dumps(EventBatch(self.replica, events, self._take_dropped())))
 
     def close(self) -> None:
         self.sock.close(0)

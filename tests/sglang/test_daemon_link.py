@@ -117,3 +117,35 @@ def test_a_finish_reports_the_tokens_sglang_generated() -> None:
         backend.close()
     assert [(ev.request_id, ev.tokens) for ev in finishes] == [(5, 2)]
     assert "generated 2 of 4 tokens" in finishes[0].note
+
+
+def test_a_decision_the_leader_stopped_waiting_for_is_logged_as_dropped() -> None:
+    """The leader asks, times out and goes on; the daemon's late answer is
+    dropped by the leader, which says so with its next message: the daemon
+    logs that the decision it made was never carried out."""
+    from backends.sglang.adapter import EngineSnapshot
+    from topasd.model import Decision
+
+    endpoint = f"ipc:///tmp/topasd-link-drop-{os.getpid()}.sock"
+    backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"), endpoint=endpoint,
+                            engine_factory=lambda o: RecordingEngine())
+    leader = LeaderChannel(endpoint, replica=0, timeout_s=0.2)
+    snap = EngineSnapshot(budget_tokens=100, new_token_ratio=0.7, prefixes={}, running=(),
+                          waiting=(), batch_is_full=False, chunk_tokens=8192,
+                          max_prefill_tokens=16384, key=(frozenset(), frozenset()), seq=7)
+    try:
+        assert leader.decide(7, snap, []) is None  # nobody answered in time
+        asked = False
+        for ev in backend.run_until(backend.t + 0.2):
+            if ev.kind is EventKind.SCHEDULE:
+                backend.apply(Decision(backend.t, "fcfs", seq=3))  # logged, answered late
+                asked = True
+        assert asked
+        leader.send_events([])  # the leader's next message reports the drop
+        dropped = [ev for ev in backend.run_until(backend.t + 0.2)
+                   if ev.kind is EventKind.DECISION_DROPPED]
+        assert [ev.value for ev in dropped] == [3.0]
+        assert "decision 3" in dropped[0].note and "not carried out" in dropped[0].note
+    finally:
+        leader.close()
+        backend.close()
