@@ -257,10 +257,9 @@ def prefix_spans(db: Database, run_id: int) -> list[PrefixSpan]:
         elif kind == "prefix_compute_end" and agent in computing:
             out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens))
         elif kind == "prefix_evict":
-            if agent in loading and t < out[loading[agent]].end:  # evicted mid-load
-                i = loading.pop(agent)
+            i = loading.pop(agent, None)
+            if i is not None and t < out[i].end:  # evicted mid-load
                 out[i] = replace(out[i], end=max(t, out[i].start), note="cancelled")
-            loading.pop(agent, None)
             if agent in computing:
                 out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens,
                                       "cancelled"))

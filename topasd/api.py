@@ -887,9 +887,9 @@ def _install_errors(app: FastAPI) -> None:
             loc = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
             param = param or loc
             why = e.get("msg", "invalid")
-            if request.url.path == "/v1/params" and canonical_param(loc) in PARAM_RANGES:
-                lo, hi = PARAM_RANGES[canonical_param(loc)]
-                why += f" (range [{lo:g}, {hi:g}])"
+            limits = PARAM_RANGES.get(canonical_param(loc))
+            if request.url.path == "/v1/params" and limits is not None:
+                why += f" (range [{limits[0]:g}, {limits[1]:g}])"
             parts.append(f"{loc}: {why}")
         return _error(422, "invalid_request_error", "; ".join(parts), param)
 

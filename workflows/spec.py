@@ -167,8 +167,6 @@ def workflow_from_dict(data: dict[str, Any], where: str = "workflow") -> Workflo
             history=s.history,
             carry_rounds=s.carry_rounds,
         )
-        if profile.rounds.mean() < 1:
-            raise WorkflowError(f"{at}: rounds must be at least 1")
         stages[s.name] = Stage(s.name, s.agent, tuple(s.after), profile)
     agents = {name: Agent(name, a.prefix_tokens) for name, a in spec.agents.items()}
     return Workflow(spec.name, agents, stages, spec.description)
