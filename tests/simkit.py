@@ -1,7 +1,10 @@
 """Shared test helpers for the simulator: a recording sink, an instrumented
-engine (`CheckedSim`) and hypothesis strategies for random workloads."""
+engine (`CheckedSim`), hypothesis strategies for random workloads, and the
+check that a built-in workload file ships."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import networkx as nx
 from hypothesis import strategies as st
@@ -14,6 +17,14 @@ from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES, OrderPolicy
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
+
+BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
+
+
+def builtin_present(name: str) -> None:
+    """Every built-in workload ships with the package: a missing file fails."""
+    path = BUILTIN_DIR / f"{name}.yaml"
+    assert path.exists(), f"built-in workload file {path} is missing"
 
 
 class RecordingSink:

@@ -16,12 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tests.simkit import builtin_present
 from topasd.cli import main
 from topasd.scheduler import POLICY_NAMES
 from workflows.builtin import BUILTIN, load_workload
 from workflows.trace import load_trace
-
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
 
 RUN_KEYS = {
     "policy", "tasks", "mean_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s",
@@ -81,12 +80,6 @@ def trace_file(tmp_path: Path, spec_file: Path) -> Path:
                  "-o", str(out))
     assert res.exit_code == 0, res.output
     return out
-
-
-def builtin_present(name: str) -> None:
-    """Every built-in workload ships with the package: a missing file fails."""
-    path = BUILTIN_DIR / f"{name}.yaml"
-    assert path.exists(), f"built-in workload file {path} is missing"
 
 
 # --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -79,3 +80,97 @@ def test_sglang_options_reach_the_engine_arguments() -> None:
     assert args["tp_size"] == 2 and args["dp_size"] == 2
     assert args["mem_fraction_static"] == 0.8 and args["hicache_size"] == 40
     assert args["enable_hierarchical_cache"] is True and args["schedule_policy"] == "fcfs"
+
+
+class PoolReportingEngine:
+    """Stands in for sglang.Engine (no GPU here): reports its KV pool as
+    `get_server_info()` does and finishes every generate call at once."""
+
+    def __init__(self, pool: int | None) -> None:
+        self.pool = pool
+        self.calls: list[dict[str, object]] = []
+
+    def get_server_info(self) -> dict[str, object]:
+        return {} if self.pool is None else {"max_total_num_tokens": self.pool}
+
+    async def async_generate(self, **kwargs: object) -> dict[str, object]:
+        self.calls.append(kwargs)
+        return {"text": ""}
+
+    def shutdown(self) -> None:
+        return None
+
+
+def _sglang_backend(tmp_path: Path, engine: PoolReportingEngine) -> object:
+    from backends.sglang import SGLangOptions
+    from backends.sglang.backend import SGLangBackend
+    from topasd.profiles import get_profile
+
+    return SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
+                         endpoint=f"ipc://{tmp_path}/link.sock", engine_factory=lambda o: engine)
+
+
+def _request(rid: int, input_tokens: int, output_tokens: int) -> object:
+    from topasd.model import Request
+
+    return Request(id=rid, task_id=rid, workflow="w", stage="s", agent="a", round=0,
+                   input_tokens=input_tokens, output_tokens=output_tokens, ready_at=0.0,
+                   task_arrival=0.0, prefix_tokens=40)
+
+
+def test_the_sglang_backend_refuses_a_request_larger_than_the_engines_kv_pool(
+        tmp_path: Path) -> None:
+    """The pool is SGLang's own (sized from GPU memory), not the profile's; a
+    request that cannot fit is refused at submit, naming the fix, and nothing
+    reaches the engine."""
+    from topasd.model import EventKind, TopasError
+
+    engine = PoolReportingEngine(pool=300)
+    backend = _sglang_backend(tmp_path, engine)
+    try:
+        assert backend.budget_tokens == 300  # type: ignore[attr-defined]
+        with pytest.raises(TopasError, match=r"needs 301 KV tokens .* holds 300; raise "
+                                             r"--mem-fraction"):
+            backend.submit(_request(1, input_tokens=61, output_tokens=200))  # type: ignore
+        backend.submit(_request(2, input_tokens=60, output_tokens=200))  # type: ignore
+        kinds = [ev.kind for ev in backend.run_until(backend.t + 0.3)]  # type: ignore
+    finally:
+        backend.close()  # type: ignore[attr-defined]
+    assert kinds.count(EventKind.REQUEST_READY) == 1
+    assert [c["rid"] for c in engine.calls] == ["topasd-2"]
+
+
+def test_without_a_reported_pool_the_sglang_backend_uses_the_profiles(tmp_path: Path) -> None:
+    from topasd.profiles import get_profile
+
+    backend = _sglang_backend(tmp_path, PoolReportingEngine(pool=None))
+    try:
+        assert backend.budget_tokens == get_profile("small").budget_tokens  # type: ignore
+    finally:
+        backend.close()  # type: ignore[attr-defined]
+
+
+def test_the_daemon_checks_fits_against_the_engines_pool(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With SGLang the daemon's fit checks (API calls, driven tasks) use the
+    pool the engine reports; a --budget below it stays."""
+    from topasd import service
+    from topasd.config import load_settings
+    from topasd.profiles import get_profile
+
+    small = get_profile("small")
+    assert service.engine_profile(small, object(), None) is small  # no pool reported
+    for budget, pool, want in [(None, 300, 300), (200, 300, 200), (500, 300, 300)]:
+        got = service.engine_profile(small, SimpleNamespace(budget_tokens=pool), budget)
+        assert got.budget_tokens == want
+
+    engine = PoolReportingEngine(pool=300)
+    engine.budget_tokens = 300  # type: ignore[attr-defined]  # as SGLangBackend reads it
+    monkeypatch.setattr(service, "make_backend", lambda settings, profile: engine)
+    loaded = load_settings({"backend": "sglang", "model_path": "m", "profile": "small",
+                            "db": str(tmp_path / "d.db")}, environ={})
+    svc = service.Service(loaded.settings)
+    try:
+        assert svc.profile.budget_tokens == 300
+    finally:
+        svc.store.close()

@@ -167,6 +167,38 @@ def test_an_older_file_is_migrated_forward(tmp_path: Path) -> None:
         assert [r.policy for r in q.runs(store.db)] == ["fcfs"]  # data kept
 
 
+def test_a_migration_that_fails_halfway_leaves_the_file_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each migration and its record commit together: a migration that dies
+    after some of its statements (a crash, a full disk) leaves neither its
+    tables nor its record, the runs already logged stay, and the next open
+    applies it whole."""
+    import store.schema
+
+    path = tmp_path / "half.db"
+    db = Database(path)
+    first = MIGRATIONS[0][0]
+    migrate(db, upto=first)
+    db["runs"].insert({"policy": "fcfs", "backend": "sim", "status": "done"})
+
+    def half_done(d: Database) -> None:
+        d["extra"].create({"id": int}, pk="id")
+        d["runs"].create_index(["policy"], index_name="ix_half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.schema, "MIGRATIONS", [*MIGRATIONS[:1], ("m002_half", half_done)])
+    with pytest.raises(OSError, match="disk full"):
+        store.schema.migrate(db)
+    assert "extra" not in db.table_names()
+    assert "ix_half" not in {ix.name for ix in db["runs"].indexes}
+    assert store.schema.applied(db) == [first]
+    db.close()
+    monkeypatch.undo()
+    with Store(path) as opened:
+        assert store.schema.applied(opened.db) == [name for name, _ in MIGRATIONS]
+        assert [r.policy for r in q.runs(opened.db)] == ["fcfs"]
+
+
 def test_files_that_are_not_a_log_of_this_topasd_are_refused(tmp_path: Path) -> None:
     newer = tmp_path / "newer.db"
     with Store(newer) as store:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.simkit import builtin_present
 from topasd.model import TopasError, WorkflowError
 from workflows.builtin import BUILTIN, load_workload, workload_from_dict
 from workflows.spec import load_workflow, workflow_from_dict, workflow_to_dict
@@ -29,19 +30,11 @@ from workflows.trace import (
     write_trace,
 )
 
-BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
-
 
 def spec(*stages: dict, agents: dict | None = None, name: str = "wf") -> dict:
     return {"name": name, "agents": agents or {"A": {"prefix_tokens": 100},
                                                "B": {"prefix_tokens": 200}},
             "stages": list(stages)}
-
-
-def builtin_present(name: str) -> None:
-    """Every built-in workload ships with the package: a missing file fails."""
-    path = BUILTIN_DIR / f"{name}.yaml"
-    assert path.exists(), f"built-in workload file {path} is missing"
 
 
 # --------------------------------------------------------------------------

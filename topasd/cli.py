@@ -383,7 +383,8 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
 @click.option("--profile", default=None, metavar="NAME",
               help=f"Hardware profile of the simulator [default: {DEFAULT_PROFILE}].")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
-              help="Override the profile's KV budget (tokens).")
+              help="Override the profile's KV budget (tokens); with --backend sglang, "
+                   "at most the pool SGLang reports.")
 @click.option("--policy", "-p", default=None, metavar="NAME",
               help="Scheduling policy [default: topas].")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",

@@ -633,6 +633,17 @@ def make_backend(settings: Settings, profile: HardwareProfile) -> Any:
     return sglang_backend(options, profile)
 
 
+def engine_profile(profile: HardwareProfile, backend: Any,
+                   budget: int | None) -> HardwareProfile:
+    """`profile` with the KV pool the engine reports (`budget_tokens`; SGLang
+    sizes its pool from GPU memory), so that fit checks match the engine; a
+    --budget below the pool stays."""
+    pool = getattr(backend, "budget_tokens", None)
+    if not isinstance(pool, int) or pool == profile.budget_tokens:
+        return profile
+    return profile.with_overrides(budget_tokens=pool if budget is None else min(budget, pool))
+
+
 class Service:
     """The daemon's engine loop and its thread-safe API (see the module doc)."""
 
@@ -646,6 +657,7 @@ class Service:
         self.workload = load_workload(settings.workload) if settings.workload else None
         self.policy = build_policy(settings.policy, settings.params)
         self.backend = make_backend(settings, profile)
+        self.profile = engine_profile(profile, self.backend, settings.budget)
         self.store = Store(settings.db)
         self.store_sink = self.store.sink(settings.log_candidates)
         self.bus = EventBus()

@@ -53,6 +53,7 @@ from topasd.model import (
     EventKind,
     Request,
     TaskView,
+    TopasError,
     Workflow,
 )
 
@@ -102,6 +103,17 @@ def start_engine(options: SGLangOptions) -> Any:
     return sglang.Engine(**options.server_args())
 
 
+def pool_tokens(engine: Any) -> int | None:
+    """The KV pool of one SGLang replica in tokens (`max_total_num_tokens` of
+    `Engine.get_server_info()`), None when the engine does not say."""
+    info = getattr(engine, "get_server_info", None)
+    try:
+        value = info()["max_total_num_tokens"] if callable(info) else None
+    except (KeyError, TypeError, RuntimeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 class SGLangBackend:
     """TOPAS-in-SGLang behind the Backend protocol (wall-clock seconds)."""
 
@@ -132,6 +144,8 @@ class SGLangBackend:
                                         daemon=True)
         self._thread.start()
         self.engine = engine_factory(options)
+        # the engine's own pool when it reports one, else the profile's (B_t, Eq. 2)
+        self.budget_tokens: int = pool_tokens(self.engine) or int(profile.budget_tokens)
 
     # ------------------------------------------------------------- protocol
 
@@ -148,6 +162,13 @@ class SGLangBackend:
 
     def submit_tokens(self, request: Request, input_ids: Sequence[int]) -> None:
         """Submit with real prompt ids (the first `prefix_tokens` are the agent's prefix)."""
+        need = len(input_ids) + request.output_tokens
+        if need > self.budget_tokens:
+            raise TopasError(
+                f"request {request.id} (task {request.task_id}, stage {request.stage!r}) needs "
+                f"{need} KV tokens (prompt {len(input_ids)} + output {request.output_tokens}) "
+                f"but SGLang's KV pool holds {self.budget_tokens}; raise --mem-fraction or "
+                "lower the stage's tokens")
         self._requests[request.id] = request
         self._events.append(EngineEvent(self.t, EventKind.REQUEST_READY, request.id,
                                         request.task_id, request.agent, request.stage))

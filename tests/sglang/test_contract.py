@@ -175,6 +175,18 @@ def test_scheduler_has_the_attributes_the_adapter_uses() -> None:
     assert list(params) == ["self", "req", "is_retracted"]
 
 
+def test_the_engine_reports_its_kv_pool_where_the_backend_reads_it() -> None:
+    """`backends.sglang.backend.pool_tokens` reads `max_total_num_tokens` from
+    `Engine.get_server_info()`, which merges the scheduler's init info."""
+    from sglang.srt.entrypoints.engine import Engine
+    from sglang.srt.managers.scheduler import Scheduler
+
+    assert list(inspect.signature(Engine.get_server_info).parameters) == ["self"]
+    assert "scheduler_infos[0]" in inspect.getsource(Engine.get_server_info)
+    assert '"max_total_num_tokens": self.max_total_num_tokens' in inspect.getsource(
+        Scheduler.get_init_info)
+
+
 # ---------------------------------------------------------------- metadata
 
 
