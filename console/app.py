@@ -281,6 +281,8 @@ class ConsoleApp(App[None]):
     def on_detail_loaded(self, msg: DetailLoaded) -> None:
         if msg.seq != self._detail_seq:
             return
+        if msg.error is not None:
+            self._detail_seq = None  # highlighting it again asks again
         self.dashboard.show_detail(msg.detail, f"decision {msg.seq}: {msg.error}")
 
     # ------------------------------------------------------------ live actions
@@ -335,6 +337,8 @@ class ConsoleApp(App[None]):
         """Replay: put the cursor at time `t` (clamped to the run)."""
         if self.replay is None:
             return
+        if math.isnan(t):
+            return
         if math.isinf(t):
             t = self.replay.t0 if t < 0 else self.replay.t1
         self.cursor_seq, self.cursor_t = self.replay.at(t)
@@ -348,16 +352,28 @@ class ConsoleApp(App[None]):
             if t is not None:
                 self.goto(t)
 
+        if self._bring_forward(GotoScreen):
+            return
         self.push_screen(GotoScreen(self.replay.t0, self.replay.t1, self.cursor_t), chosen)
 
     # ------------------------------------------------------------ screens
 
     def open_params(self) -> None:
-        self.push_screen(ParamsScreen(self.cursor_t if self.replay is not None else None))
+        if not self._bring_forward(ParamsScreen):
+            self.push_screen(ParamsScreen(self.cursor_t if self.replay is not None else None))
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
+        if not self._bring_forward(HelpScreen):
             self.push_screen(HelpScreen(self.keymap))
+
+    def _bring_forward(self, kind: type[Screen[Any]]) -> bool:
+        """If a `kind` screen is open, close the screens above it (a second
+        copy would clash with its widget ids); False if none is open."""
+        if not any(isinstance(s, kind) for s in self.screen_stack):
+            return False
+        while not isinstance(self.screen, kind):
+            self.pop_screen()
+        return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

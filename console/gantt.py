@@ -17,13 +17,15 @@ on a seconds axis (not the date-only timeline helper):
 
 Large runs stay usable: past `max_bars` bars the requests are aggregated
 (agents: merged into busy spans per agent; tasks: one bar per task) and, if
-still too many, the chart shows the first window that fits. The title says
-which. The HTML embeds plotly.js, so it works offline.
+still too many, the chart shows the run's first `max_bars` bars in a window
+from its start (with the preemption marks inside it). The title says which.
+The HTML embeds plotly.js, so it works offline.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 import shutil
 import subprocess
 import tempfile
@@ -116,9 +118,7 @@ def export_gantt(db_path: str | Path, out_html: str | Path, *, run_id: int | Non
                  view: str = "agents", window: tuple[float, float] | None = None,
                  max_bars: int = DEFAULT_MAX_BARS) -> Gantt:
     """Write the Gantt chart of one run (default: the latest) to `out_html`."""
-    out = Path(out_html)
-    if not out.parent.is_dir():
-        raise GanttError(f"{out}: the folder {out.parent} does not exist")
+    out = _output_file(out_html)
     store = Store(db_path, create=False)
     try:
         gantt = build_gantt(store, run_id=run_id, view=view, window=window, max_bars=max_bars)
@@ -163,13 +163,12 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
         bars = agg  # preemption marks stay: each sits in its lane at its time
         mode = "aggregated" if mode == "detailed" else f"{mode}+aggregated"
     if len(bars) > max_bars:
-        bars, win = _first_window(bars, max_bars, win)
-        notes.append(f"still too many bars: showing {win[0]:g}–{win[1]:g} s of "
-                     f"{span[0]:g}–{span[1]:g} s (choose another with --window START:END)")
+        bars, win, left_out = _first_window(bars, max_bars, win)
+        notes.append(_window_note(win, span, left_out, bars[-1].start))
         mode = f"{mode}+windowed" if "windowed" not in mode else mode
-    if len(marks) > max_bars:
-        notes.append(f"{len(marks)} preemption marks not drawn (more than --max-bars)")
-        marks = []
+        marks, outside = _marks_in(marks, win)
+        if outside:
+            notes.append(f"{outside} preemption marks outside the window shown not drawn")
     fig = _figure(run, view, lanes, bars, marks, win, notes)
     return Gantt(fig, run, view, lanes, len(bars), len(marks), mode, win, notes)
 
@@ -330,15 +329,53 @@ def _clip(bars: list[_Bar], window: tuple[float, float]) -> list[_Bar]:
                  b.group, b.label) for b in bars if b.end > t0 and b.start < t1]
 
 
-def _first_window(bars: list[_Bar], max_bars: int,
-                  span: tuple[float, float]) -> tuple[list[_Bar], tuple[float, float]]:
-    """The earliest window holding at most `max_bars` bars."""
-    starts = sorted(b.start for b in bars)
-    t1 = starts[max_bars] if len(starts) > max_bars else span[1]
+def _first_window(bars: list[_Bar], max_bars: int, span: tuple[float, float],
+                  ) -> tuple[list[_Bar], tuple[float, float], int]:
+    """The first `max_bars` bars (by start) and the window from `span[0]` holding them.
+
+    The window ends where the next bar starts, so it holds just these bars; when
+    bars tie at the last start taken, it ends at the next later start and the
+    tied bars past the cap are left out (their count is the third value)."""
+    order = sorted(bars, key=lambda b: (b.start, b.y, b.end))
+    chosen, rest = order[:max_bars], order[max_bars:]
     t0 = span[0]
-    if t1 <= t0:
-        t1 = t0 + 1e-6
-    return [b for b in _clip(bars, (t0, t1)) if b.start < t1][:max_bars], (t0, t1)
+    last = chosen[-1].start if chosen else t0
+    later = [b.start for b in rest if b.start > last]
+    t1 = later[0] if later else max([span[1], *(b.end for b in chosen)])
+    if t1 <= t0:  # every bar is a point at t0: any width will do
+        t1 = t0 + 1.0
+    left_out = len(rest) - len(later)
+    return _clip(chosen, (t0, t1)), (t0, t1), left_out
+
+
+def _window_note(win: tuple[float, float], span: tuple[float, float], left_out: int,
+                 tie: float) -> str:
+    """The title note of an automatic window (`tie`: where left-out bars start)."""
+    note = (f"still too many bars: showing {win[0]:g}–{win[1]:g} s of "
+            f"{span[0]:g}–{span[1]:g} s (choose another with --window START:END)")
+    if left_out:
+        note += (f"; {left_out} more bar{'s' if left_out != 1 else ''} starting at {tie:g} s "
+                 "not drawn (--max-bars)")
+    return note
+
+
+def _marks_in(marks: list[_Mark], win: tuple[float, float]) -> tuple[list[_Mark], int]:
+    """The marks inside `win`, and how many fall outside it."""
+    inside = [m for m in marks if win[0] <= m.t <= win[1]]
+    return inside, len(marks) - len(inside)
+
+
+def _output_file(out_html: str | Path) -> Path:
+    """The HTML file to write; a folder (existing, or a name ending in a slash) is refused."""
+    text = str(out_html)
+    out = Path(out_html)
+    if out.is_dir() or text.endswith(("/", os.sep)):
+        example = Path(text.rstrip("/" + os.sep) or ".") / "gantt.html"
+        raise GanttError(f"{text}: is a folder, not a file; name the HTML file, "
+                         f"e.g. -o {example}")
+    if not out.parent.is_dir():
+        raise GanttError(f"{out}: the folder {out.parent} does not exist")
+    return out
 
 
 def _span(start: float, end: float) -> str:

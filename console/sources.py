@@ -5,6 +5,7 @@ recorded run in a store file (through `store.queries`). Nothing else.
 from __future__ import annotations
 
 import json
+import math
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -265,6 +266,7 @@ class ReplaySource:
         return seqs[j], times[j]
 
     def at(self, t: float) -> tuple[int | None, float]:
-        """The cursor at time `t` (clamped to the run): the last decision made by then."""
-        t = min(max(t, self.t0), self.t1)
+        """The cursor at time `t` (clamped to the run; NaN: its start): the last
+        decision made by then."""
+        t = self.t0 if math.isnan(t) else min(max(t, self.t0), self.t1)
         return self.replay.decision_at(t), t

@@ -36,6 +36,9 @@ def connect(path: str | Path, *, create: bool = True) -> Database:
         db = Database(sqlite3.connect(str(p), check_same_thread=False))
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         tables = db.table_names()
+        if not create and not tables:
+            raise StoreError(f"{p}: an empty file, not a decision log yet (a daemon or "
+                             "`topasd replay --db` writes one)")
         if tables and MIGRATIONS_TABLE not in tables:
             raise StoreError(f"{p}: a SQLite database, but not a topasd decision log "
                              f"(it has tables {sorted(tables)[:5]} and no {MIGRATIONS_TABLE})")

@@ -376,3 +376,108 @@ def test_tool_commands_name_a_path_they_cannot_use(tmp_path: Path) -> None:
             (["console", "--db", str(afile), "--at", "nan"], "--at nan: give a finite time")):
         res = invoke(*args)
         assert says in assert_clean_error(res.exit_code, res.stdout, res.stderr), args
+
+
+# --------------------------------------------------------------------------
+# Inputs that used to be accepted silently, hang or crash later
+# --------------------------------------------------------------------------
+
+
+def write_mix(tmp_path: Path, size_2: int) -> Path:
+    """A workload of two workflows sharing agent A (100 tokens in w1)."""
+    one = {"agents": {"A": {"prefix_tokens": 100}}, "stages": [{"name": "a", "agent": "A"}]}
+    two = {"agents": {"A": {"prefix_tokens": size_2}}, "stages": [{"name": "a", "agent": "A"}]}
+    path = tmp_path / "conf.yaml"
+    path.write_text(yaml.safe_dump({"name": "mix", "operating_points": [1.0], "workflows": [
+        {"name": "w1", **one}, {"name": "w2", **two}]}))
+    return path
+
+
+def test_an_agent_with_two_prefix_sizes_is_refused(tmp_path: Path) -> None:
+    res = invoke("replay", "-w", str(write_mix(tmp_path, 15000)), "-n", "10", "-p", "fcfs")
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert "agent 'A' has prefix_tokens 15000 in workflow 'w2' but 100 in workflow 'w1'" in line
+    check_runs(replay_json("-w", str(write_mix(tmp_path, 100)), "-n", "10", "-p", "fcfs"),
+               ["fcfs"], 10)
+
+
+def test_a_trace_giving_an_agent_two_sizes_is_refused(trace_file: Path) -> None:
+    lines = trace_file.read_text().splitlines(keepends=True)
+    other = {"name": "other", "agents": {"P": {"prefix_tokens": 15000}},
+             "stages": [{"name": "s", "agent": "P"}]}
+    trace_file.write_text("".join([*lines[:2], json.dumps({"type": "workflow", "spec": other})
+                                   + "\n", *lines[2:]]))
+    res = invoke("replay", str(trace_file), "-p", "fcfs")
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert f"{trace_file}:3: agent 'P' has prefix_tokens 15000 in workflow 'other' but 300 " \
+           "in workflow 'clitest' (line 2)" in line
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["replay", "-w", "chain3", "-r", "1e-300", "-n", "3", "-p", "fcfs"],
+     "beyond the 1e+09 s bound on arrival times"),
+    (["trace", "gen", "-w", "chain3", "-r", "1e-320", "-n", "1", "-o", os.devnull],
+     "give a --rate of at least 1e-09 task/s"),
+])
+def test_a_rate_too_small_is_refused_not_a_hang(args: list[str], says: str) -> None:
+    proc = run_cli(*args)  # a hang times out and fails
+    assert says in assert_clean_error(proc.returncode, proc.stdout, proc.stderr)
+
+
+# task line 3 (task id 0) -> change, what the message must say
+BAD_TASKS = {
+    "arrival-1e300": (lambda r: r.update(arrival=1e300), "at most 1e+09 s"),
+    "arrival-1e17": (lambda r: r.update(arrival=1e17), "got 1e+17"),
+    "wait-1e300": (lambda r: r["stages"]["plan"].insert(0, [10, 5, 1e300]),
+                   "tool_wait_s 1e+300 is beyond the 1e+09 s bound"),
+    "huge-id": (lambda r: r.update(id=99999999999999999999999), "from 0 to 2**63-1"),
+    "bool-id": (lambda r: r.update(id=True), "got true"),
+    "bool-arrival": (lambda r: r.update(arrival=True), "got true"),
+    "bool-round": (lambda r: r["stages"]["plan"].__setitem__(0, [True, 10, 0]),
+                   "got [true, 10, 0]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TASKS))
+def test_bad_task_fields_are_one_clear_line(tmp_path: Path, trace_file: Path, case: str) -> None:
+    change, says = BAD_TASKS[case]
+    rewrite(trace_file, 3, edit(change))
+    proc = run_cli("replay", str(trace_file), "-p", "fcfs", "--db", str(tmp_path / "d.db"))
+    line = assert_clean_error(proc.returncode, proc.stdout, proc.stderr)
+    assert line.startswith(f"error: {trace_file}:3: ") and says in line, line
+
+
+def test_a_boolean_version_is_refused(trace_file: Path) -> None:
+    rewrite(trace_file, 1, edit(lambda r: r.update(version=True)))
+    res = invoke("replay", str(trace_file), "-p", "fcfs")
+    assert f"{trace_file}:1: trace version true is not supported" in assert_clean_error(
+        res.exit_code, res.stdout, res.stderr)
+
+
+def test_a_trace_passed_as_workload_is_named(trace_file: Path) -> None:
+    res = invoke("replay", "-w", str(trace_file), "-p", "fcfs")
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert line == (f"error: {trace_file}: this looks like a trace (JSON Lines with a header), "
+                    f"not a workflow spec; pass it as TRACE_FILE (`topasd replay {trace_file}`), "
+                    "not --workload")
+
+
+def test_a_spec_passed_as_trace_is_named(spec_file: Path) -> None:
+    res = invoke("replay", str(spec_file), "-p", "fcfs")
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert line == (f"error: {spec_file}:1: this looks like a workflow spec (YAML or JSON), "
+                    f"not a trace; use --workload {spec_file}")
+
+
+def test_a_trace_with_a_byte_order_mark_replays(trace_file: Path) -> None:
+    plain = replay_json(str(trace_file), "-p", "fcfs")["runs"][0]["mean_jct_s"]
+    trace_file.write_bytes(b"\xef\xbb\xbf" + trace_file.read_bytes())
+    assert replay_json(str(trace_file), "-p", "fcfs")["runs"][0]["mean_jct_s"] == plain
+
+
+def test_spec_errors_in_a_trace_read_file_line_colon(trace_file: Path) -> None:
+    rewrite(trace_file, 2, edit(lambda r: _stage(r, "code").update(rounds=0)))
+    res = invoke("replay", str(trace_file), "-p", "fcfs")
+    line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    assert line.startswith(f"error: {trace_file}:2: workflow 'clitest', stage 'code', "
+                           "rounds: values must lie in [1, 10000]"), line

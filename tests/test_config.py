@@ -114,3 +114,23 @@ def test_cli_start_reports_bad_input_in_one_line(tmp_path: Path,
         lines = res.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), res.output
     assert not (tmp_path / "topasd.db").exists()  # nothing started
+
+
+def test_a_parameter_may_not_undo_what_defines_an_ablation_variant() -> None:
+    """topas-base with reuse=true would run full TOPAS's reuse under the name of
+    the variant without it: refused at start, at replay and when tuned live;
+    restating the variant's own value is fine."""
+    from topasd.config import build_policy
+    from topasd.model import TopasError
+
+    with pytest.raises(TopasError, match=r"topas-base runs with reuse=False; reuse=True"):
+        build_policy("topas-base", {"reuse": True})
+    assert build_policy("topas-base", {"reuse": False, "beta": 3}).params.beta == 3
+    live = build_policy("topas-noaging", {})
+    with pytest.raises(TopasError, match="topas-noaging runs with aging=False"):
+        live.set_params(aging=True)
+    assert live.params.aging is False
+    live.set_params(reuse=False)  # not what defines topas-noaging
+    result = CliRunner().invoke(main, ["replay", "-w", "chain3", "-n", "3", "-p", "topas-base",
+                                       "--param", "reuse=true"])
+    assert result.exit_code == 2 and "would make it another variant" in result.output

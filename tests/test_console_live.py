@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Input, Select, Static
 
 from console.app import ConsoleApp
 from console.screens.params import ParamsScreen
@@ -196,3 +196,44 @@ def test_a_killed_daemon_shows_disconnected_and_reconnects(tmp_path: Path) -> No
         first.__exit__(None, None, None)
         for d in second:
             assert d.stop() == 0
+
+
+def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
+        daemon: Daemon) -> None:
+    """The answer under the form can be scrolled out of sight, so every outcome
+    is also a notification; switching to a baseline keeps the "applied"
+    answer, and a baseline's parameter rows cannot be edited (nothing of them
+    would be sent)."""
+    app = live_app(daemon)
+    notes: list[tuple[str, str]] = []
+    plain_notify = app.notify
+
+    def notify(message: str, *args: Any, severity: str = "information", **kw: Any) -> None:
+        notes.append((severity, message))
+        plain_notify(message, *args, severity=severity, **kw)  # type: ignore[arg-type]
+
+    app.notify = notify  # type: ignore[method-assign]
+
+    async def scenario(pilot: Any) -> None:
+        await until(pilot, lambda: app.connected, "the connection")
+        await pilot.press("p")
+        screen = app.screen
+        assert isinstance(screen, ParamsScreen)
+        await until(pilot, lambda: screen.info is not None, "the daemon's parameters")
+        screen.query_one("#param-rho", Input).value = "abc"
+        await pilot.press("ctrl+s")
+        assert notes[-1][0] == "error" and "not sent" in notes[-1][1]
+        screen.query_one("#param-rho", Input).value = str(screen.info["params"]["rho"])
+        screen.query_one("#policy", Select).value = "fcfs"
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: notes and "applied" in notes[-1][1], "the switch")
+        assert notes[-1][0] == "information" and "policy → fcfs" in notes[-1][1]
+        assert "applied" in str(screen.query_one("#answer", Static).render())
+        beta = screen.query_one("#param-beta", Input)
+        assert beta.disabled
+
+    try:
+        run(app, scenario)
+        assert daemon.http.get("/v1/params").json()["policy"] == "fcfs"
+    finally:
+        daemon.http.patch("/v1/params", json={"policy": "topas"}).raise_for_status()

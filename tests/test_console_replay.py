@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, Label
 
 from console.app import ConsoleApp
 from console.screens.params import ParamsScreen
@@ -253,5 +253,81 @@ def test_noop_toggle_and_sorting(db: Path) -> None:
         await pilot.pause()
         ids = [int(tasks.cells(i)[0].plain.strip("⚠ ")) for i in range(tasks.row_count)]
         assert ids == sorted(ids) == tasks.task_ids()
+
+    run_app(db, scenario, at=60.0)
+
+
+def test_the_palette_brings_an_open_screen_forward(db: Path) -> None:
+    """Parameters or Go-to chosen from the command palette while already open
+    (even under Help) comes forward; a second copy used to crash the app."""
+    from console.screens.goto import GotoScreen
+    from console.screens.help import HelpScreen
+
+    async def palette(pilot: Any, command: str) -> None:
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*command)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        await pilot.press("p", "question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        await palette(pilot, "Parameters")
+        assert isinstance(app.screen, ParamsScreen)
+        assert sum(isinstance(s, ParamsScreen) for s in app.screen_stack) == 1
+        await palette(pilot, "Parameters")
+        assert isinstance(app.screen, ParamsScreen)
+        await pilot.press("escape", "g")
+        await pilot.pause()
+        assert isinstance(app.screen, GotoScreen)
+        app.ask_goto()  # the palette's "Go to time"
+        await pilot.pause()
+        assert sum(isinstance(s, GotoScreen) for s in app.screen_stack) == 1
+        assert app.is_running
+
+    run_app(db, scenario)
+
+
+def test_go_to_accepts_the_end_as_shown_to_two_decimals(db: Path) -> None:
+    """The box shows times to 2 decimals: the run's end rounded up (as the
+    prefill at the end may be) goes to the end, not "outside the run"."""
+    import math
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        t1 = app.replay.t1  # type: ignore[union-attr]
+        shown = f"{math.ceil(t1 * 100) / 100:.2f}"
+        assert float(shown) > t1  # the fixture's end is not a whole hundredth
+        await pilot.press("dollar_sign", "g")
+        await pilot.pause()
+        assert f"to {shown}:" in str(app.screen.query_one(Label).render())
+        app.screen.query_one("#goto-input", Input).value = shown
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is app.dashboard
+        assert app.cursor_t == app.replay.t1  # type: ignore[union-attr]
+
+    run_app(db, scenario)
+
+
+def test_a_nan_start_time_starts_at_the_beginning(db: Path) -> None:
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        assert app.cursor_t == app.replay.t0  # type: ignore[union-attr]
+        app.goto(float("nan"))  # ignored
+        assert app.cursor_t == app.replay.t0  # type: ignore[union-attr]
+
+    run_app(db, scenario, at=float("nan"))
+
+
+def test_the_task_sort_title_keeps_its_brackets(db: Path) -> None:
+    from textual.content import Content
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        tasks = app.dashboard.query_one(TaskList)
+        await pilot.press("s")
+        await pilot.pause()
+        assert Content.from_markup(str(tasks.border_title)).plain.endswith("by E[remaining] ▼")
 
     run_app(db, scenario, at=60.0)

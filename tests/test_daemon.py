@@ -247,8 +247,23 @@ def test_react_rounds_early_task_end_and_abandoned_tasks(tmp_path: Path) -> None
         again = call("react", "a")  # the id is free again: a new task
         assert again["task_id"] != r0["task_id"]
         gone = call("left", "a")  # the application never sends b and c
-        d.wait_for(lambda s: s["counts"]["tasks_abandoned"] >= 2, timeout=30)
-        assert d.http.get(f"/v1/tasks/{gone['task_id']}").json()["status"] == "abandoned"
+
+        def plain(task: str | None, **meta: Any) -> httpx.Response:  # no registered workflow
+            ids = {} if task is None else {"task_id": task}
+            return d.http.post("/v1/chat/completions", json={
+                "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "go"}],
+                "topasd": {"agent": "react", **ids, **meta}})
+
+        p0 = plain("r1", last_in_stage=False).json()["topasd"]  # the id ties the rounds
+        p1 = plain("r1").json()["topasd"]
+        assert (p0["round"], p1["round"], p0["task_id"]) == (0, 1, p1["task_id"])
+        assert p1["task_done"] and not p0["task_done"]
+        stray = plain("r2", last_in_stage=False).json()["topasd"]  # never continued
+        nokey = plain(None, last_in_stage=False)  # nothing could ever end it
+        assert nokey.status_code == 422 and "needs topasd.task_id" in nokey.text
+        d.wait_for(lambda s: s["counts"]["tasks_abandoned"] >= 3, timeout=30)
+        for left in (gone, stray):
+            assert d.http.get(f"/v1/tasks/{left['task_id']}").json()["status"] == "abandoned"
         assert d.state()["counts"]["tasks_in_flight"] == 0
         assert d.stop() == 0
 
@@ -276,6 +291,12 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         err(h.get("/v1/tasks/424242"), 404, "no task 424242")
         err(h.get("/v1/tasks/abc"), 422, "task_id")
         err(h.get("/no/such/path"), 404, "/docs")
+        err(h.get("/v1/events", params={"since": 10**12}), 422, "beyond the newest event id")
+        err(h.patch("/v1/params", content=b'{"beta": NaN}',
+                    headers={"content-type": "application/json"}), 422, "beta", "finite")
+        err(h.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "x"}],
+            "topasd": {"task_id": "x" * 257}}), 422, "topasd.task_id", "at most 256")
         err(h.post("/v1/chat/completions", json={"model": "m", "messages": []}), 422, "messages")
         err(h.post("/v1/chat/completions",
                    json={"model": "m", "messages": [{"role": "user", "content": "x"}],
@@ -351,6 +372,16 @@ def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:
         r = plain.post("/v1/tasks", json={"workflow": "chain3"},
                        headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 201
+        # the token is checked before the body is read: junk without it is 401, not 400
+        assert plain.post("/v1/tasks", content=b"{not json").status_code == 401
+        # bodies over 16 MiB get 413, announced (Content-Length) or streamed (chunked)
+        big = b'{"workflow": "' + b"x" * (16 * 1024 * 1024) + b'"}'
+        auth = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+        r = plain.post("/v1/tasks", content=big, headers=auth)
+        assert r.status_code == 413 and "larger than 16,777,216 bytes" in r.text
+        chunks = (big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20))
+        assert plain.post("/v1/tasks", content=chunks, headers=auth).status_code == 413
+        assert plain.get("/v1/state").status_code == 200  # still serving
         plain.close()
         assert d.stop() == 0
 
@@ -362,6 +393,34 @@ def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.startswith("error: host '0.0.0.0' is not a loopback address")
     assert "Traceback" not in res.stderr and not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize("how", ["budget", "workflow", "rate"])
+def test_a_workflow_that_can_never_fit_stops_the_start(tmp_path: Path, how: str) -> None:
+    """Every request of chain3 needs its 4,000-token prefix; a spec's 50,000-token
+    prefix exceeds the 18,000-token pool: the daemon would only skip or refuse
+    all their work, so it does not start (one line, exit 2, no log file). Nor
+    does one whose first arrival lies beyond the bound on times."""
+    fix = "raise --budget"
+    if how == "budget":
+        args = ["--workload", "chain3", "--budget", "1000"]
+        says = "workflow 'chain3', stage 'a': even its smallest request needs 4500"
+    elif how == "rate":
+        args = ["--workload", "chain3", "--rate", "1e-300"]
+        says, fix = "arrival rate 1e-300 task/s", "give a --rate of at least"
+    else:
+        spec = tmp_path / "big.json"
+        spec.write_text(json.dumps({"name": "big", "agents": {"X": {"prefix_tokens": 50_000}},
+                                    "stages": [{"name": "s", "agent": "X"}]}))
+        args = ["--workflow", str(spec)]
+        says = "workflow 'big', stage 's': even its smallest request needs 50512"
+    res = subprocess.run([sys.executable, "-m", "topasd.cli", "start", "--port", "0",
+                          "--db", str(tmp_path / "x.db"), *args], cwd=tmp_path,
+                         env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0]
+    assert fix in lines[0] and not (tmp_path / "x.db").exists()
 
 
 def test_sigterm_lets_running_work_finish_and_exits_0_with_the_store_intact(

@@ -14,7 +14,15 @@ from types import ModuleType
 import pytest
 from click.testing import CliRunner
 
-from console.gantt import build_gantt, dump_dom, export_gantt, find_chromium, screenshot
+from console.gantt import (
+    Gantt,
+    GanttError,
+    build_gantt,
+    dump_dom,
+    export_gantt,
+    find_chromium,
+    screenshot,
+)
 from store import Store
 from store import queries as q
 from topasd.cli import main
@@ -311,3 +319,114 @@ def test_gantt_cli_png_of_an_aggregated_chart(tmp_path: Path) -> None:
     assert "aggregated" in res.output and png_is_not_blank(png)
     dom = dump_dom(out)
     assert "requests aggregated" in dom  # the title says so on the page
+
+
+# ------------------------------------------------------------ review fixes
+
+
+def replay_db(tmp_path: Path, *args: str) -> Path:
+    """A real decision log: `topasd replay --workload chain3 --policy topas ... --db`."""
+    db = tmp_path / "replay.db"
+    res = CliRunner().invoke(main, ["replay", "--workload", "chain3", "--policy", "topas",
+                                    *args, "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    return db
+
+
+def drawn_bars(g: Gantt) -> list[tuple[float, float]]:
+    """(start, end) of every bar in the figure."""
+    return [(b, b + x) for t in g.figure.data if t.type == "bar"
+            for b, x in zip(t.base, t.x, strict=True)]
+
+
+def test_max_bars_window_is_filled_up_to_the_cap(tmp_path: Path) -> None:
+    """The reviewer's run: every cap gets that many bars, from the run's start,
+    in a window of real width (not 4 bars for 20, nor 0–1e-06 s for 1)."""
+    db = replay_db(tmp_path, "--tasks", "20")
+    with Store(db) as store:
+        start = q.time_span(store.db, 1)[0]
+        for cap in (1, 5, 20):
+            g = build_gantt(store, max_bars=cap)
+            assert g.mode == "aggregated+windowed" and g.bars == cap
+            assert len(drawn_bars(g)) == cap
+            assert g.window[0] == start and g.window[1] - g.window[0] > 1.0
+            assert all(g.window[0] <= a <= b <= g.window[1] for a, b in drawn_bars(g))
+            assert list(g.figure.layout.xaxis.range) == list(g.window)
+            assert "1e-06" not in g.figure.layout.title.text
+
+
+def test_bars_tied_at_the_window_end_fill_the_cap_and_are_noted(tmp_path: Path) -> None:
+    """Six agents' requests admitted at once: cap 2 draws two, in a window
+    up to the next start, and says four are left out (no 0–1e-06 s window)."""
+    events = [e for i in range(6) for e in (
+        req(0.0, K.REQUEST_ADMIT, i, i, "s", f"A{i}"),
+        req(0.0, K.REQUEST_START, i, i, "s", f"A{i}"),
+        req(4.0 + i, K.REQUEST_FINISH, i, i, "s", f"A{i}"))]
+    events += [req(3.0, K.REQUEST_ADMIT, 9, 9, "s", "B"),
+               req(3.0, K.REQUEST_START, 9, 9, "s", "B"),
+               req(9.0, K.REQUEST_FINISH, 9, 9, "s", "B")]
+    path = tmp_path / "ties.db"
+    write_log(path, events)
+    with Store(path) as store:
+        g = build_gantt(store, max_bars=2)
+    assert g.window == (0.0, 3.0) and g.bars == 2
+    assert sorted(drawn_bars(g)) == [(0.0, 3.0), (0.0, 3.0)]
+    assert "4 more bars starting at 0 s not drawn" in g.figure.layout.title.text
+
+
+def test_preemption_marks_inside_the_window_are_drawn(tmp_path: Path) -> None:
+    """Marks past the cap: those in the window shown are drawn, only the others
+    are counted as not drawn."""
+    db = replay_db(tmp_path, "--tasks", "60", "--rate", "1.5")
+    with Store(db) as store:
+        every = q.preemptions(store.db, 1)
+        g = build_gantt(store, max_bars=10)
+    assert len(every) > 10 and g.mode == "aggregated+windowed"
+    inside = sorted(m.t for m in every if g.window[0] <= m.t <= g.window[1])
+    assert 0 < len(inside) < len(every)
+    drawn = sorted(x for t in g.figure.data if t.type == "scatter" for x in t.x)
+    assert drawn == inside and g.marks == len(inside)
+    assert f"{len(every) - len(inside)} preemption marks outside the window shown not drawn" \
+        in g.notes
+
+
+def test_preemption_marks_past_the_cap_are_kept_in_the_window(tmp_path: Path) -> None:
+    """Eight preempted requests, cap 4: overlapping ones merge into one busy span
+    and all eight marks stay; apart, the first four spans are shown with theirs."""
+    def preempted(gap: float) -> list[EngineEvent]:
+        return [e for i in range(8) for e in (
+            req(i * gap, K.REQUEST_ADMIT, i, i, "s", "A"),
+            req(i * gap, K.REQUEST_START, i, i, "s", "A"),
+            req(i * gap + 1.0, K.PREEMPT, i, i, "s", "A"))]
+
+    write_log(tmp_path / "close.db", preempted(0.5))
+    write_log(tmp_path / "apart.db", preempted(2.0))
+    with Store(tmp_path / "close.db") as store:
+        g = build_gantt(store, max_bars=4)
+    assert g.mode == "aggregated" and g.bars == 1 and g.marks == 8
+    assert not any("preemption marks" in n for n in g.notes)
+    with Store(tmp_path / "apart.db") as store:
+        g = build_gantt(store, max_bars=4)
+    assert g.mode == "aggregated+windowed" and g.window == (0.0, 8.0)
+    assert g.bars == 4 and g.marks == 4
+    marks = [x for t in g.figure.data if t.type == "scatter" for x in t.x]
+    assert marks == [1.0, 3.0, 5.0, 7.0]
+    assert "4 preemption marks outside the window shown not drawn" in g.notes
+
+
+@pytest.mark.parametrize("kind", ["existing", "slash"])
+def test_gantt_cli_refuses_a_folder_as_output(log: Path, tmp_path: Path, kind: str) -> None:
+    folder = tmp_path / "out"
+    if kind == "existing":
+        folder.mkdir()
+        with pytest.raises(GanttError, match=f"{folder}: is a folder, not a file; name "
+                                             f"the HTML file, e.g. -o {folder}/gantt.html"):
+            export_gantt(log, folder)
+    res = CliRunner().invoke(main, ["gantt", str(log), "-o", f"{folder}/"])
+    assert res.exit_code == 2
+    assert not folder.is_file() and list(tmp_path.glob("out*")) == (
+        [folder] if kind == "existing" else [])
+    if kind == "slash":
+        lines = res.output.strip().splitlines()
+        assert lines == [f"error: {folder}/: is a folder, not a file; name the HTML file, "
+                         f"e.g. -o {folder}/gantt.html"]

@@ -503,3 +503,24 @@ def test_runs_of_one_store_share_one_writer_and_a_dead_writer_is_an_error(
         sink = again.sink()
         Run(trace, make_policy("fcfs"), SimBackend(get_profile("small")), sink=sink).execute()
         assert q.get_run(again.db, sink.run_id).status == "done"
+
+
+def test_readers_do_not_write_into_an_empty_file_and_failed_replays_leave_no_log(
+        tmp_path: Path) -> None:
+    """A 0-byte file opened to read (console, gantt) is refused as it is; a
+    replay whose input is bad stops before it creates its --db."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(StoreError, match="an empty file, not a decision log yet"):
+        Store(empty, create=False)
+    assert empty.stat().st_size == 0
+    gantt = CliRunner().invoke(main, ["gantt", str(empty), "-o", str(tmp_path / "g.html")])
+    assert gantt.exit_code != 0 and "empty file" in gantt.output
+    assert empty.stat().st_size == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "header", "format": "topasd-trace", "version": 2}\n')
+    log = tmp_path / "never.db"
+    for args in (["replay", str(bad)], ["replay", "-w", "chain3", "-n", "3", "--param", "zz=1"]):
+        result = CliRunner().invoke(main, [*args, "--db", str(log)])
+        assert result.exit_code == 2, result.output
+        assert not log.exists()

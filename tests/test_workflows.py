@@ -122,7 +122,7 @@ def test_zero_rounds_rejected() -> None:
     ("input_tokens", -500, "input_tokens: values must lie in [0, 1e+07]"),
     ("output_tokens", -3, "output_tokens: values must lie in [1, 1e+07]"),
     ("output_tokens", {"uniform_int": [0, 9]}, "reaches [0, 9]"),
-    ("tool_wait_s", -4, "tool_wait_s: values must lie in [0, inf]"),
+    ("tool_wait_s", -4, "tool_wait_s: values must lie in [0, 1e+09]"),
     ("rounds", 100_000_000, "rounds: values must lie in [1, 10000]"),
     ("output_tokens", {"lognormal": {"median": 100, "sigma": 1}}, "reaches [0, inf]"),
     ("input_tokens", float("nan"), "input_tokens: values must lie"),
@@ -489,3 +489,166 @@ def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
     trace.write_bytes(b'{"type": "header", "note": "caf\xe9"}\n')
     with pytest.raises(TraceError, match=r"t\.jsonl: not UTF-8 text"):
         load_trace(trace)
+
+
+# --------------------------------------------------------------------------
+# Shared agents, time and id bounds, booleans, spec/trace mix-ups
+# --------------------------------------------------------------------------
+
+
+def two_workflows(size_1: int, size_2: int) -> dict:
+    return {"name": "mix", "workflows": [
+        spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": size_1}}, name="w1"),
+        spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": size_2}}, name="w2"),
+    ]}
+
+
+def test_an_agent_with_two_prefix_sizes_is_refused_in_a_workload() -> None:
+    with pytest.raises(WorkflowError) as err:
+        workload_from_dict(two_workflows(100, 15000), "conf.yaml")
+    msg = str(err.value)
+    assert msg.startswith("conf.yaml, workflows[1]: agent 'A'"), msg
+    assert "15000 in workflow 'w2'" in msg and "100 in workflow 'w1'" in msg
+    wl = workload_from_dict(two_workflows(100, 100), "conf.yaml")  # one size: fine
+    assert [wf.agents["A"].prefix_tokens for wf in wl.workflows] == [100, 100]
+
+
+def workflow_line(data: dict) -> str:
+    return json.dumps({"type": "workflow", "spec": data}) + "\n"
+
+
+def test_an_agent_with_two_prefix_sizes_is_refused_in_a_trace() -> None:
+    lines = good_lines()  # 'wf' on line 2 gives A 100
+    other = spec({"name": "x", "agent": "A"}, agents={"A": {"prefix_tokens": 15000}}, name="w2")
+    with pytest.raises(TraceError) as err:
+        read_trace([*lines[:2], workflow_line(other), *lines[2:]], "t.jsonl")
+    msg = str(err.value)
+    assert msg.startswith("t.jsonl:3: agent 'A'"), msg
+    assert "15000 in workflow 'w2'" in msg and "100 in workflow 'wf' (line 2)" in msg
+    same = spec({"name": "x", "agent": "A"}, agents={"A": {"prefix_tokens": 100}}, name="w2")
+    assert set(read_trace([*lines[:2], workflow_line(same), *lines[2:]]).workflows) == {
+        "wf", "w2"}
+
+
+BOUNDS = {
+    "arrival-1e300": (lambda r: r.update(arrival=1e300), "at most 1e+09 s"),
+    "arrival-1e17": (lambda r: r.update(arrival=1e17), "got 1e+17"),
+    "arrival-just-above": (lambda r: r.update(arrival=1e9 + 1), "arrival"),
+    "wait-1e300": (lambda r: r["stages"]["b"].__setitem__(0, [3, 4, 1e300]),
+                   "round 0: tool_wait_s 1e+300 is beyond the 1e+09 s bound"),
+    "huge-id": (lambda r: r.update(id=99999999999999999999999), "from 0 to 2**63-1"),
+    "id-2**63": (lambda r: r.update(id=2**63), "got 9223372036854775808"),
+    "negative-id": (lambda r: r.update(id=-1), "got -1"),
+    "bool-id": (lambda r: r.update(id=True), "got true"),
+    "bool-arrival": (lambda r: r.update(arrival=True), "got true"),
+    "bool-round": (lambda r: r["stages"]["b"].__setitem__(0, [True, 10, 0]),
+                   "round 0: expected [input_tokens >= 0"),
+    "bool-wait": (lambda r: r["stages"]["b"].__setitem__(0, [3, 4, False]), "got [3, 4, false]"),
+    "huge-int-wait": (lambda r: r["stages"]["b"].__setitem__(0, [3, 4, 10**400]),
+                      "tool_wait_s 1000"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BOUNDS))
+def test_out_of_bounds_and_boolean_task_fields_name_the_line(case: str) -> None:
+    change, says = BOUNDS[case]
+    with pytest.raises(TraceError) as err:
+        read_trace(edit_task(good_lines(), 3, change), "t.jsonl")
+    msg = str(err.value)
+    assert msg.startswith("t.jsonl:4: ") and says in msg, msg
+
+
+def test_the_largest_id_and_time_are_accepted() -> None:
+    def largest(r: dict) -> None:
+        r.update(id=2**63 - 1, arrival=1e9)
+        r["stages"]["b"] = [[3, 4, 1e9], [3, 4, 0]]
+
+    task = read_trace(edit_task(good_lines(), 3, largest)).tasks[-1]
+    assert (task.id, task.arrival, task.stages["b"][0].tool_wait_s) == (2**63 - 1, 1e9, 1e9)
+
+
+def test_a_boolean_version_or_prefix_is_refused() -> None:
+    lines = good_lines()
+    with pytest.raises(TraceError, match=r"^t\.jsonl:1: trace version true is not supported"):
+        read_trace([lines[0].replace('"version": 1', '"version": true'), *lines[1:]], "t.jsonl")
+    bad = lines[1].replace('"prefix_tokens": 100', '"prefix_tokens": true')
+    with pytest.raises(TraceError, match=r"^t\.jsonl:2: agents\.A\.prefix_tokens: .*true"):
+        read_trace([lines[0], bad, *lines[2:]], "t.jsonl")
+
+
+def test_tool_waits_in_a_spec_are_bounded() -> None:
+    with pytest.raises(WorkflowError, match=r"tool_wait_s: values must lie in \[0, 1e\+09\]"):
+        workflow_from_dict(spec({"name": "a", "agent": "A", "tool_wait_s": 1e300}))
+    with pytest.raises(WorkflowError, match=r"reaches \[0, inf\]"):  # an unclipped lognormal
+        workflow_from_dict(spec({"name": "a", "agent": "A",
+                                 "tool_wait_s": {"lognormal": {"median": 1, "sigma": 1}}}))
+
+
+@pytest.mark.parametrize(("rate", "n"), [(1e-300, 3), (1e-320, 1), (1e-9, 3)])
+def test_a_rate_too_small_for_the_time_bound_is_refused(rate: float, n: int) -> None:
+    wl = load_workload("chain3")
+    with pytest.raises(TopasError, match="beyond the 1e\\+09 s bound on arrival times"):
+        generate_trace(wl.workflows, rate, n, seed=0)
+    assert generate_trace(wl.workflows, 2.5e-9, 3, seed=0).tasks  # span 8e8 s: fine
+
+
+def test_spec_errors_in_a_trace_have_the_documented_shape() -> None:
+    """FILE:LINE: workflow 'NAME', stage ..., as docs/trace-format.md shows."""
+    lines = good_lines()
+    bad = lines[1].replace('"rounds": 1, "input_tokens": 256, "output_tokens": 256, '
+                           '"tool_wait_s": 0, "observation_tokens": 0, "history": "none", '
+                           '"carry_rounds": true}]',
+                           '"rounds": 0, "input_tokens": 256, "output_tokens": 256, '
+                           '"tool_wait_s": 0, "observation_tokens": 0, "history": "none", '
+                           '"carry_rounds": true}]')
+    assert bad != lines[1]
+    with pytest.raises(TraceError) as err:
+        read_trace([lines[0], bad, *lines[2:]], "t.jsonl")
+    assert f"error: {err.value}\n" in DOC.read_text()
+    assert str(err.value).startswith("t.jsonl:2: workflow 'wf', stage 'b', rounds: ")
+
+
+def test_a_byte_order_mark_is_not_data(tmp_path: Path) -> None:
+    lines = good_lines()
+    path = tmp_path / "bom.jsonl"
+    path.write_text("".join(lines), encoding="utf-8-sig")
+    assert [t.id for t in load_trace(path).tasks] == [0, 1]
+    assert [t.id for t in read_trace(["\ufeff" + lines[0], *lines[1:]]).tasks] == [0, 1]
+
+
+@pytest.mark.parametrize("form", ["yaml", "yaml-comment", "json-pretty", "json-line",
+                                  "yaml-blank-first"])
+def test_a_spec_read_as_a_trace_is_named(tmp_path: Path, form: str) -> None:
+    import yaml
+
+    data = spec({"name": "a", "agent": "A"})
+    text = {"yaml": yaml.safe_dump(data), "yaml-comment": "# mine\n" + yaml.safe_dump(data),
+            "json-pretty": json.dumps(data, indent=2), "json-line": json.dumps(data),
+            "yaml-blank-first": "\n" + yaml.safe_dump(data)}[form]
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert "this looks like a workflow spec (YAML or JSON), not a trace; use --workload " \
+        f"{path}" in str(err.value), str(err.value)
+    load_workload(str(path))  # and it is a good spec
+
+
+def test_a_trace_read_as_a_spec_is_named(tmp_path: Path) -> None:
+    for name, text in (("t.jsonl", "".join(good_lines())),
+                       ("one.jsonl", good_lines()[0]),
+                       ("bom.jsonl", "\ufeff" + "".join(good_lines()))):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(WorkflowError) as err:
+            load_workload(str(path))
+        assert str(err.value).startswith(f"{path}: this looks like a trace (JSON Lines with a "
+                                         "header), not a workflow spec; pass it as TRACE_FILE")
+
+
+def test_a_number_too_long_for_python_names_the_line() -> None:
+    lines = good_lines()
+    long_id = lines[3].replace('"id":1', '"id":' + "9" * 5000)
+    assert long_id != lines[3]
+    with pytest.raises(TraceError, match=r"^t\.jsonl:4: unreadable JSON number"):
+        read_trace([*lines[:3], long_id], "t.jsonl")

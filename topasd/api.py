@@ -46,6 +46,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    field_validator,
     model_validator,
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -71,6 +72,7 @@ log = logging.getLogger("topasd")
 QUERY_TIMEOUT_S = 10.0  # state, params and task queries wait this long for the loop
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_NAME = 256
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body above this gets 413 before it is read
 
 
 class Unauthorized(ServiceError):
@@ -154,6 +156,13 @@ class TopasdMeta(BaseModel):
                                 "round (false for earlier ReAct rounds).")
     last_in_task: StrictBool = Field(default=False, description="End the task after this call even "
                                "if stages of its workflow did not run.")
+
+    @field_validator("task_id")
+    @classmethod
+    def _id_length(cls, value: str | int | None) -> str | int | None:
+        if isinstance(value, str) and len(value) > MAX_NAME:
+            raise ValueError(f"at most {MAX_NAME} characters")
+        return value
 
 
 class ContentPart(BaseModel):
@@ -388,6 +397,8 @@ def _params_patch_model() -> type[BaseModel]:
         if name in PARAM_RANGES:
             lo, hi = PARAM_RANGES[name]
             extra = {"ge": lo, "le": hi}
+            if float in typing.get_args(hint) or hint is float:
+                extra["allow_inf_nan"] = False  # NaN: "a finite number", not "<= hi"
         if name == "reservation":
             hint = Literal["full", "optimistic"]
         if name == "pack_order":
@@ -418,6 +429,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "Wrong bearer token"),
         (404, "Unknown id"),
         (409, "Conflicts with the task's state"),
+        (413, "The body is larger than 16 MiB"),
         (422, "Invalid body or parameters"),
         (503, "Shutting down, or the engine loop is not answering"),
     )
@@ -440,9 +452,10 @@ def create_app(service: Service) -> FastAPI:
         description="Workflow-aware prefix-state scheduler daemon (TOPAS): control API, "
                     "event stream and an OpenAI-compatible API. See docs/api.md.",
     )
+    app.add_middleware(BodyGuard, settings=settings)  # type: ignore[arg-type]
     auth = _auth_dependency(settings)
     guarded: list[Any] = [Depends(auth)] if auth is not None else []
-    mutating = (400, 401, 403, 422, 503) if auth is not None else (400, 422, 503)
+    mutating = (400, 401, 403, 413, 422, 503) if auth is not None else (400, 413, 422, 503)
     _install_errors(app)
 
     @app.get("/health", response_model=Health, tags=["status"])
@@ -486,6 +499,11 @@ def create_app(service: Service) -> FastAPI:
         that falls behind skips ahead (a `lag` event says how many it missed); the
         scheduler never waits for a reader."""
         wanted = _kinds(kinds)
+        newest = service.bus.seq
+        if since is not None and since > newest:
+            raise Invalid(f"since: {since} is beyond the newest event id {newest} (ids start "
+                          "again at 1 when the daemon restarts); resume with since <= "
+                          f"{newest}, or leave it out to stream from now")
         return StreamingResponse(_event_stream(service, request, wanted, since, max_events),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -831,12 +849,30 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 # ------------------------------------------------------------------- errors
 
 
+def _needs_token(settings: Settings) -> bool:
+    """Mutating endpoints need the bearer token when the daemon is bound to a
+    non-loopback address, or whenever a token is configured."""
+    return not settings.loopback or bool(settings.token)
+
+
+def _token_problem(settings: Settings, presented: str | None) -> ServiceError | None:
+    """Why a request presenting bearer `presented` (None: no Authorization
+    header) may not mutate, or None when it may."""
+    if presented is None:
+        return Unauthorized(f"this daemon is bound to {settings.host}: send "
+                            "'Authorization: Bearer <token>' with the token from its "
+                            "configuration (--token / TOPAS_TOKEN / topasd.toml)")
+    if not secrets.compare_digest(presented.encode(), (settings.token or "").encode()):
+        return Forbidden("wrong bearer token: use the token from the daemon's "
+                         "configuration (--token / TOPAS_TOKEN / topasd.toml)")
+    return None
+
+
 def _auth_dependency(settings: Settings) -> Callable[..., Any] | None:
-    """Bearer-token check for mutating endpoints: when bound to a non-loopback
-    address, or whenever a token is configured."""
-    if settings.loopback and not settings.token:
+    """Bearer-token check for mutating endpoints (`_needs_token`); `BodyGuard`
+    has already refused what fails it, this declares it in the OpenAPI page."""
+    if not _needs_token(settings):
         return None
-    token = settings.token or ""
     bearer = HTTPBearer(auto_error=False, description="The daemon's token (--token, "
                         "TOPAS_TOKEN); with the openai client, its api_key.")
 
@@ -844,15 +880,72 @@ def _auth_dependency(settings: Settings) -> Callable[..., Any] | None:
     # `bearer` inside one would not resolve (FastAPI would read `creds` as a query field)
     async def check(creds: HTTPAuthorizationCredentials | None = Depends(bearer),  # noqa: B008
                     ) -> None:
-        if creds is None:
-            raise Unauthorized(f"this daemon is bound to {settings.host}: send "
-                               "'Authorization: Bearer <token>' with the token from its "
-                               "configuration (--token / TOPAS_TOKEN / topasd.toml)")
-        if not secrets.compare_digest(creds.credentials.encode(), token.encode()):
-            raise Forbidden("wrong bearer token: use the token from the daemon's "
-                            "configuration (--token / TOPAS_TOKEN / topasd.toml)")
+        problem = _token_problem(settings, None if creds is None else creds.credentials)
+        if problem is not None:
+            raise problem
 
     return check
+
+
+class BodyGuard:
+    """ASGI middleware for requests that carry a body (every method but GET,
+    HEAD and OPTIONS): without the token (when one is needed) they get 401/403
+    before any of the body is read, and a body over `MAX_BODY_BYTES` gets 413
+    (announced by Content-Length, or once that much has streamed in); the
+    body is then handed on in one piece. Reads are left alone."""
+
+    def __init__(self, app: Any, settings: Settings, limit: int = 0) -> None:
+        self.app = app
+        self.settings = settings
+        self.limit = limit or MAX_BODY_BYTES
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        problem = self._refusal(dict(scope.get("headers") or ()))
+        if problem is not None:
+            await problem(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._too_large()(scope, receive, send)
+                return
+            if not message.get("more_body"):
+                break
+        handed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal handed
+            if handed:
+                return await receive()  # after the body: disconnects (streamed replies)
+            handed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _refusal(self, headers: dict[bytes, bytes]) -> JSONResponse | None:
+        if _needs_token(self.settings):
+            scheme, _, presented = headers.get(b"authorization", b"").decode(
+                "latin-1").partition(" ")
+            problem = _token_problem(self.settings, presented.strip()
+                                     if scheme.lower() == "bearer" and presented else None)
+            if problem is not None:
+                headers_out = {"WWW-Authenticate": "Bearer"} if problem.status == 401 else None
+                return _error(problem.status, problem.kind, str(problem), headers=headers_out)
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> JSONResponse:
+        return _error(413, "invalid_request_error",
+                      f"the body is larger than {self.limit:,} bytes; send a smaller request")
 
 
 def _error(status: int, kind: str, message: str, param: str | None = None,

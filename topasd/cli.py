@@ -62,16 +62,20 @@ def trace() -> None:
               help="Number of task arrivals.")
 @click.option("--seed", "-s", type=click.IntRange(min=0), default=0, show_default=True,
               help="Sampling seed.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True), required=True,
-              help="Where to write the trace (.jsonl).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+              required=True, help="Where to write the trace (.jsonl); '-': standard output.")
 def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) -> None:
     """Sample a trace of TASKS arrivals of a workload at RATE task/s."""
-    from workflows.trace import save_trace
+    from workflows.trace import save_trace, write_trace
 
     tr = _generated_trace(workload, rate, tasks, seed)
-    save_trace(tr, output)
+    if output == "-":
+        write_trace(tr, click.get_text_stream("stdout"))
+    else:
+        save_trace(tr, output)
     n_req = sum(len(r) for t in tr.tasks for r in t.stages.values())
-    click.echo(f"wrote {output}: {len(tr.tasks)} tasks, {n_req} requests, "
+    click.echo(f"wrote {'standard output' if output == '-' else output}: {len(tr.tasks)} "
+               f"tasks, {n_req} requests, "
                f"last arrival at {tr.tasks[-1].arrival:.1f}s", err=True)
 
 
@@ -110,8 +114,9 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
               help="Hardware profile of the simulator (with --backend vllm, the policy's "
                    "cost hints if given; default: the tiny CPU model's fitted costs).")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
-              help=f"Override the profile's KV budget (tokens); with --backend vllm the KV "
-                   f"pool, rounded up to whole blocks [default: {VLLM_BUDGET}].")
+              help=f"Override the profile's KV budget (tokens) [default: the profile's]; "
+                   f"with --backend vllm the KV pool, rounded up to whole blocks "
+                   f"[default: {VLLM_BUDGET}].")
 @click.option("--json", "as_json", is_flag=True, help="Print {\"runs\": [...]} as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
@@ -145,7 +150,6 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
       topasd replay --workload chain3 --tasks 3 -p topas --backend vllm --model tiny-model
     """
     vllm_opts = _vllm_options(backend, model, budget)
-    store = _open_store(db_path, log_candidates)
     tr = _load_or_generate(trace_file, workload, rate, tasks, seed, _given("tasks", "seed"))
     if vllm_opts is not None:
         if click.get_current_context().get_parameter_source("profile") is \
@@ -159,6 +163,7 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     tr.check_fits(prof.budget_tokens)
     names = _policy_names(policies)
     tuned = _topas_params(names, _param_flags(params)) if params else {}
+    store = _open_store(db_path, log_candidates)  # last: bad input leaves no log file
     rows = []
     for name in names:
         with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
@@ -338,11 +343,13 @@ def model() -> None:
 @model.command("tiny")
 @click.option("--output", "-o", type=click.Path(file_okay=False), required=True,
               help="The directory to write (created if missing).")
-@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--hidden", type=click.IntRange(min=64), default=128, show_default=True,
-              help="Hidden size, a multiple of 64 (head size 32; the key/value heads "
-                   "must divide the query heads).")
-@click.option("--vocab", type=click.IntRange(min=64), default=2048, show_default=True)
+@click.option("--layers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Decoder layers (1-64).")
+@click.option("--hidden", type=click.IntRange(64, 4096), default=128, show_default=True,
+              help="Hidden size, a multiple of 64 up to 4096 (head size 32; the key/value "
+                   "heads must divide the query heads).")
+@click.option("--vocab", type=click.IntRange(64, 262_144), default=2048, show_default=True,
+              help="Vocabulary size (64-262,144; dummy weights fill hidden x vocab twice).")
 def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
     """Write a tiny Qwen2-style config.json; vLLM runs it with dummy weights.
 

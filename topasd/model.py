@@ -105,6 +105,14 @@ class Dist:
             x = min(x, self.high)
         return x
 
+    def least(self) -> float:
+        """The smallest value a draw can take (an unclipped lognormal: 0)."""
+        if self.kind == "fixed":
+            return self.value
+        if self.kind == "choice":
+            return float(min(self.values))
+        return float(self.low) if self.low is not None else 0.0
+
     def mean(self) -> float:
         """The expectation (lognormal clipping ignored: an estimate only)."""
         if self.kind == "fixed":

@@ -61,7 +61,7 @@ from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 from workflows.builtin import BUILTIN, Workload, load_workload
 from workflows.driver import DriverStep, TaskDriver
 from workflows.spec import load_workflow
-from workflows.trace import TaskRecord, sample_task
+from workflows.trace import TaskRecord, check_rate, sample_task
 
 log = logging.getLogger("topasd")
 
@@ -633,6 +633,24 @@ def make_backend(settings: Settings, profile: HardwareProfile) -> Any:
     return sglang_backend(options, profile)
 
 
+def never_fits(wf: Workflow, budget: int) -> str | None:
+    """Why no request of some stage of `wf` can ever fit a KV budget of
+    `budget` tokens (its prefix plus the least input and output it can draw),
+    or None."""
+    for v in wf.topo_order:
+        stage = wf.stages[v]
+        prefix = wf.agents[stage.agent].prefix_tokens
+        p = stage.profile
+        least = prefix + max(1, round(p.input_tokens.least())) + max(
+            1, round(p.output_tokens.least()))
+        if least > budget:
+            return (f"workflow {wf.name!r}, stage {v!r}: even its smallest request needs "
+                    f"{least} KV tokens (the prefix of agent {stage.agent!r}, {prefix}, + input "
+                    f"+ output) but the KV budget is {budget}; raise --budget or use a larger "
+                    "profile, or shrink the workflow")
+    return None
+
+
 def engine_profile(profile: HardwareProfile, backend: Any,
                    budget: int | None) -> HardwareProfile:
     """`profile` with the KV pool the engine reports (`budget_tokens`; SGLang
@@ -658,6 +676,17 @@ class Service:
         self.policy = build_policy(settings.policy, settings.params)
         self.backend = make_backend(settings, profile)
         self.profile = engine_profile(profile, self.backend, settings.budget)
+        problem = next(filter(None, (never_fits(wf, self.profile.budget_tokens) for wf in (
+            *(self.workload.workflows if self.workload else ()),
+            *(load_workflow(p) for p in settings.workflows)))), None)
+        try:
+            if problem is not None:
+                raise TopasError(problem)
+            if self.workload is not None:  # arrivals within the bound on times
+                check_rate(settings.rate or _middle(self.workload), settings.tasks or 1)
+        except TopasError:
+            getattr(self.backend, "close", lambda: None)()
+            raise
         self.store = Store(settings.db)
         self.store_sink = self.store.sink(settings.log_candidates)
         self.bus = EventBus()
@@ -1011,8 +1040,7 @@ class Service:
                           f"budget is {self.profile.budget_tokens}; lower max_tokens or "
                           "shorten the prompt")
         if task is None:
-            key = None if spec.task_key is None or wf.name not in self.registry else (
-                wf.name, spec.task_key)
+            key = None if spec.task_key is None else (wf.name, spec.task_key)
             task = self._open_task(wf, key, spec.task_key)
         k = task.rounds.get(stage, 0)
         task.rounds[stage] = k + 1
@@ -1027,11 +1055,12 @@ class Service:
 
     def _call_target(self, spec: CallSpec) -> tuple[Workflow, str, _OpenTask | None]:
         """The workflow, stage and open task (None: a new one) a call belongs to."""
+        if spec.task_key is None and not spec.last_in_stage:
+            raise Invalid("topasd.last_in_stage=false needs topasd.task_id: without an id no "
+                          "later call can continue (or end) this stage; send a task_id")
         if spec.workflow is None or spec.workflow not in self.registry:
             wf = self._synthesized(spec.agent or spec.system_key, spec.system_tokens)
-            if self._draining:
-                raise Unavailable("the daemon is shutting down: not admitting new tasks")
-            return wf, wf.topo_order[0], None
+            return wf, wf.topo_order[0], self._continued(wf.name, wf.topo_order[0], spec)
         wf = self.registry[spec.workflow]
         stage = spec.stage
         if stage is None:
@@ -1048,12 +1077,16 @@ class Service:
         if spec.task_key is None and len(wf.stages) > 1:
             raise Invalid(f"topasd.task_id is required with workflow {wf.name!r} (it has "
                           f"{len(wf.stages)} stages): one id ties a task's calls together")
-        active = self._activate(wf.name)
-        task = None if spec.task_key is None else self.calls.open.get((wf.name, spec.task_key))
+        return self._activate(wf.name), stage, self._continued(wf.name, stage, spec)
+
+    def _continued(self, workflow: str, stage: str, spec: CallSpec) -> _OpenTask | None:
+        """The open task `spec.task_key` names in `workflow` (None: a new task),
+        refusing a stage it already finished or a task that is closing."""
+        task = None if spec.task_key is None else self.calls.open.get((workflow, spec.task_key))
         if task is None:
             if self._draining:
                 raise Unavailable("the daemon is shutting down: not admitting new tasks")
-            return active, stage, None
+            return None
         if stage in task.done:
             raise Conflict(f"task {spec.task_key!r} already finished stage {stage!r} (a call "
                            "with last_in_stage=true ended it); send earlier rounds with "
@@ -1061,7 +1094,7 @@ class Service:
         if task.closing:
             raise Conflict(f"task {spec.task_key!r} is closing (a call with last_in_task=true "
                            "ended it); use a new task_id")
-        return active, stage, task
+        return task
 
     def _open_task(self, wf: Workflow, key: tuple[str, str] | None,
                    client_key: str | None) -> _OpenTask:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from topasd.model import TopasError, Workflow, WorkflowError
-from workflows.spec import spec_dict, workflow_from_dict
+from workflows.spec import agent_clash, spec_dict, workflow_from_dict
 
 BUILTIN = ("table1", "chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
 
@@ -67,8 +67,20 @@ def workload_from_dict(data: dict[str, Any], where: str) -> Workload:
     if twice:
         raise WorkflowError(f"{where}: workflow name(s) {twice} used twice; give each workflow "
                             "its own name")
+    _check_agents(wfs, where)
     return Workload(name, wfs, points, str(data.get("notes", "")),
                     str(data.get("description", "")))
+
+
+def _check_agents(wfs: tuple[Workflow, ...], where: str) -> None:
+    """Workflows that share an agent name must agree on its prefix size."""
+    seen: dict[str, tuple[int, str]] = {}
+    for i, wf in enumerate(wfs):
+        clash = agent_clash(wf, seen)
+        if clash:
+            raise WorkflowError(f"{where}, workflows[{i}]: {clash}")
+        for agent in wf.agents.values():
+            seen.setdefault(agent.name, (agent.prefix_tokens, f"workflow {wf.name!r}"))
 
 
 def _operating_points(points: Any, where: str) -> tuple[float, ...]:

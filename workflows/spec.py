@@ -21,13 +21,16 @@ A number is a fixed value; a distribution is one of
 `{uniform: [lo, hi]}`, `{uniform_int: [lo, hi]}`, `{choice: [...]}`,
 `{lognormal: {median: m, sigma: s, low: lo, high: hi}}`. Every value a stage
 field can take must make sense: rounds 1-10,000, input and observation
-tokens >= 0, output tokens >= 1, tool waits >= 0 (a lognormal is bounded by
-its clip).
+tokens >= 0, output tokens >= 1, tool waits 0 to `MAX_TIME_S` (a lognormal
+is bounded by its clip). An agent is one cached prefix: workflows that share
+an agent name must give it the same `prefix_tokens` (`agent_clash`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,10 @@ from topasd.model import (
 DistSpec = float | int | dict[str, Any]
 MAX_ROUNDS = 10_000  # LLM rounds of one stage
 MAX_TOKENS = 10_000_000  # tokens of one round's input, output or observation
+# Bound on arrival times and tool waits, s (~32 years). Beyond ~1e16 s adding an
+# engine step to the clock changes nothing (a replay never ends) and well before
+# that times lose the resolution a step needs; 1e9 s keeps it below 1e-6 s.
+MAX_TIME_S = 1e9
 
 
 def parse_dist(spec: DistSpec, where: str,
@@ -103,9 +110,22 @@ def _opt(v: Any) -> float | None:
     return None if v is None else float(v)
 
 
+def _no_bool(v: Any) -> Any:
+    """JSON/YAML true and false are not numbers (Python would take them as 1 and 0)."""
+    if isinstance(v, bool) or (isinstance(v, list) and any(isinstance(x, bool) for x in v)):
+        raise ValueError(f"expected numbers, got {json.dumps(v)}; true and false are not "
+                         "numbers")
+    return v
+
+
 class AgentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prefix_tokens: int = Field(ge=0)
+
+    @field_validator("prefix_tokens", mode="before")
+    @classmethod
+    def _prefix_not_bool(cls, v: Any) -> Any:
+        return _no_bool(v)
 
 
 class StageSpec(BaseModel):
@@ -139,17 +159,23 @@ class WorkflowSpec(BaseModel):
     stages: list[StageSpec] = Field(min_length=1)
     operating_points: list[float] = Field(default_factory=list)
 
+    @field_validator("operating_points", mode="before")
+    @classmethod
+    def _points_not_bool(cls, v: Any) -> Any:
+        return _no_bool(v)
 
-def workflow_from_dict(data: dict[str, Any], where: str = "workflow") -> Workflow:
-    """Validate a spec mapping and build the `Workflow` (acyclic, agents known)."""
+
+def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
+    """Validate a spec mapping and build the `Workflow` (acyclic, agents known);
+    errors read `WHERE: workflow 'NAME', stage 'S', FIELD: ...`."""
     try:
         spec = WorkflowSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
-        raise WorkflowError(f"{where}: {problems}") from None
-    where = f"{where} {spec.name!r}"
+        raise WorkflowError(f"{where}: {problems}" if where else problems) from None
+    where = f"{where}: workflow {spec.name!r}" if where else f"workflow {spec.name!r}"
     seen: set[str] = set()
     stages: dict[str, Stage] = {}
     for s in spec.stages:
@@ -161,7 +187,7 @@ def workflow_from_dict(data: dict[str, Any], where: str = "workflow") -> Workflo
             rounds=parse_dist(s.rounds, f"{at}, rounds", (1, MAX_ROUNDS)),
             input_tokens=parse_dist(s.input_tokens, f"{at}, input_tokens", (0, MAX_TOKENS)),
             output_tokens=parse_dist(s.output_tokens, f"{at}, output_tokens", (1, MAX_TOKENS)),
-            tool_wait_s=parse_dist(s.tool_wait_s, f"{at}, tool_wait_s", (0, math.inf)),
+            tool_wait_s=parse_dist(s.tool_wait_s, f"{at}, tool_wait_s", (0, MAX_TIME_S)),
             observation_tokens=parse_dist(s.observation_tokens, f"{at}, observation_tokens",
                                           (0, MAX_TOKENS)),
             history=s.history,
@@ -176,7 +202,12 @@ def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
     """Read a spec file (YAML or JSON) as a mapping."""
     path = Path(path_or_name)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if _looks_like_trace(text):
+            raise WorkflowError(f"{path}: this looks like a trace (JSON Lines with a header), "
+                                "not a workflow spec; pass it as TRACE_FILE (`topasd replay "
+                                f"{path}`), not --workload")
+        data = yaml.safe_load(text)
     except OSError as exc:
         raise WorkflowError(f"cannot read workflow spec {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -187,6 +218,29 @@ def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise WorkflowError(f"{path}: a workflow spec must be a mapping")
     return data
+
+
+def _looks_like_trace(text: str) -> bool:
+    """Whether the first line is a trace record (a JSON object with a trace `type`)."""
+    first = text.lstrip("\ufeff \t\r\n").split("\n", 1)[0]
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(rec, dict) and rec.get("type") in ("header", "workflow", "task")
+
+
+def agent_clash(wf: Workflow, seen: Mapping[str, tuple[int, str]]) -> str | None:
+    """Why `wf` cannot run beside workflows whose agents have the sizes `seen`
+    (agent -> (prefix_tokens, where that size was given)), or None."""
+    for agent in wf.agents.values():
+        size, other = seen.get(agent.name, (agent.prefix_tokens, ""))
+        if size != agent.prefix_tokens:
+            return (f"agent {agent.name!r} has prefix_tokens {agent.prefix_tokens} in workflow "
+                    f"{wf.name!r} but {size} in {other}; an agent is one cached prefix "
+                    "shared by every workflow, so give it one size or rename it in one "
+                    "workflow")
+    return None
 
 
 def load_workflow(path: str | Path) -> Workflow:

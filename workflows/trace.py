@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +18,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from topasd.model import TopasError, Workflow, WorkflowError
-from workflows.spec import workflow_from_dict, workflow_to_dict
+from workflows.spec import MAX_TIME_S, agent_clash, workflow_from_dict, workflow_to_dict
 
 TRACE_FORMAT = "topasd-trace"
 TRACE_VERSION = 1
+MAX_TASK_ID = 2**63 - 1  # task ids are SQLite INTEGERs in the decision log
 
 
 class TraceError(TopasError):
@@ -108,13 +110,29 @@ def _ancestors(wf: Workflow, v: str) -> tuple[str, ...]:
     return tuple(sorted(nx.ancestors(wf.graph, v)))
 
 
-def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n arrival times of a Poisson process of `rate` tasks/s, the first at 0."""
+def check_rate(rate: float, n_tasks: int) -> None:
+    """Refuse an arrival rate that is not > 0 or whose `n_tasks` arrivals would be
+    expected to span more than `MAX_TIME_S`."""
     if not (math.isfinite(rate) and rate > 0):
         raise TopasError(f"arrival rate must be a finite number > 0 task/s, got {rate}")
+    gaps = max(n_tasks - 1, 1)
+    if gaps / rate > MAX_TIME_S:
+        raise TopasError(f"arrival rate {rate:g} task/s spreads {n_tasks} task(s) over "
+                         f"~{gaps / rate:.3g} s, beyond the {MAX_TIME_S:g} s bound on arrival "
+                         f"times; give a --rate of at least {gaps / MAX_TIME_S:.3g} task/s")
+
+
+def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n arrival times of a Poisson process of `rate` tasks/s, the first at 0."""
+    check_rate(rate, n)
     gaps = rng.exponential(1.0 / rate, size=n)
     gaps[0] = 0.0
-    return np.round(np.cumsum(gaps), 6)
+    times = np.round(np.cumsum(gaps), 6)
+    if times[-1] > MAX_TIME_S:
+        raise TopasError(f"arrival rate {rate:g} task/s put the last of {n} arrivals at "
+                         f"{times[-1]:.3g} s, beyond the {MAX_TIME_S:g} s bound on arrival "
+                         "times; raise --rate or lower --tasks")
+    return times
 
 
 def generate_trace(workflows: Sequence[Workflow], rate: float, n_tasks: int, seed: int,
@@ -167,7 +185,7 @@ def save_trace(trace: Trace, path: str | Path) -> None:
 
 def load_trace(path: str | Path) -> Trace:
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(path, encoding="utf-8-sig") as fh:  # -sig: a leading BOM is not data
             return read_trace(fh, str(path))
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
@@ -183,29 +201,28 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     meta: dict[str, Any] | None = None
     seen_ids: set[int] = set()
     defined_on: dict[str, int] = {}
+    agents: dict[str, tuple[int, str]] = {}  # agent -> (prefix_tokens, where first given)
     for lineno, line in enumerate(lines, start=1):
         where = f"{name}:{lineno}"
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark
         if not line.strip():
             continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
-                             "is the line truncated?") from None
-        if not isinstance(rec, dict) or "type" not in rec:
-            raise TraceError(f"{where}: expected an object with a 'type' field")
+        rec = _record(line, where, name, first=meta is None)
         kind = rec["type"]
         if lineno == 1 or kind == "header":
             meta = _header(rec, where, lineno)
         elif kind == "workflow":
-            try:
-                wf = workflow_from_dict(rec.get("spec"), where=where)
-            except WorkflowError as exc:
-                msg = str(exc)
-                raise TraceError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+            wf = _workflow(rec, where)
             if wf.name in workflows:
                 raise TraceError(f"{where}: workflow {wf.name!r} is defined twice (first on "
                                  f"line {defined_on[wf.name]}); give each workflow its own name")
+            clash = agent_clash(wf, agents)
+            if clash:
+                raise TraceError(f"{where}: {clash}")
+            for agent in wf.agents.values():
+                agents.setdefault(agent.name, (agent.prefix_tokens,
+                                               f"workflow {wf.name!r} (line {lineno})"))
             workflows[wf.name] = wf
             defined_on[wf.name] = lineno
         elif kind == "task":
@@ -225,13 +242,51 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     return Trace(workflows, tuple(tasks), meta, source=name)
 
 
+# A first line that starts like YAML (a comment, `---`, `key:`) or a pretty-printed
+# JSON object: a workflow spec, not JSON Lines.
+_SPEC_START = re.compile(r"\s*(#|---|\{\s*$|[A-Za-z_][\w.-]*\s*:(\s|$))")
+_SPEC_KEYS = {"stages", "agents", "workflows"}
+
+
+def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
+    """One line's JSON object, which must have a `type`; on the `first` line of
+    content, a workflow spec is named as such."""
+    spec_hint = (f"{where}: this looks like a workflow spec (YAML or JSON), not a trace; use "
+                 f"--workload {name}")
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        if first and _SPEC_START.match(line):
+            raise TraceError(spec_hint) from None
+        raise TraceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+                         "is the line truncated?") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise TraceError(f"{where}: unreadable JSON number ({str(exc).split(':')[0]}); "
+                         "write a smaller number") from None
+    if not isinstance(rec, dict) or "type" not in rec:
+        if first and isinstance(rec, dict) and _SPEC_KEYS & set(rec):
+            raise TraceError(spec_hint)
+        raise TraceError(f"{where}: expected an object with a 'type' field")
+    return rec
+
+
+def _workflow(rec: dict[str, Any], where: str) -> Workflow:
+    """A workflow line's spec; errors read `FILE:LINE: workflow 'NAME', ...`."""
+    try:
+        return workflow_from_dict(rec.get("spec"), where=where)
+    except WorkflowError as exc:
+        msg = str(exc)
+        raise TraceError(msg if msg.startswith(f"{where}:") else f"{where}: {msg}") from None
+
+
 def _header(rec: dict[str, Any], where: str, lineno: int) -> dict[str, Any]:
     if lineno != 1 or rec.get("type") != "header":
         raise TraceError(f"{where}: the header must be the first line and only there")
     if rec.get("format") != TRACE_FORMAT:
         raise TraceError(f"{where}: not a topasd trace (format {rec.get('format')!r})")
-    if rec.get("version") != TRACE_VERSION:
-        raise TraceError(f"{where}: trace version {rec.get('version')!r} is not supported "
+    version = rec.get("version")
+    if not _is_int(version) or version != TRACE_VERSION:
+        raise TraceError(f"{where}: trace version {json.dumps(version)} is not supported "
                          f"(this topasd reads version {TRACE_VERSION})")
     return {k: v for k, v in rec.items() if k not in ("type", "format", "version")}
 
@@ -248,10 +303,13 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
         raise TraceError(f"{where}: task {tid} uses workflow {wf_name!r}, which no earlier "
                          "'workflow' line defines")
     wf = workflows[wf_name]
-    if (not isinstance(tid, int) or not isinstance(arrival, (int, float))
-            or not math.isfinite(arrival) or arrival < 0):
-        raise TraceError(f"{where}: task id must be an integer and arrival a finite number "
-                         ">= 0")
+    if not _is_int(tid) or not 0 <= tid <= MAX_TASK_ID:
+        raise TraceError(f"{where}: task id must be an integer from 0 to 2**63-1, got "
+                         f"{json.dumps(tid)}; renumber the task")
+    if not _is_number(arrival) or not 0 <= arrival <= MAX_TIME_S:
+        raise TraceError(f"{where}: task {tid} needs arrival a finite number >= 0 and at most "
+                         f"{MAX_TIME_S:g} s (the bound on trace times), got "
+                         f"{json.dumps(arrival)}")
     if not isinstance(stages, dict) or set(stages) != set(wf.stages):
         got = sorted(stages) if isinstance(stages, dict) else stages
         raise TraceError(f"{where}: task {tid} must give rounds for exactly the stages "
@@ -267,11 +325,24 @@ def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
         raise TraceError(f"{where}: expected a non-empty list of [input, output, wait] rounds")
     out = []
     for k, r in enumerate(rounds):
-        ok = (isinstance(r, list) and len(r) == 3 and all(isinstance(x, (int, float)) for x in r)
-              and isinstance(r[0], int) and isinstance(r[1], int))
-        if not ok or r[0] < 0 or r[1] < 1 or not math.isfinite(r[2]) or r[2] < 0:
+        ok = (isinstance(r, list) and len(r) == 3 and _is_int(r[0]) and _is_int(r[1])
+              and _is_number(r[2]))
+        if not ok or r[0] < 0 or r[1] < 1 or r[2] < 0:
             raise TraceError(f"{where}, round {k}: expected [input_tokens >= 0, output_tokens "
                              f">= 1, tool_wait_s >= 0] as integers and a finite number, "
-                             f"got {r!r}")
+                             f"got {json.dumps(r)}")
+        if r[2] > MAX_TIME_S:
+            raise TraceError(f"{where}, round {k}: tool_wait_s {json.dumps(r[2])} is beyond the "
+                             f"{MAX_TIME_S:g} s bound on trace times; shorten the wait")
         out.append(RoundSpec(r[0], r[1], float(r[2])))
     return tuple(out)
+
+
+def _is_int(x: Any) -> bool:
+    """A JSON integer (true and false are not, though Python says bool is int)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    """A finite JSON number (not a boolean)."""
+    return _is_int(x) or (isinstance(x, float) and math.isfinite(x))

@@ -96,7 +96,7 @@ class ParamsScreen(Screen[None]):
         try:
             info = await client.params()
         except (ConnectionLost, ApiError) as exc:
-            self.answer(Text(f"cannot read the parameters: {exc}", style="bold red"))
+            self.answer(Text(f"cannot read the parameters: {exc}", style="bold red"), "error")
             return
         self.fill(info)
 
@@ -112,6 +112,7 @@ class ParamsScreen(Screen[None]):
             has = f.name in params
             self.query_one(f"#row-{f.name}").set_class(not has, "-absent")
             value = params.get(f.name)
+            widget.disabled = self.read_only or not has  # edit after the switch
             if isinstance(widget, Switch):
                 widget.value = bool(value)
             elif isinstance(widget, Select):
@@ -166,8 +167,19 @@ class ParamsScreen(Screen[None]):
         else:
             label.update(Text(f.help))
 
-    def answer(self, text: Text) -> None:
-        self.query_one("#answer", Static).update(text)
+    def answer(self, text: Text, severity: str | None = None) -> None:
+        """Show the outcome under the form (scrolled into view); with a
+        `severity`, also as a notification, which no scrolling hides."""
+        answer = self.query_one("#answer", Static)
+        answer.update(text)
+        if severity is not None:
+            answer.scroll_visible(animate=False)
+            self.console.notify(text.plain, severity=severity,  # type: ignore[arg-type]
+                                timeout=4 if severity == "information" else 8)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A replay's form is read-only: no Apply key in the footer."""
+        return not (action == "apply" and self.read_only)
 
     @on(Button.Pressed, "#apply")
     def _apply_button(self) -> None:
@@ -186,7 +198,8 @@ class ParamsScreen(Screen[None]):
         for f in FIELDS:
             self._mark(f.name, errors.get(f.name, "").partition(": ")[2] or None)
         if errors:
-            self.answer(Text("not sent: " + "; ".join(errors.values()), style="bold red"))
+            self.answer(Text("not sent: " + "; ".join(errors.values()), style="bold red"),
+                        "error")
             return
         if not changes:
             self.answer(Text("nothing to change"))
@@ -201,10 +214,10 @@ class ParamsScreen(Screen[None]):
             result = await client.patch_params(changes)
         except ApiError as exc:
             self.answer(Text(f"the daemon refused ({exc.status}): {exc.message}",
-                             style="bold red"))
+                             style="bold red"), "error")
             return
         except ConnectionLost as exc:
-            self.answer(Text(f"not applied: {exc}", style="bold red"))
+            self.answer(Text(f"not applied: {exc}", style="bold red"), "error")
             return
         old = self.info["params"] if self.info else {}
         changed = result.get("changed", [])
@@ -212,12 +225,11 @@ class ParamsScreen(Screen[None]):
                  for k in changed]
         if "policy" in changes:
             parts.insert(0, f"policy → {result['policy']}")
+        self.fill(result)  # first: a baseline's form says it takes no parameters
         self.answer(Text(
             f"applied at t={result['t']:.2f}s, effective from decision "
             f"{result['effective_from_decision']} (params v{result['version']}): "
-            + (", ".join(parts) or "no change"), style="bold green"))
-        self.fill(result)
-        self.console.notify("parameters applied", timeout=2)
+            + (", ".join(parts) or "no change"), style="bold green"), "information")
 
     def action_close(self) -> None:
         self.app.pop_screen()

@@ -16,6 +16,7 @@ from rich.text import Text
 from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Region, Size
+from textual.markup import escape
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -117,8 +118,8 @@ class TaskList(ScrollView, can_focus=True):
         _, _, key = SORTS[self.sort_index]
         self.shown = sorted(snapshot.tasks, key=lambda r: (key(r), r.id))
         late = sum(1 for r in self.shown if snapshot.late(r))
-        self.border_title = (f"Tasks · {len(self.shown)} in flight · {late} late · "
-                             f"by {SORTS[self.sort_index][1]}")
+        self.border_title = escape(f"Tasks · {len(self.shown)} in flight · {late} late · "
+                                   f"by {SORTS[self.sort_index][1]}")
         self._lines.clear()
         self.virtual_size = Size(sum(w for _, w, _ in COLUMNS), len(self.shown) + 1)
         self.cursor = min(self.cursor, max(0, len(self.shown) - 1))

@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +120,18 @@ VARIANTS: dict[str, dict[str, bool]] = {
 }
 
 
+def check_variant(name: str, params: Mapping[str, Any]) -> None:
+    """TopasError if `params` undo what defines the ablation variant `name`
+    (topas-base with reuse=true would run as another variant under its name)."""
+    fixed = VARIANTS.get(name, {})
+    undone = sorted(k for k, v in fixed.items() if k in params and params[k] != v)
+    if undone:
+        raise TopasError(f"{name} runs with {', '.join(f'{k}={fixed[k]}' for k in undone)}; "
+                         f"{', '.join(f'{k}={params[k]}' for k in undone)} would make it "
+                         "another variant: choose that policy (topas, topas-base, "
+                         "topas-noreuse, topas-noaging) instead")
+
+
 class TopasPolicy:
     """The TOPAS policy: pure given (view, observations, credits, params)."""
 
@@ -135,6 +147,7 @@ class TopasPolicy:
 
     def set_params(self, **changes: Any) -> TopasParams:
         """Change parameters; effective from the next decision."""
+        check_variant(self.name, changes)
         new = self.params.changed(**changes)
         if (new.samples, new.seed) != (self.params.samples, self.params.seed):
             self._quantiles = quantile_rows(64, new.samples, new.seed)
