@@ -312,6 +312,10 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
                 "topasd": {"workflow": "chain3", "stage": "a", "task_id": "t1"}}
         assert h.post("/v1/chat/completions", json=call).status_code == 200
         err(h.post("/v1/chat/completions", json=call), 409, "already finished stage 'a'")
+        early = {**call, "topasd": {**call["topasd"], "stage": "c"}}  # b has not run
+        err(h.post("/v1/chat/completions", json=early), 409, "runs after ['b']", "'t1'")
+        fresh = {**call, "topasd": {**call["topasd"], "stage": "b", "task_id": "t2"}}
+        err(h.post("/v1/chat/completions", json=fresh), 409, "runs after ['a']")
         err(h.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"]}), 422, "one prompt")
         for body, where in (  # JSON can escape an unpaired surrogate; no text encoding can
                 (b'{"model": "m", "messages": [{"role": "system", "content": "\\ud800"}]}',

@@ -1077,7 +1077,14 @@ class Service:
         if spec.task_key is None and len(wf.stages) > 1:
             raise Invalid(f"topasd.task_id is required with workflow {wf.name!r} (it has "
                           f"{len(wf.stages)} stages): one id ties a task's calls together")
-        return self._activate(wf.name), stage, self._continued(wf.name, stage, spec)
+        task = self._continued(wf.name, stage, spec)
+        waiting_on = [p for p in wf.stages[stage].after if task is None or p not in task.done]
+        if waiting_on:
+            raise Conflict(f"stage {stage!r} of {wf.name!r} runs after {waiting_on}, which "
+                           f"task {spec.task_key!r} has not finished: end them first (their "
+                           "last call with last_in_stage=true), or end the task with "
+                           "last_in_task=true if they are not taken")
+        return self._activate(wf.name), stage, task
 
     def _continued(self, workflow: str, stage: str, spec: CallSpec) -> _OpenTask | None:
         """The open task `spec.task_key` names in `workflow` (None: a new task),
