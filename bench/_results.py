@@ -6,7 +6,9 @@ a missing section is appended.
 
 from __future__ import annotations
 
+import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
@@ -28,3 +30,19 @@ def update_section(name: str, body: str, path: Path = RESULTS) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def at_least(lo: int) -> Callable[[str], int]:
+    """An argparse `type`: an integer >= `lo` (counts >= 1, seeds >= 0), so a
+    bad value is one usage line instead of a traceback or an empty table."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"{value} is below {lo}")
+        return value
+
+    parse.__name__ = f"integer >= {lo}"
+    return parse

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 from _daemon import start_daemon as _start_daemon  # bench/_daemon.py
+from _results import at_least, update_section  # bench/_results.py
 
 
 def start_daemon(workdir: Path, policy: str, profile: str) -> tuple[subprocess.Popen, str]:
@@ -131,11 +132,11 @@ async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=3000)
-    ap.add_argument("--warmup", type=int, default=200)
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--agents", type=int, default=4, help="distinct system prompts")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=at_least(1), default=3000)
+    ap.add_argument("--warmup", type=at_least(0), default=200)
+    ap.add_argument("--concurrency", type=at_least(1), default=64)
+    ap.add_argument("--agents", type=at_least(1), default=4, help="distinct system prompts")
+    ap.add_argument("--max-tokens", type=at_least(1), default=64)
     ap.add_argument("--policy", default="topas")
     ap.add_argument("--profile", default="qwen2.5-32b-a100")
     ap.add_argument("--json", action="store_true")
@@ -177,7 +178,6 @@ def main() -> None:
     if args.write:
         import sys
 
-        from _results import update_section  # bench/_results.py
 
         command = "python " + " ".join(["bench/api_load.py", *sys.argv[1:]])
         update_section(f"api_load-{args.policy}",

@@ -40,7 +40,7 @@ from _daemon import start_daemon as _start_daemon  # bench/_daemon.py
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._results import update_section  # noqa: E402
+from bench._results import at_least, update_section  # noqa: E402
 from console.app import ConsoleApp  # noqa: E402
 from console.sources import Target  # noqa: E402
 from console.widgets.tasks import TaskList  # noqa: E402
@@ -97,11 +97,11 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=500, help="tasks submitted up front")
+    ap.add_argument("--tasks", type=at_least(1), default=500, help="tasks submitted up front")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per mode")
     ap.add_argument("--speed", type=float, default=10.0, help="sim clock of the daemon")
     ap.add_argument("--rate", type=float, default=0.2, help="driver arrivals, task/s")
-    ap.add_argument("--keys", type=int, default=10, help="key presses timed per window")
+    ap.add_argument("--keys", type=at_least(1), default=10, help="key presses timed per window")
     ap.add_argument("--size", default="160x50", help="terminal COLSxROWS")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
@@ -144,8 +144,9 @@ def main() -> None:
             f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.0%} "
             f"| {m['key_p50_ms']:.0f} / {m['key_max_ms']:.0f} ms |")
     lines += ["", f"`python bench/console_load.py --tasks {args.tasks} --seconds "
-              f"{args.seconds:g}` ({platform.python_version()}, {os.cpu_count()} CPUs, the "
-              "daemon on the same machine)."]
+              f"{args.seconds:g} --speed {args.speed:g} --rate {args.rate:g} --keys "
+              f"{args.keys} --size {args.size} --write` ({platform.python_version()}, "
+              f"{os.cpu_count()} CPUs, the daemon on the same machine)."]
     text = "\n".join(lines)
     print(text)
     if args.write:

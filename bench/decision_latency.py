@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _results import at_least, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import Agent, Stage, StageProfile, Workflow
@@ -91,10 +92,10 @@ def median_run(run: Callable[[], dict[str, Any]], repeat: int) -> dict[str, Any]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=200)
-    ap.add_argument("--stress-decisions", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--tasks", type=at_least(1), default=200)
+    ap.add_argument("--stress-decisions", type=at_least(1), default=300)
+    ap.add_argument("--seed", type=at_least(0), default=1)
+    ap.add_argument("--repeat", type=at_least(1), default=3,
                     help="run each case this many times and report the run with the median "
                          "p99 (this machine is noisy)")
     ap.add_argument("--json", action="store_true")
@@ -130,7 +131,6 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.write:
-        from _results import update_section  # bench/_results.py
 
         command = "python " + " ".join(["bench/decision_latency.py", *sys.argv[1:]])
         update_section("decision_latency", "## TOPAS decision latency\n\n"

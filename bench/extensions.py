@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing import Pool
 from typing import Any
 
-from _results import update_section  # bench/_results.py
+from _results import at_least, update_section  # bench/_results.py
 from paper import WORKLOADS, operating_point  # bench/paper.py
 
 from backends.sim.engine import SimBackend
@@ -92,9 +92,9 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tasks", type=at_least(1), default=200)
+    ap.add_argument("--seed", type=at_least(0), default=1)
+    ap.add_argument("--jobs", type=at_least(1), default=2)
     ap.add_argument("--no-write", action="store_true", help="print only")
     args = ap.parse_args()
     jobs = [Job(name, rate, policy, args.tasks, args.seed)

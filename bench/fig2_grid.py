@@ -14,10 +14,12 @@ often TOPAS's mean JCT beats, ties or trails the better of LPM and SRPT
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Sequence
 
 import numpy as np
+from _results import at_least, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.runner import Run
@@ -43,8 +45,15 @@ def mean_jct(policy: str, arrivals: Sequence[float], batch: int) -> float:
     return run(policy, arrivals, batch)[0]
 
 
+# distinct sorted lists of 2-5 arrivals at times 0-12: multisets, C(13 + k - 1, k)
+DISTINCT = sum(math.comb(12 + k, k) for k in range(2, 6))  # 8,554
+
+
 def scenarios(n: int, seed: int) -> list[tuple[float, ...]]:
     """`n` distinct sorted arrival lists of 2-5 tasks at integer times 0-12."""
+    if n > DISTINCT:
+        raise SystemExit(f"fig2_grid.py: error: --scenarios {n}: only {DISTINCT:,} distinct "
+                         "arrival lists exist")
     rng = np.random.default_rng(seed)
     out: set[tuple[float, ...]] = set()
     while len(out) < n:
@@ -102,8 +111,9 @@ def _batches(text: str) -> tuple[int, ...]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenarios", type=int, default=60, help="arrival lists per batch size")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scenarios", type=at_least(1), default=60,
+                    help="arrival lists per batch size")
+    ap.add_argument("--seed", type=at_least(0), default=0)
     ap.add_argument("--batches", type=_batches, default=(1, 2, 3, 5),
                     help=f"requests that fit beside the prefix, comma-separated (1-{MAX_BATCH})")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
@@ -123,7 +133,6 @@ def main() -> None:
     text = render(rows, canon, args, time.perf_counter() - t0)
     print(text)
     if args.write:
-        from _results import update_section  # bench/_results.py
 
         update_section("fig2_grid", text)
 

@@ -30,7 +30,7 @@ from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
-from _results import update_section  # bench/_results.py
+from _results import at_least, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import EngineEvent, EventKind
@@ -304,9 +304,9 @@ def charts(rows: list[dict[str, Any]], html: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--tasks", type=at_least(1), default=200)
+    ap.add_argument("--seed", type=at_least(0), default=1)
+    ap.add_argument("--jobs", type=at_least(1), default=2)
     ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS),
                     help="a subset to run (printed only: RESULTS records every workload)")
     ap.add_argument("--no-write", action="store_true", help="print, do not touch docs/")

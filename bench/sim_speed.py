@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+from _results import at_least, update_section  # bench/_results.py
+
 from backends.sim.engine import SimBackend
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
@@ -128,10 +130,11 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=0.15)
     ap.add_argument("--policy", default="fcfs")
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
-    ap.add_argument("--tasks", type=int, default=1000)
-    ap.add_argument("--small", type=int, default=200, help="tasks of the small operating point")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tasks", type=at_least(1), default=1000)
+    ap.add_argument("--small", type=at_least(1), default=200,
+                    help="tasks of the small operating point")
+    ap.add_argument("--seed", type=at_least(0), default=0)
+    ap.add_argument("--repeat", type=at_least(1), default=3)
     ap.add_argument("--stepwise", action="store_true",
                     help="also time the large run stepping decode one step at a time")
     ap.add_argument("--json", action="store_true", help="print the measurements as JSON")
@@ -141,7 +144,6 @@ def main() -> None:
     text = markdown(result)
     print(json.dumps(result, indent=2) if args.json else text)
     if args.write:
-        from _results import update_section  # bench/_results.py
 
         command = "python " + " ".join(["bench/sim_speed.py", *sys.argv[1:]])
         update_section("sim_speed", f"## Simulator speed\n\nCommand: `{command}`\n\n{text}")

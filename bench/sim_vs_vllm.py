@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _results import update_section  # bench/_results.py
+from _results import at_least, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from backends.vllm import make_backend, read_model_config, write_tiny_model
@@ -63,18 +63,22 @@ def _trace(args: argparse.Namespace, seed: int) -> Trace:
                       input_tokens=args.input_tokens, output_tokens=args.output_tokens)
 
 
+HELD_OUT_LIMIT = 0.25  # a fit this far off the bench runs' steps is not written
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=8)
+    ap.add_argument("--tasks", type=at_least(1), default=8)
     ap.add_argument("--rate", type=float, default=4.0, help="task arrivals per second")
-    ap.add_argument("--seed", type=int, default=1, help="seed of the bench trace")
-    ap.add_argument("--calib-seed", type=int, default=100, help="seed of the calibration trace")
-    ap.add_argument("--input-tokens", type=int, default=64)
-    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=at_least(0), default=1, help="seed of the bench trace")
+    ap.add_argument("--calib-seed", type=at_least(0), default=100,
+                    help="seed of the calibration trace")
+    ap.add_argument("--input-tokens", type=at_least(0), default=64)
+    ap.add_argument("--output-tokens", type=at_least(1), default=64)
     ap.add_argument("--policies", default="topas,fcfs")
     ap.add_argument("--clock", choices=("steps", "cpu"), default="steps",
                     help="vLLM step time: wall time, or the engine thread's CPU time")
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=at_least(1), default=3,
                     help="vLLM runs per policy on the bench trace (per-task median JCT)")
     ap.add_argument("--fit-only", action="store_true", help="print the fitted costs and exit")
     ap.add_argument("--no-write", action="store_true", help="do not update docs/RESULTS.md")
@@ -83,7 +87,8 @@ def main() -> None:
     wall0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp) / "tiny")
-        samples: list[StepSample] = []
+        _vllm(model, _trace(args, args.calib_seed), policies[0], args.clock)  # warm-up:
+        samples: list[StepSample] = []  # a fresh process's first engine steps are slow
         for policy in policies:
             samples += _vllm(model, _trace(args, args.calib_seed), policy, args.clock)[1]
         fit = fit_step_costs(samples, _measure(args))
@@ -110,8 +115,20 @@ def main() -> None:
             rows.append(row)
     text = _report(args, fit, rows, held_out, time.perf_counter() - wall0)
     print(text)
+    held = _held_error(fit, held_out, _measure(args))
+    if abs(held) > HELD_OUT_LIMIT:
+        sys.exit(f"not written: the fitted step costs miss the bench runs' total step time "
+                 f"by {held:+.0%} (limit {HELD_OUT_LIMIT:.0%}); the machine was probably busy "
+                 "while calibrating: rerun on a quiet machine")
     if not args.no_write:
         print(f"updated {update_section('sim_vs_vllm', text)}", file=sys.stderr)
+
+
+def _held_error(fit: StepFit, held_out: list[StepSample], measure: str) -> float:
+    """The fit's relative error on the bench runs' total step time (held out)."""
+    pred = sum(fit.predict(s) for s in held_out)
+    meas = sum(step_time(s, measure) for s in held_out)
+    return (pred - meas) / meas
 
 
 def _measure(args: argparse.Namespace) -> str:
@@ -138,7 +155,7 @@ def _report(args: argparse.Namespace, fit: StepFit, rows: list[dict[str, Any]],
     measure = _measure(args)
     pred = np.array([fit.predict(s) for s in held_out])
     meas = np.array([step_time(s, measure) for s in held_out])
-    held = (pred.sum() - meas.sum()) / meas.sum()
+    held = _held_error(fit, held_out, measure)
     slow = float(np.mean(meas > 3 * np.maximum(pred, 1e-9)))
     ok = all(abs(r["mean_err"]) <= 0.15 for r in rows)
     what = "CPU time of the engine thread" if args.clock == "cpu" else "wall time"
@@ -146,7 +163,9 @@ def _report(args: argparse.Namespace, fit: StepFit, rows: list[dict[str, Any]],
         "## Simulator vs vLLM on this CPU (`bench/sim_vs_vllm.py`)",
         "",
         f"Command: `python bench/sim_vs_vllm.py --tasks {args.tasks} --rate {args.rate} "
-        f"--seed {args.seed} --clock {args.clock} --repeat {args.repeat}` "
+        f"--seed {args.seed} --calib-seed {args.calib_seed} --input-tokens "
+        f"{args.input_tokens} --output-tokens {args.output_tokens} --policies "
+        f"{args.policies} --clock {args.clock} --repeat {args.repeat}` "
         f"({wall_s / 60:.1f} min). Trace: Chain-3 sized for the tiny dummy-weight Qwen2 "
         f"(`backends/vllm/workload.py`: 512-token prefixes, {args.input_tokens} input and "
         f"{args.output_tokens} output tokens per stage, {args.tasks} tasks at {args.rate} "
@@ -155,7 +174,8 @@ def _report(args: argparse.Namespace, fit: StepFit, rows: list[dict[str, Any]],
         f"(`clock=\"{args.clock}\"`, {what}); each policy ran {args.repeat} times on vLLM and "
         "each task's vLLM JCT is the median of its runs. The simulator runs the same trace "
         "once (it is deterministic) with step costs fitted to the measured steps of a "
-        f"calibration trace (seed {args.calib_seed}, same policies, one run each).",
+        f"calibration trace (seed {args.calib_seed}, same policies, one run each, after one "
+        "discarded warm-up run).",
         "",
         f"Fitted step costs (the profile-fitting command: `python bench/sim_vs_vllm.py "
         f"--fit-only --clock {args.clock}`, JSON kept as `CPU_FIT` in "

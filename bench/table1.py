@@ -76,10 +76,10 @@ def checks(rows: list[dict]) -> list[tuple[str, bool]]:
 
 def render(rows: list[dict], profile: str) -> str:
     lines = [f"## Table I: Grouped vs Alternating under FCFS (profile `{profile}`)", "",
-             f"Command: `python bench/table1.py --profile {profile}`. Two agents with "
+             f"Command: `python bench/table1.py --profile {profile} --write`. Two agents with "
              "6,000-token prefixes, n requests each (512-token suffix, 800-900 output tokens), "
              "all present at t = 0; slash-separated values are Grouped / Alternating.", "",
-             "| n | makespan s (sim) | makespan s (paper) | ratio sim / paper "
+             "| n | makespan s (sim) | makespan s (paper) | Alternating / Grouped: sim / paper "
              "| mean batch (sim) | mean batch (paper) | peak batch (sim) | peak batch (paper) "
              "| retractions (sim) |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _results import update_section  # bench/_results.py
+from _results import at_least, update_section  # bench/_results.py
 
 from backends.vllm import make_backend, write_tiny_model
 from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
@@ -54,9 +54,9 @@ def _run(model: Path, trace: Trace, policy: str, native: bool) -> dict[str, Any]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tasks", type=int, default=12)
+    ap.add_argument("--tasks", type=at_least(1), default=12)
     ap.add_argument("--rate", type=float, default=4.0, help="task arrivals per second")
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=at_least(0), default=1)
     ap.add_argument("--no-write", action="store_true", help="do not update docs/RESULTS.md")
     args = ap.parse_args()
     wall0 = time.perf_counter()
@@ -64,6 +64,7 @@ def main() -> None:
                        output_tokens=64)
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp) / "tiny")
+        _run(model, trace, "fcfs", native=True)  # warm-up: a process's first engine is slow
         rows = [_run(model, trace, "fcfs", native=True), _run(model, trace, "fcfs", False),
                 _run(model, trace, "topas", False)]
     text = _report(args, rows, time.perf_counter() - wall0)
@@ -81,12 +82,13 @@ def _report(args: argparse.Namespace, rows: list[dict[str, Any]], wall_s: float)
         f"--seed {args.seed}` ({wall_s / 60:.1f} min). The same Chain-3 trace "
         f"(`backends/vllm/workload.py`, 64 input and 64 output tokens per stage, "
         f"{DEFAULT_BUDGET}-token KV pool) through vLLM 0.32 on this CPU with the tiny "
-        "dummy-weight Qwen2, once per scheduler. Times are wall-clock per engine step: "
+        "dummy-weight Qwen2, once per scheduler after one discarded warm-up run. Times "
+        "are wall-clock per engine step: "
         "vLLM's `schedule()` + `update_from_output()` (engine part); for topasd also "
         "the view and decision hand-over (I/O) and the policy's `decide()`.",
         "",
         "| scheduler | steps | decisions | engine part | view + apply | policy | total "
-        "per step | engine step | mean JCT | preemptions |",
+        "per step | engine step | mean JCT | preemptions + retractions |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
