@@ -491,6 +491,8 @@ class _Replaying:
         elif kind == "task_finish":
             self.finished += 1
             self.tasks.pop(task, None)
+        elif kind == "task_abandon":
+            self.tasks.pop(task, None)  # no longer in flight, and not finished
 
     def _request(self, t: float, kind: str, rid: int, task: int | None, agent: str | None,
                  stage: str | None, tokens: int) -> None:

@@ -592,9 +592,44 @@ def test_detach_status_and_stop(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=90)
         assert sp.returncode == 0 and "stopped" in sp.stdout
         assert not runtime.exists()
+        from topasd.cli import _exited
+        assert _exited(info["pid"])  # "stopped" means the process is gone, not just its file
         gone = subprocess.run([*base, "status", "--runtime-file", str(runtime)], env=env,
                               capture_output=True, text=True, timeout=60)
         assert gone.returncode == 2 and gone.stderr.startswith("error: no daemon running")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(info["pid"], signal.SIGKILL)
+
+
+def test_a_call_the_engine_refuses_leaves_no_task_open(tmp_path: Path) -> None:
+    """The engine may refuse a request the daemon's checks let through (vLLM
+    rounds KV up to whole blocks): the call fails, and the task it opened is
+    dropped with a logged reason instead of staying in flight forever."""
+    from topasd.config import load_settings
+    from topasd.model import TopasError
+    from topasd.service import CallSpec, Service
+
+    settings = load_settings({"db": str(tmp_path / "x.db"), "speed": "max"}, environ={})
+    svc = Service(settings.settings)
+
+    def refuse(request: Any) -> None:
+        raise TopasError(f"request {request.id} needs more KV in whole blocks")
+
+    svc.backend.submit = refuse  # type: ignore[method-assign]
+    svc.start()
+    try:
+        spec = CallSpec(system_tokens=10, system_key="k", input_tokens=5, output_tokens=5,
+                        task_key="job", agent="solo")
+        with pytest.raises(TopasError, match="whole blocks"):
+            svc.submit_call(spec).result(timeout=30)
+        state = svc.state().result(timeout=30)
+        assert state["counts"]["tasks_in_flight"] == 0
+        assert state["counts"]["tasks_abandoned"] == 1
+    finally:
+        svc.close()
+    with Store(tmp_path / "x.db", create=False) as store:
+        rows = list(store.db.query(
+            "SELECT kind, task_id, note FROM engine_events WHERE kind LIKE 'task_%'"))
+    assert [(r["kind"], r["note"]) for r in rows] == [
+        ("task_arrive", "agent:solo"), ("task_abandon", "the engine refused its first call")]

@@ -36,6 +36,17 @@ def test_the_daemon_serves_a_workload_and_an_openai_call_through_vllm(tmp_path: 
             "model": "tiny", "max_tokens": 7,
             "messages": [{"role": "system", "content": "You are a terse helper."},
                          {"role": "user", "content": "hello"}]}).json()
+        # within the 16,384-token pool, beyond the tiny model's 8,192-token context:
+        # refused up front (it used to stop the engine loop when its stage came up)
+        long = httpx.post(f"{d.url}/v1/tasks", timeout=60, json={
+            "workflow": "chain3", "stages": {"b": {"input_tokens": 5000, "output_tokens": 5}}})
+        assert long.status_code == 422 and "max_model_len) is 8192" in long.text
+        call = httpx.post(f"{d.url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x" * 40_000}]})
+        assert call.status_code == 422 and "max_model_len) is 8192" in call.text
+        after = d.state()
+        assert after["counts"]["tasks_in_flight"] == 0 and d.http.get("/ready").is_success
         assert d.stop() == 0
     assert st["policy"] == "topas" and st["counts"]["driver_rejected"] == 0
     assert reply["usage"]["completion_tokens"] == 7  # exact output length, real engine

@@ -206,22 +206,46 @@ def test_vllm_runs_the_simulators_schedule_step_for_step(runs: Runs, policy: str
 
 
 def test_replay_cli_runs_the_vllm_backend(runs: Runs, tmp_path: Path) -> None:
-    from click.testing import CliRunner
+    """In its own process, as a user runs it: stdout is the JSON alone (vLLM's
+    own log lines go to stderr)."""
+    import subprocess
+    import sys
+
+    from tests.daemonkit import clean_env
 
     trace = chain3_cpu(tasks=2, rate=20.0, seed=0, input_tokens=32, output_tokens=32)
     path = tmp_path / "t.jsonl"
     save_trace(trace, path)
     db = tmp_path / "cli.db"
-    result = CliRunner().invoke(main, [
-        "replay", str(path), "--backend", "vllm", "--model", str(runs.model), "--budget",
-        str(DEFAULT_BUDGET), "--policy", "topas", "--json", "--db", str(db)])
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.output[result.output.index("{"):])
+    result = subprocess.run([
+        sys.executable, "-m", "topasd.cli", "replay", str(path), "--backend", "vllm",
+        "--model", str(runs.model), "--budget", str(DEFAULT_BUDGET), "--policy", "topas",
+        "--json", "--db", str(db)], capture_output=True, text=True, timeout=600,
+        env=clean_env())
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
     (row,) = payload["runs"]
     assert (row["policy"], row["tasks"]) == ("topas", 2)
     assert payload["profile"] == "vllm-cpu-tiny"
     got = _rows(db, "SELECT backend, status FROM runs")
     assert [(r["backend"], r["status"]) for r in got] == [("vllm", "done")]
+
+
+def test_a_request_beyond_the_models_context_is_refused_before_vllm_starts(
+        tmp_path: Path) -> None:
+    """The pool holds it, the model's context (max_position_embeddings) does
+    not: replay names that limit and its fix before starting an engine."""
+    from click.testing import CliRunner
+
+    model = write_tiny_model(tmp_path / "short", max_len=1024)
+    trace = chain3_cpu(tasks=1, rate=1.0, seed=0, input_tokens=600, output_tokens=32)
+    path = tmp_path / "t.jsonl"
+    save_trace(trace, path)
+    result = CliRunner().invoke(main, ["replay", str(path), "--backend", "vllm", "--model",
+                                       str(model), "--policy", "fcfs"])
+    assert result.exit_code == 2
+    assert "but the engine's context is 1024; the model's max_position_embeddings caps " \
+        "it" in result.output
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["topas", "vllm-default"])

@@ -129,3 +129,17 @@ def test_replay_with_a_bad_vllm_model_fails_with_one_line(tmp_path: Path, args: 
     assert code == 2
     lines = out.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out
+
+
+def test_a_vllm_start_up_error_keeps_its_cause_and_names_the_flag() -> None:
+    """vLLM's validation errors say why on their second line; a memory refusal
+    names vLLM's own flags, which topasd sets from --budget."""
+    from backends.vllm.backend import _startup_cause
+
+    why = _startup_cause(ValueError("1 validation error for ModelConfig\n  Value error, Model "
+                                    "architectures ['FooForCausalLM'] are not supported"))
+    assert why.startswith("1 validation error for ModelConfig; Value error, Model "
+                          "architectures ['FooForCausalLM'] are not supported")
+    mem = _startup_cause(RuntimeError("not enough memory: decrease --kv-cache-memory-bytes"))
+    assert mem.endswith("(topasd sizes that memory from --budget: lower --budget)")
+    assert _startup_cause(RuntimeError("")) == "RuntimeError"

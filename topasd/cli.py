@@ -7,6 +7,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import click
@@ -160,7 +161,7 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
         prof = get_profile(profile)
         if budget is not None:
             prof = prof.with_overrides(budget_tokens=budget)
-    tr.check_fits(prof.budget_tokens)
+    tr.check_fits(prof.budget_tokens, _vllm_context(vllm_opts))
     names = _policy_names(policies)
     tuned = _topas_params(names, _param_flags(params)) if params else {}
     store = _open_store(db_path, log_candidates)  # last: bad input leaves no log file
@@ -293,6 +294,17 @@ def _vllm_options(backend: str, model: str | None, budget: int | None) -> dict[s
 
     read_model_config(model)
     return {"model": model, "budget_tokens": budget or VLLM_BUDGET}
+
+
+def _vllm_context(opts: dict[str, Any] | None) -> tuple[int, str] | None:
+    """vLLM's max_model_len for --model and --budget, and its fix (None: the sim)."""
+    if opts is None:
+        return None
+    from backends.vllm import read_model_config
+    from backends.vllm.backend import context_fix, context_tokens
+
+    context = context_tokens(read_model_config(opts["model"]), opts["budget_tokens"])
+    return context, context_fix(context, opts["budget_tokens"])
 
 
 def _vllm_profile(opts: dict[str, Any]) -> HardwareProfile:
@@ -617,8 +629,6 @@ def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> N
     import signal
     import time
 
-    from topasd.config import pid_alive, read_runtime
-
     path, info = _runtime_info(runtime_file, config_path)
     if info is None:
         raise TopasError(f"no daemon running (no live runtime file at {path})")
@@ -626,12 +636,24 @@ def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> N
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if read_runtime(path) is None or not pid_alive(pid):
+        if _exited(pid):  # not just its runtime file gone: the engine may still be closing
             click.echo(f"topasd (pid {pid}) stopped")
             return
         time.sleep(0.1)
     raise TopasError(f"topasd (pid {pid}) did not exit within {timeout:.0f} s; it may still be "
                      "finishing work (see its log), or send SIGKILL")
+
+
+def _exited(pid: int) -> bool:
+    """The process is gone, or a zombie waiting for its parent to reap it."""
+    from topasd.model import pid_alive
+
+    if not pid_alive(pid):
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 # --------------------------------------------------------------- console

@@ -562,6 +562,7 @@ class EventKind(StrEnum):
     PREFIX_EVICT = "prefix_evict"
     STAGE_FINISH = "stage_finish"
     TASK_FINISH = "task_finish"
+    TASK_ABANDON = "task_abandon"  # an application's task that will see no more calls (`note`)
     # a logged decision the engine never carried out: SGLang's scheduler stopped
     # waiting for it (`value`: the decision's seq)
     DECISION_DROPPED = "decision_dropped"

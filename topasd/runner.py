@@ -158,7 +158,11 @@ class EventLoop:
     def submit(self, request: Request, owner: RequestOwner) -> None:
         """Submit a request whose completion `owner` handles (not the driver)."""
         self.owners[request.id] = owner
-        self.backend.submit(request)
+        try:
+            self.backend.submit(request)
+        except BaseException:
+            del self.owners[request.id]  # refused: the engine never saw it
+            raise
 
     def pump(self, t_stop: float | None) -> None:
         """Run the backend to `t_stop` (None: until idle), deciding and recording."""

@@ -633,21 +633,39 @@ def make_backend(settings: Settings, profile: HardwareProfile) -> Any:
     return sglang_backend(options, profile)
 
 
-def never_fits(wf: Workflow, budget: int) -> str | None:
-    """Why no request of some stage of `wf` can ever fit a KV budget of
-    `budget` tokens (its prefix plus the least input and output it can draw),
-    or None."""
+@dataclass(frozen=True, slots=True)
+class RequestLimit:
+    """The longest request (prefix + input + output) the engine takes: the KV
+    budget, or a shorter context (vLLM's max_model_len); how to name it; its fix."""
+
+    tokens: int
+    what: str
+    fix: str
+
+
+def request_limit(budget: int, backend: Any) -> RequestLimit:
+    """The KV budget, or the backend's `max_request_tokens` when shorter."""
+    context = getattr(backend, "max_request_tokens", None)
+    if isinstance(context, int) and context < budget:
+        return RequestLimit(context, f"the engine's context (max_model_len) is {context}",
+                            "use a model with a longer context")
+    return RequestLimit(budget, f"the KV budget is {budget}",
+                        "raise --budget or use a larger profile")
+
+
+def never_fits(wf: Workflow, limit: RequestLimit) -> str | None:
+    """Why no request of some stage of `wf` can ever fit `limit` (its prefix
+    plus the least input and output it can draw), or None."""
     for v in wf.topo_order:
         stage = wf.stages[v]
         prefix = wf.agents[stage.agent].prefix_tokens
         p = stage.profile
         least = prefix + max(1, round(p.input_tokens.least())) + max(
             1, round(p.output_tokens.least()))
-        if least > budget:
+        if least > limit.tokens:
             return (f"workflow {wf.name!r}, stage {v!r}: even its smallest request needs "
                     f"{least} KV tokens (the prefix of agent {stage.agent!r}, {prefix}, + input "
-                    f"+ output) but the KV budget is {budget}; raise --budget or use a larger "
-                    "profile, or shrink the workflow")
+                    f"+ output) but {limit.what}; {limit.fix}, or shrink the workflow")
     return None
 
 
@@ -676,7 +694,8 @@ class Service:
         self.policy = build_policy(settings.policy, settings.params)
         self.backend = make_backend(settings, profile)
         self.profile = engine_profile(profile, self.backend, settings.budget)
-        problem = next(filter(None, (never_fits(wf, self.profile.budget_tokens) for wf in (
+        self.limit = request_limit(self.profile.budget_tokens, self.backend)
+        problem = next(filter(None, (never_fits(wf, self.limit) for wf in (
             *(self.workload.workflows if self.workload else ()),
             *(load_workflow(p) for p in settings.workflows)))), None)
         try:
@@ -951,16 +970,22 @@ class Service:
         """Drop application-driven tasks that saw no call for `task_timeout` seconds."""
         timeout = self.settings.task_timeout
         for task in self.calls.idle_since(now - timeout):
-            if task.key is not None:
-                self.calls.open.pop(task.key, None)
-            view = self.loop.book.drop(task.id)
-            entry = self.tasks.get(task.id)
-            if entry is not None:
-                entry.abandoned = True
-                entry.stages = _stages(view) if view is not None else entry.stages
-            self.metrics.abandoned += 1
-            log.info("task %d (%s, client id %r) abandoned: no call for %.0f s", task.id,
-                     task.workflow.name, task.key[1] if task.key else None, timeout)
+            self._abandon(task, f"no call for {timeout:.0f} s")
+
+    def _abandon(self, task: _OpenTask, why: str) -> None:
+        """Drop an application-driven task that will see no more calls."""
+        if task.key is not None:
+            self.calls.open.pop(task.key, None)
+        view = self.loop.book.drop(task.id)
+        self.loop.record(EngineEvent(self.backend.t, EventKind.TASK_ABANDON, task_id=task.id,
+                                     note=why))
+        entry = self.tasks.get(task.id)
+        if entry is not None:
+            entry.abandoned = True
+            entry.stages = _stages(view) if view is not None else entry.stages
+        self.metrics.abandoned += 1
+        log.info("task %d (%s, client id %r) abandoned: %s", task.id, task.workflow.name,
+                 task.key[1] if task.key else None, why)
 
     def _check_stall(self) -> None:
         waiting = sum(self.metrics.waiting.values())
@@ -1034,11 +1059,11 @@ class Service:
         agent = wf.stages[stage].agent
         prefix = wf.agents[agent].prefix_tokens
         need = prefix + spec.input_tokens + spec.output_tokens
-        if need > self.profile.budget_tokens:
+        if need > self.limit.tokens:
             raise Invalid(f"the call needs {need} KV tokens (prefix {prefix} + input "
-                          f"{spec.input_tokens} + max_tokens {spec.output_tokens}) but the KV "
-                          f"budget is {self.profile.budget_tokens}; lower max_tokens or "
-                          "shorten the prompt")
+                          f"{spec.input_tokens} + max_tokens {spec.output_tokens}) but "
+                          f"{self.limit.what}; lower max_tokens or shorten the prompt")
+        opened = task is None
         if task is None:
             key = None if spec.task_key is None else (wf.name, spec.task_key)
             task = self._open_task(wf, key, spec.task_key)
@@ -1051,7 +1076,15 @@ class Service:
                       output_tokens=spec.output_tokens, ready_at=self.backend.t,
                       task_arrival=self.loop.book.arrivals[task.id], prefix_tokens=prefix)
         self.calls.by_request[req.id] = _Call(task, req, spec, fut)
-        self.loop.submit(req, self.calls)
+        try:
+            self.loop.submit(req, self.calls)
+        except TopasError:  # the engine refused it: undo, so nothing waits for it
+            del self.calls.by_request[req.id]
+            task.rounds[stage] = k
+            task.in_flight -= 1
+            if opened:
+                self._abandon(task, "the engine refused its first call")
+            raise
 
     def _call_target(self, spec: CallSpec) -> tuple[Workflow, str, _OpenTask | None]:
         """The workflow, stage and open task (None: a new one) a call belongs to."""
@@ -1297,15 +1330,14 @@ class Service:
 
     def _fit_problem(self, record: TaskRecord) -> str | None:
         wf = self.active[record.workflow]
-        budget = self.profile.budget_tokens
         for stage, rounds in record.stages.items():
             prefix = wf.prefix_tokens(stage)
             for k, r in enumerate(rounds):
                 need = prefix + r.input_tokens + r.output_tokens
-                if need > budget:
+                if need > self.limit.tokens:
                     return (f"stage {stage!r}, round {k}: needs {need} KV tokens (prefix "
                             f"{prefix} + input {r.input_tokens} + output {r.output_tokens}) but "
-                            f"the KV budget is {budget}; lower the stage's token overrides")
+                            f"{self.limit.what}; lower the stage's token overrides")
         return None
 
     def _fits(self, record: TaskRecord) -> bool:

@@ -54,22 +54,26 @@ class Trace:
     meta: Mapping[str, Any]
     source: str = field(default="", compare=False)  # the file it was read from
 
-    def check_fits(self, budget_tokens: int) -> None:
-        """Every request (prefix + input + output) must fit the KV budget alone."""
+    def check_fits(self, budget_tokens: int,
+                   context: tuple[int, str] | None = None) -> None:
+        """Every request (prefix + input + output) must fit the KV budget alone,
+        and an engine's context (`context`: its length in tokens, and the fix)."""
+        limit, what, fix = budget_tokens, f"the KV budget is {budget_tokens}", (
+            "use a profile with a larger budget (--budget) or shorten the request")
+        if context is not None and context[0] < budget_tokens:
+            limit, what, fix = context[0], f"the engine's context is {context[0]}", context[1]
         for task in self.tasks:
             wf = self.workflows[task.workflow]
             for stage, rounds in task.stages.items():
                 prefix = wf.prefix_tokens(stage)
                 for k, r in enumerate(rounds):
                     need = prefix + r.input_tokens + r.output_tokens
-                    if need > budget_tokens:
+                    if need > limit:
                         at = f"{self.source}:{task.line}: " if task.line is not None else ""
                         raise TraceError(
                             f"{at}task {task.id}, stage {stage!r}, round {k}: needs {need} KV "
                             f"tokens (prefix {prefix} + input {r.input_tokens} + output "
-                            f"{r.output_tokens}) but the KV budget is {budget_tokens}; use a "
-                            "profile with a larger budget (--budget) or shorten the request"
-                        )
+                            f"{r.output_tokens}) but {what}; {fix}")
 
 
 # --------------------------------------------------------------------------

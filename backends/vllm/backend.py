@@ -172,8 +172,7 @@ class VllmBackend(EventBuffer):
         self.audit_enabled = audit
         self.tokens = SyntheticTokens(int(cfg["vocab_size"]), seed)
         blocks = math.ceil(budget_tokens / block_size)
-        self.max_model_len = max_model_len or min(
-            int(cfg.get("max_position_embeddings", blocks * block_size)), blocks * block_size)
+        self.max_model_len = max_model_len or context_tokens(cfg, budget_tokens, block_size)
         self.engine, self.sched = _make_engine(
             self.model, blocks=blocks + 1, block_size=block_size, chunk_tokens=chunk_tokens,
             max_num_seqs=max_num_seqs, max_model_len=self.max_model_len, native=native,
@@ -344,12 +343,17 @@ class VllmBackend(EventBuffer):
     def _footprint(self, req: Request) -> int:
         return kv_footprint(req, self.block_size)
 
+    @property
+    def max_request_tokens(self) -> int:
+        """The longest request (prefix + input + output) vLLM accepts: max_model_len."""
+        return self.max_model_len
+
     def _check_fits(self, req: Request) -> None:
         need = req.prefix_tokens + max(1, req.input_tokens) + req.output_tokens
         if need > self.max_model_len:
             raise TopasError(f"request {req.id} (task {req.task_id}, stage {req.stage!r}) needs "
-                             f"{need} tokens but vLLM's max_model_len is {self.max_model_len}; "
-                             "give the vLLM backend a larger --budget")
+                             f"{need} tokens but vLLM's max_model_len is {self.max_model_len} "
+                             f"({context_fix(self.max_model_len, self.budget_tokens)})")
         if self._shared(req) + self._footprint(req) > self.budget_tokens:
             raise TopasError(f"request {req.id} needs {self._shared(req) + self._footprint(req)}"
                              f" KV tokens in whole blocks but the pool holds "
@@ -600,9 +604,34 @@ def kv_footprint(req: Request, block_size: int) -> int:
     return math.ceil((tail + req.output_tokens) / block_size) * block_size
 
 
+def context_tokens(cfg: Mapping[str, Any], budget_tokens: int, block_size: int = 32) -> int:
+    """vLLM's max_model_len for this model and KV budget: the model's context
+    (max_position_embeddings), capped by the pool."""
+    pool = pool_tokens(budget_tokens, block_size)
+    return min(int(cfg.get("max_position_embeddings", pool)), pool)
+
+
+def context_fix(context: int, budget_tokens: int) -> str:
+    """How to make room for a request longer than `context` tokens."""
+    if context >= budget_tokens:
+        return "the KV pool caps it: give a larger --budget, or shorten the request"
+    return ("the model's max_position_embeddings caps it: shorten the request, or use a "
+            "model config with a longer context")
+
+
 def pool_tokens(budget_tokens: int, block_size: int = 32) -> int:
     """The KV pool a `budget_tokens` request gets: rounded up to whole blocks."""
     return math.ceil(budget_tokens / block_size) * block_size
+
+
+def _startup_cause(exc: BaseException) -> str:
+    """The lines of a vLLM start-up error that say why (a validation error's
+    first line is only its title), and the flag that fixes a memory refusal."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = "; ".join(lines[:3])[:400] or type(exc).__name__
+    if "kv-cache-memory-bytes" in text or "VLLM_CPU_KVCACHE_SPACE" in text:
+        text += " (topasd sizes that memory from --budget: lower --budget)"
+    return text
 
 
 def kv_bytes_per_token(cfg: Mapping[str, Any]) -> int:
@@ -620,6 +649,7 @@ def _make_engine(model: str, *, blocks: int, block_size: int, chunk_tokens: int,
     """An in-process vLLM engine on this machine's CPU with our scheduler."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must be reachable
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: tables, JSON
     try:
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -642,7 +672,6 @@ def _make_engine(model: str, *, blocks: int, block_size: int, chunk_tokens: int,
         config = args.create_engine_config()
         engine = LLMEngine(config, Executor.get_class(config), log_stats=False,
                            multiprocess_mode=False)
-    except (ValueError, RuntimeError, OSError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TopasError(f"vLLM could not start on {model}: {first}") from None
+    except Exception as exc:  # vLLM's config errors are of many types; name the cause
+        raise TopasError(f"vLLM could not start on {model}: {_startup_cause(exc)}") from None
     return engine, engine.engine_core.engine_core.scheduler
