@@ -200,6 +200,7 @@ class VllmBackend(EventBuffer):
         self.batch_is_full = False
         self._seq = 0
         self._pending: list[_Pending] = []
+        self._touched: dict[int, str] = {}  # request -> the last decision that moved it
         self._await_prefix: dict[str, list[int]] = {}  # agent -> requests computing it
 
     # ------------------------------------------------------------------ API
@@ -289,6 +290,7 @@ class VllmBackend(EventBuffer):
             lv = self._running.pop(rid)
             self._requeue(lv, t)
             plan.preempt.append(self._vid[rid])
+            self._touched[rid] = f"preempted by decision {decision.seq} at t={t:.3f}"
             self.stats.preemptions += 1
             self._emit(t, EventKind.PREEMPT, lv.req, tokens=lv.generated, note="policy")
         for agent in decision.evict:
@@ -307,6 +309,7 @@ class VllmBackend(EventBuffer):
             lv = _Live(req, t, generated=req.generated)
             self._running[rid] = lv
             plan.admit.append(self._vid[rid])
+            self._touched[rid] = f"admitted by decision {decision.seq} at t={t:.3f}"
             self._prefixes[req.agent].last_used = t
             self._emit(t, EventKind.REQUEST_ADMIT, req, tokens=req.input_tokens + req.generated)
         self.batch_is_full = decision.blocked
@@ -488,7 +491,7 @@ class VllmBackend(EventBuffer):
             if lv is None:
                 if not self.native:
                     raise EngineMismatch(f"vLLM started request {rid}, which the policy did "
-                                         "not admit")
+                                         f"not admit ({self._whereabouts(rid, vid)})")
                 req = self._waiting.pop(rid)
                 lv = self._running[rid] = _Live(req, t, generated=req.generated)
                 self._emit(t, EventKind.REQUEST_ADMIT, req,
@@ -509,6 +512,15 @@ class VllmBackend(EventBuffer):
         if sorted(asked) != done:
             raise EngineMismatch(f"the policy preempted {sorted(asked)} but vLLM's scheduler "
                                  f"preempted {done}")
+
+    def _whereabouts(self, rid: int, vid: str) -> str:
+        """Where a request stands on both sides, for an EngineMismatch report."""
+        vreq = self.sched.requests.get(vid)
+        side = "waiting" if rid in self._waiting else "unknown"
+        return (f"topasd: {side}, {self._touched.get(rid, 'never admitted')}; vLLM: "
+                f"{vreq.status.name if vreq is not None else 'gone'}, admission gate "
+                f"{'holds' if vid in self.sched.pending_admissions() else 'lacks'} it; "
+                f"engine step {self.stats.steps}")
 
     def _retracted(self, vid: str, t: float) -> None:
         """vLLM preempted a request on its own (out of KV blocks)."""
@@ -532,6 +544,7 @@ class VllmBackend(EventBuffer):
         self._emit(self._t, EventKind.REQUEST_FINISH, lv.req, tokens=n_tokens,
                    value=self._t - started)
         del self._tid[self._vid.pop(rid)]
+        self._touched.pop(rid, None)
         self._need_schedule = True
 
     def _audit(self, rec: Any, pending: list[_Pending]) -> None:
