@@ -14,7 +14,16 @@ from hypothesis import strategies as st
 from backends.sim.engine import SimBackend
 from tests.simkit import RecordingSink
 from tests.topas_views import exhaustive_search
-from topasd.model import Agent, Decision, EngineView, Request, Stage, StageProfile, Workflow
+from topasd.model import (
+    Agent,
+    Decision,
+    EngineView,
+    Request,
+    Reservation,
+    Stage,
+    StageProfile,
+    Workflow,
+)
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler.topas import TopasParams, TopasPolicy
@@ -123,6 +132,50 @@ def test_topas_decisions_keep_the_papers_constraints(
     # a loose sanity bound; the prefix-swap livelock itself is pinned on the
     # Fig. 2 machine (tests/test_fig2.py), which these random DAGs do not reach
     assert result.stats.preemptions <= n_requests, "more preemptions than requests"
+
+
+class OptimisticChecked(TopasPolicy):
+    """TOPAS with the engine's optimistic reservations (SGLang's rule). The
+    running requests' d_r can outgrow B_t between decisions (the ratio rises
+    after a retraction); S_t stays a candidate then, as in SGLang, which
+    admits nothing and never preempts for an estimate. Every state that admits
+    or loads satisfies Eq. 2 with those d_r."""
+
+    def __init__(self, params: TopasParams) -> None:
+        super().__init__(params)
+        self.decisions = self.over_budget_kept = 0
+
+    def decide(self, view: EngineView) -> Decision:
+        d = super().decide(view)
+        chosen = d.chosen_candidate
+        assert chosen is not None
+        kept = [r for r in view.running if r.id not in set(d.preempt)]
+        admitted = [r for r in view.waiting if r.id in set(d.admit)]
+        used = sum(view.prefixes[a].tokens for a in chosen.resident)
+        used += sum(r.demand(view.new_token_ratio) for r in kept)
+        used += sum(r.admit_demand(Reservation.OPTIMISTIC, view.new_request_ratio)
+                    for r in admitted)
+        if used > view.budget_tokens + 1e-6:
+            assert not d.admit and not d.load, "admitted into a state that breaks Eq. 2"
+            self.over_budget_kept += 1
+        self.decisions += 1
+        return d
+
+
+@pytest.mark.parametrize(("workload", "rate", "m"), [
+    ("chain3", 1.0, 6), ("chain3", 1.0, 2), ("dag4", 0.4, 6), ("dag10wide", 0.3, 6)])
+def test_optimistic_reservations_admit_only_within_eq2(
+        workload: str, rate: float, m: int) -> None:
+    """Overloaded paper workloads on the paper's profile, where the running
+    requests' reservations outgrow the budget between decisions."""
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    trace = generate_trace(load_workload(workload).workflows, rate, 80, 3, name=workload)
+    pol = OptimisticChecked(TopasParams(m=m, samples=16))
+    result = Run(trace, pol, SimBackend(get_profile("qwen2.5-32b-a100"))).execute()
+    assert set(result.jct) == {t.id for t in trace.tasks}, "every task finishes"
+    assert pol.decisions > 0 and result.stats.retractions > 0  # reservations did outgrow B_t
 
 
 def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,

@@ -1107,7 +1107,8 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
                 code = 1
                 break
         if signals:
-            log.info("received %s: draining (grace %.0fs)", signal.Signals(signals[0]).name,
+            log.info("received %s: draining (running work may finish for up to %.0fs; send "
+                     "it again, e.g. Ctrl-C, to stop now)", signal.Signals(signals[0]).name,
                      settings.grace)
         service.drain()
         service.wait_stopped(settings.grace + 10)
