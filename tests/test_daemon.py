@@ -292,6 +292,8 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         err(h.get("/v1/tasks/abc"), 422, "task_id")
         err(h.get("/no/such/path"), 404, "/docs")
         err(h.get("/v1/events", params={"since": 10**12}), 422, "beyond the newest event id")
+        err(h.patch("/v1/params", json={"M": 4, "m": 8}), 422, "M and m name the same "
+            "parameter; give one")
         err(h.patch("/v1/params", content=b'{"beta": NaN}',
                     headers={"content-type": "application/json"}), 422, "beta", "finite")
         err(h.post("/v1/chat/completions", json={

@@ -416,8 +416,19 @@ def _params_patch_model() -> type[BaseModel]:
             hint = StrictBool
         fields[name] = (hint, Field(default=None, description=desc, **extra))
     base = type("ParamsBody", (RequestBody,),
-                {"model_config": ConfigDict(extra="forbid", strict=True)})
+                {"model_config": ConfigDict(extra="forbid", strict=True),
+                 "_one_name": model_validator(mode="before")(_one_name_per_param)})
     return create_model("ParamsPatch", __base__=base, **fields)
+
+
+def _one_name_per_param(cls: type, data: Any) -> Any:
+    """A parameter given under both its names (`M` and `m`) is one error that
+    says so, not "extra inputs are not permitted" on one of them."""
+    if isinstance(data, dict):
+        for alias, name in PARAM_ALIASES.items():
+            if alias in data and name in data:
+                raise ValueError(f"{alias} and {name} name the same parameter; give one")
+    return data
 
 
 ParamsPatch = _params_patch_model()
