@@ -430,7 +430,7 @@ BAD_TASKS = {
     "arrival-1e17": (lambda r: r.update(arrival=1e17), "got 1e+17"),
     "wait-1e300": (lambda r: r["stages"]["plan"].insert(0, [10, 5, 1e300]),
                    "tool_wait_s 1e+300 is beyond the 1e+09 s bound"),
-    "huge-id": (lambda r: r.update(id=99999999999999999999999), "from 0 to 2**63-1"),
+    "huge-id": (lambda r: r.update(id=99999999999999999999999), "from -2**63 to 2**63-1"),
     "bool-id": (lambda r: r.update(id=True), "got true"),
     "bool-arrival": (lambda r: r.update(arrival=True), "got true"),
     "bool-round": (lambda r: r["stages"]["plan"].__setitem__(0, [True, 10, 0]),

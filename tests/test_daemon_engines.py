@@ -94,15 +94,18 @@ def test_sglang_options_reach_the_engine_arguments() -> None:
 
 
 class PoolReportingEngine:
-    """Stands in for sglang.Engine (no GPU here): reports its KV pool as
-    `get_server_info()` does and finishes every generate call at once."""
+    """Stands in for sglang.Engine (no GPU here): keeps its scheduler's start-up
+    report where the Engine does (`_scheduler_init_result`), finishes every
+    generate call at once, and fails a test that runs the Engine's own event
+    loop (`get_server_info`), which would strand SGLang's reply handler."""
 
     def __init__(self, pool: int | None) -> None:
-        self.pool = pool
+        info = {} if pool is None else {"max_total_num_tokens": pool}
+        self._scheduler_init_result = SimpleNamespace(scheduler_infos=[info])
         self.calls: list[dict[str, object]] = []
 
     def get_server_info(self) -> dict[str, object]:
-        return {} if self.pool is None else {"max_total_num_tokens": self.pool}
+        raise AssertionError("get_server_info runs the Engine's event loop: requests would hang")
 
     async def async_generate(self, **kwargs: object) -> dict[str, object]:
         self.calls.append(kwargs)

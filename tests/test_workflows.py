@@ -536,9 +536,9 @@ BOUNDS = {
     "arrival-just-above": (lambda r: r.update(arrival=1e9 + 1), "arrival"),
     "wait-1e300": (lambda r: r["stages"]["b"].__setitem__(0, [3, 4, 1e300]),
                    "round 0: tool_wait_s 1e+300 is beyond the 1e+09 s bound"),
-    "huge-id": (lambda r: r.update(id=99999999999999999999999), "from 0 to 2**63-1"),
+    "huge-id": (lambda r: r.update(id=99999999999999999999999), "from -2**63 to 2**63-1"),
     "id-2**63": (lambda r: r.update(id=2**63), "got 9223372036854775808"),
-    "negative-id": (lambda r: r.update(id=-1), "got -1"),
+    "id-below-2**63": (lambda r: r.update(id=-(2**63) - 1), "got -9223372036854775809"),
     "bool-id": (lambda r: r.update(id=True), "got true"),
     "bool-arrival": (lambda r: r.update(arrival=True), "got true"),
     "bool-round": (lambda r: r["stages"]["b"].__setitem__(0, [True, 10, 0]),
@@ -652,3 +652,17 @@ def test_a_number_too_long_for_python_names_the_line() -> None:
     assert long_id != lines[3]
     with pytest.raises(TraceError, match=r"^t\.jsonl:4: unreadable JSON number"):
         read_trace([*lines[:3], long_id], "t.jsonl")
+
+
+def test_a_negative_task_id_still_loads(tmp_path: Path) -> None:
+    """Task ids are any signed 64-bit integer (the trace format never asked
+    for >= 0; only ids beyond SQLite's INTEGER are refused)."""
+    tr = generate_trace(load_workload("chain3").workflows, 0.3, 2, seed=1, name="chain3")
+    path = tmp_path / "t.jsonl"
+    save_trace(tr, path)
+    lines = path.read_text().splitlines()
+    task = json.loads(lines[-1])
+    task["id"] = -(2**63)
+    lines[-1] = json.dumps(task)
+    path.write_text("\n".join(lines) + "\n")
+    assert sorted(t.id for t in load_trace(path).tasks) == [-(2**63), tr.tasks[0].id]

@@ -22,7 +22,7 @@ from workflows.spec import MAX_TIME_S, agent_clash, workflow_from_dict, workflow
 
 TRACE_FORMAT = "topasd-trace"
 TRACE_VERSION = 1
-MAX_TASK_ID = 2**63 - 1  # task ids are SQLite INTEGERs in the decision log
+MAX_TASK_ID = 2**63 - 1  # task ids are SQLite INTEGERs in the decision log (signed 64-bit)
 
 
 class TraceError(TopasError):
@@ -307,8 +307,8 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
         raise TraceError(f"{where}: task {tid} uses workflow {wf_name!r}, which no earlier "
                          "'workflow' line defines")
     wf = workflows[wf_name]
-    if not _is_int(tid) or not 0 <= tid <= MAX_TASK_ID:
-        raise TraceError(f"{where}: task id must be an integer from 0 to 2**63-1, got "
+    if not _is_int(tid) or not -MAX_TASK_ID - 1 <= tid <= MAX_TASK_ID:
+        raise TraceError(f"{where}: task id must be an integer from -2**63 to 2**63-1, got "
                          f"{json.dumps(tid)}; renumber the task")
     if not _is_number(arrival) or not 0 <= arrival <= MAX_TIME_S:
         raise TraceError(f"{where}: task {tid} needs arrival a finite number >= 0 and at most "

@@ -104,12 +104,16 @@ def start_engine(options: SGLangOptions) -> Any:
 
 
 def pool_tokens(engine: Any) -> int | None:
-    """The KV pool of one SGLang replica in tokens (`max_total_num_tokens` of
-    `Engine.get_server_info()`), None when the engine does not say."""
-    info = getattr(engine, "get_server_info", None)
+    """The KV pool of one SGLang replica in tokens: `max_total_num_tokens` of
+    the scheduler's start-up report, which `Engine.get_server_info()` merges in
+    too. Read from the record the Engine keeps, not through that call: it runs
+    the Engine's own event loop, and the tokenizer's reply handler would then
+    live on a loop that never runs again, so no `async_generate` on ours would
+    ever finish. None when the engine does not say."""
+    infos = getattr(getattr(engine, "_scheduler_init_result", None), "scheduler_infos", None)
     try:
-        value = info()["max_total_num_tokens"] if callable(info) else None
-    except (KeyError, TypeError, RuntimeError):
+        value = infos[0]["max_total_num_tokens"] if infos else None
+    except (KeyError, TypeError, IndexError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 

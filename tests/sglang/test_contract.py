@@ -177,12 +177,17 @@ def test_scheduler_has_the_attributes_the_adapter_uses() -> None:
 
 def test_the_engine_reports_its_kv_pool_where_the_backend_reads_it() -> None:
     """`backends.sglang.backend.pool_tokens` reads `max_total_num_tokens` from
-    `Engine.get_server_info()`, which merges the scheduler's init info."""
+    the scheduler's start-up report the Engine keeps (`_scheduler_init_result`,
+    the same dict `get_server_info` merges in); `get_server_info` itself runs
+    the Engine's event loop, which would strand the tokenizer's reply handler."""
     from sglang.srt.entrypoints.engine import Engine
     from sglang.srt.managers.scheduler import Scheduler
 
-    assert list(inspect.signature(Engine.get_server_info).parameters) == ["self"]
-    assert "scheduler_infos[0]" in inspect.getsource(Engine.get_server_info)
+    assert "self._scheduler_init_result = scheduler_init_result" in inspect.getsource(
+        Engine.__init__)
+    assert "self._scheduler_init_result.scheduler_infos[0]" in inspect.getsource(
+        Engine.get_server_info)
+    assert "self.loop.run_until_complete" in inspect.getsource(Engine.get_server_info)
     assert '"max_total_num_tokens": self.max_total_num_tokens' in inspect.getsource(
         Scheduler.get_init_info)
 
