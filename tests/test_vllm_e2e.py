@@ -267,6 +267,52 @@ def test_an_idle_engine_waits_for_the_next_arrival(runs: Runs, native: bool) -> 
         assert result.decisions > 0
 
 
+def test_an_admission_and_its_preemption_before_one_step_leave_it_waiting(runs: Runs) -> None:
+    """Two decisions between engine steps: admit 1, then preempt it (a task
+    arriving at the same instant asks again). vLLM must carry them out in that
+    order: request 1 stays waiting until admitted again (it used to start
+    anyway, and the backend stopped with EngineMismatch)."""
+    from topasd.model import Decision, EventKind, Request
+
+    def req(rid: int, agent: str) -> Request:
+        return Request(id=rid, task_id=rid, workflow="w", stage="s", agent=agent, round=0,
+                       input_tokens=16, output_tokens=4, ready_at=0.0, task_arrival=0.0,
+                       prefix_tokens=64)
+
+    backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile")
+    finished: list[int] = []
+
+    def pump(until: float | None, decide: Any) -> None:
+        for ev in backend.run_until(until):
+            if ev.kind is EventKind.SCHEDULE:
+                d = decide(backend.view({}, {}))
+                if d is not None:
+                    backend.apply(d)
+            elif ev.kind is EventKind.REQUEST_FINISH:
+                finished.append(ev.request_id)
+
+    def admit_all(v: Any) -> Decision | None:
+        if not v.waiting:
+            return None
+        load = tuple(sorted({r.agent for r in v.waiting if not v.prefixes[r.agent].on_gpu}))
+        return Decision(v.t, "script", load=load, admit=tuple(r.id for r in v.waiting))
+
+    try:
+        backend.submit(req(1, "A"))
+        pump(backend.t, lambda v: Decision(v.t, "script", load=("A",), admit=(1,)))
+        backend.submit(req(2, "B"))
+        pump(backend.t, lambda v: Decision(v.t, "script", preempt=(1,)))
+        assert 1 in backend._waiting and 1 not in backend._running
+        pump(None, lambda v: None)  # engine steps with nothing admitted: 1 must not start
+        assert finished == [] and 1 in backend._waiting
+        backend.submit(req(3, "A"))  # the next scheduling point: admit everything waiting
+        pump(None, admit_all)
+        assert sorted(finished) == [1, 2, 3]
+        assert backend.stats.preemptions == 1
+    finally:
+        backend.close()
+
+
 def test_an_eviction_and_a_reload_before_one_step_leave_the_prefix_pinned(runs: Runs) -> None:
     """Two decisions between engine steps (a daemon's run_until slice can end
     right after `apply`): evict A, then load A back for a new request. vLLM

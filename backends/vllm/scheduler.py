@@ -148,7 +148,12 @@ class TopasScheduler(TimedScheduler):
     # ------------------------------------------------------ backend side
 
     def plan(self, plan: Plan) -> None:
-        """Queue a decision; it is carried out at the start of the next step."""
+        """Queue a decision; it is carried out at the start of the next step.
+        Decisions between two steps apply in order: a preemption withdraws an
+        admission an earlier decision queued (`_schedule` preempts before it
+        admits, so the admission would otherwise outlive the preemption)."""
+        if plan.preempt:
+            self._plan.admit = [r for r in self._plan.admit if r not in plan.preempt]
         self._plan.preempt += plan.preempt
         self._plan.residency += plan.residency
         self._plan.admit += plan.admit
