@@ -45,6 +45,16 @@ async def until(pilot: Any, cond: Callable[[], Any], what: str, timeout: float =
         await pilot.pause(0.05)
 
 
+async def open_params_form(pilot: Any, app: ConsoleApp) -> ParamsScreen:
+    """Connected, `p` pressed, the daemon's parameters loaded into the form."""
+    await until(pilot, lambda: app.connected, "the connection")
+    await pilot.press("p")
+    screen = app.screen
+    assert isinstance(screen, ParamsScreen)
+    await until(pilot, lambda: screen.info is not None, "the daemon's parameters")
+    return screen
+
+
 def run(app: ConsoleApp, scenario: Callable[[Any], Any]) -> None:
     async def main() -> None:
         async with app.run_test(size=SIZE) as pilot:
@@ -131,11 +141,7 @@ def test_changing_beta_in_the_form_changes_the_daemon(daemon: Daemon) -> None:
     before = daemon.http.get("/v1/params").json()
 
     async def scenario(pilot: Any) -> None:
-        await until(pilot, lambda: app.connected, "the connection")
-        await pilot.press("p")
-        screen = app.screen
-        assert isinstance(screen, ParamsScreen)
-        await until(pilot, lambda: screen.info is not None, "the daemon's parameters")
+        screen = await open_params_form(pilot, app)
         beta = screen.query_one("#param-beta", Input)
         assert float(beta.value) == before["params"]["beta"]
         # out of range: refused here, nothing sent
@@ -215,11 +221,7 @@ def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
     app.notify = notify  # type: ignore[method-assign]
 
     async def scenario(pilot: Any) -> None:
-        await until(pilot, lambda: app.connected, "the connection")
-        await pilot.press("p")
-        screen = app.screen
-        assert isinstance(screen, ParamsScreen)
-        await until(pilot, lambda: screen.info is not None, "the daemon's parameters")
+        screen = await open_params_form(pilot, app)
         screen.query_one("#param-rho", Input).value = "abc"
         await pilot.press("ctrl+s")
         assert notes[-1][0] == "error" and "not sent" in notes[-1][1]

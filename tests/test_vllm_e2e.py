@@ -31,6 +31,7 @@ from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
 from store import Store
 from tests.simkit import RecordingSink
 from topasd.cli import main
+from topasd.model import Decision, EventKind, Request
 from topasd.profiles import HardwareProfile
 from topasd.runner import Run, RunResult
 from topasd.scheduler import make_policy
@@ -267,46 +268,55 @@ def test_an_idle_engine_waits_for_the_next_arrival(runs: Runs, native: bool) -> 
         assert result.decisions > 0
 
 
+def _script_request(rid: int, agent: str, prefix: int = 64) -> Request:
+    """A one-round request for the hand-driven backend tests."""
+    return Request(id=rid, task_id=rid, workflow="w", stage="s", agent=agent, round=0,
+                   input_tokens=16, output_tokens=4, ready_at=0.0, task_arrival=0.0,
+                   prefix_tokens=prefix)
+
+
+def _pump(backend: VllmBackend, until: float | None, decide: Any, kind: EventKind,
+          seen: list[int]) -> None:
+    """Run the backend to `until`, answering each SCHEDULE with `decide(view)`
+    (None: no decision) and recording the request ids of `kind` events."""
+    for ev in backend.run_until(until):
+        if ev.kind is EventKind.SCHEDULE:
+            d = decide(backend.view({}, {}))
+            if d is not None:
+                backend.apply(d)
+        elif ev.kind is kind:
+            seen.append(ev.request_id)
+
+
+def _admit_all(v: Any) -> Decision | None:
+    """Load every missing prefix and admit every waiting request."""
+    if not v.waiting:
+        return None
+    load = tuple(sorted({r.agent for r in v.waiting if not v.prefixes[r.agent].on_gpu}))
+    return Decision(v.t, "script", load=load, admit=tuple(r.id for r in v.waiting))
+
+
 def test_an_admission_and_its_preemption_before_one_step_leave_it_waiting(runs: Runs) -> None:
     """Two decisions between engine steps: admit 1, then preempt it (a task
     arriving at the same instant asks again). vLLM must carry them out in that
     order: request 1 stays waiting until admitted again (it used to start
     anyway, and the backend stopped with EngineMismatch)."""
-    from topasd.model import Decision, EventKind, Request
-
-    def req(rid: int, agent: str) -> Request:
-        return Request(id=rid, task_id=rid, workflow="w", stage="s", agent=agent, round=0,
-                       input_tokens=16, output_tokens=4, ready_at=0.0, task_arrival=0.0,
-                       prefix_tokens=64)
-
     backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile")
     finished: list[int] = []
 
     def pump(until: float | None, decide: Any) -> None:
-        for ev in backend.run_until(until):
-            if ev.kind is EventKind.SCHEDULE:
-                d = decide(backend.view({}, {}))
-                if d is not None:
-                    backend.apply(d)
-            elif ev.kind is EventKind.REQUEST_FINISH:
-                finished.append(ev.request_id)
-
-    def admit_all(v: Any) -> Decision | None:
-        if not v.waiting:
-            return None
-        load = tuple(sorted({r.agent for r in v.waiting if not v.prefixes[r.agent].on_gpu}))
-        return Decision(v.t, "script", load=load, admit=tuple(r.id for r in v.waiting))
+        _pump(backend, until, decide, EventKind.REQUEST_FINISH, finished)
 
     try:
-        backend.submit(req(1, "A"))
+        backend.submit(_script_request(1, "A"))
         pump(backend.t, lambda v: Decision(v.t, "script", load=("A",), admit=(1,)))
-        backend.submit(req(2, "B"))
+        backend.submit(_script_request(2, "B"))
         pump(backend.t, lambda v: Decision(v.t, "script", preempt=(1,)))
         assert 1 in backend._waiting and 1 not in backend._running
         pump(None, lambda v: None)  # engine steps with nothing admitted: 1 must not start
         assert finished == [] and 1 in backend._waiting
-        backend.submit(req(3, "A"))  # the next scheduling point: admit everything waiting
-        pump(None, admit_all)
+        backend.submit(_script_request(3, "A"))  # the next scheduling point: admit all
+        pump(None, _admit_all)
         assert sorted(finished) == [1, 2, 3]
         assert backend.stats.preemptions == 1
     finally:
@@ -318,39 +328,20 @@ def test_an_eviction_and_a_reload_before_one_step_leave_the_prefix_pinned(runs: 
     right after `apply`): evict A, then load A back for a new request. vLLM
     must carry them out in that order, so A ends pinned and the request runs
     (the reload used to be dropped: the queued eviction unpinned A after it)."""
-    from topasd.model import Decision, EventKind, Request
-
-    def req(rid: int, agent: str, prefix: int) -> Request:
-        return Request(id=rid, task_id=rid, workflow="w", stage="s", agent=agent, round=0,
-                       input_tokens=16, output_tokens=4, ready_at=0.0, task_arrival=0.0,
-                       prefix_tokens=prefix)
-
     backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile")
     started: list[int] = []
 
     def pump(until: float | None, decide: Any) -> None:
-        for ev in backend.run_until(until):
-            if ev.kind is EventKind.SCHEDULE:
-                d = decide(backend.view({}, {}))
-                if d is not None:
-                    backend.apply(d)
-            elif ev.kind is EventKind.REQUEST_START:
-                started.append(ev.request_id)
-
-    def admit_all(v: Any) -> Decision | None:
-        if not v.waiting:
-            return None
-        load = tuple(sorted({r.agent for r in v.waiting if not v.prefixes[r.agent].on_gpu}))
-        return Decision(v.t, "script", load=load, admit=tuple(r.id for r in v.waiting))
+        _pump(backend, until, decide, EventKind.REQUEST_START, started)
 
     try:
-        backend.submit(req(1, "A", 256))
-        pump(None, admit_all)
-        backend.submit(req(3, "B", 32))
+        backend.submit(_script_request(1, "A", 256))
+        pump(None, _admit_all)
+        backend.submit(_script_request(3, "B", 32))
         pump(backend.t, lambda v: Decision(v.t, "script", evict=("A",)))
-        backend.submit(req(2, "A", 256))
+        backend.submit(_script_request(2, "A", 256))
         pump(backend.t, lambda v: Decision(v.t, "script", load=("A",), admit=(2,)))
-        pump(None, admit_all)
+        pump(None, _admit_all)
         assert sorted(started) == [1, 2, 3]
         assert "A" in backend.sched.pins and backend.view({}, {}).prefixes["A"].ready
     finally:

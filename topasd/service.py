@@ -695,14 +695,8 @@ class Service:
         self.backend = make_backend(settings, profile)
         self.profile = engine_profile(profile, self.backend, settings.budget)
         self.limit = request_limit(self.profile.budget_tokens, self.backend)
-        problem = next(filter(None, (never_fits(wf, self.limit) for wf in (
-            *(self.workload.workflows if self.workload else ()),
-            *(load_workflow(p) for p in settings.workflows)))), None)
         try:
-            if problem is not None:
-                raise TopasError(problem)
-            if self.workload is not None:  # arrivals within the bound on times
-                check_rate(settings.rate or _middle(self.workload), settings.tasks or 1)
+            self._refuse_unrunnable(settings)
         except TopasError:
             getattr(self.backend, "close", lambda: None)()
             raise
@@ -744,6 +738,19 @@ class Service:
         self.started_wall = time.time()
         self._stall_warned = False
         self._next_housekeeping = 0.0
+
+    def _refuse_unrunnable(self, settings: Settings) -> None:
+        """Stop the start on work the engine could never run: a workflow of the
+        --workload or a --workflow spec whose smallest request exceeds the
+        limit, or a rate that puts arrivals beyond the bound on times."""
+        workflows = (*(self.workload.workflows if self.workload else ()),
+                     *(load_workflow(p) for p in settings.workflows))
+        for wf in workflows:
+            problem = never_fits(wf, self.limit)
+            if problem is not None:
+                raise TopasError(problem)
+        if self.workload is not None:
+            check_rate(settings.rate or _middle(self.workload), settings.tasks or 1)
 
     # ---------------------------------------------------------- lifecycle
 
@@ -1329,16 +1336,9 @@ class Service:
         return wf
 
     def _fit_problem(self, record: TaskRecord) -> str | None:
-        wf = self.active[record.workflow]
-        for stage, rounds in record.stages.items():
-            prefix = wf.prefix_tokens(stage)
-            for k, r in enumerate(rounds):
-                need = prefix + r.input_tokens + r.output_tokens
-                if need > self.limit.tokens:
-                    return (f"stage {stage!r}, round {k}: needs {need} KV tokens (prefix "
-                            f"{prefix} + input {r.input_tokens} + output {r.output_tokens}) but "
-                            f"{self.limit.what}; lower the stage's token overrides")
-        return None
+        problem = record.oversized_round(self.active[record.workflow], self.limit.tokens)
+        return None if problem is None else (
+            f"{problem} but {self.limit.what}; lower the stage's token overrides")
 
     def _fits(self, record: TaskRecord) -> bool:
         return self._fit_problem(record) is None

@@ -46,6 +46,18 @@ class TaskRecord:
     stages: Mapping[str, tuple[RoundSpec, ...]]
     line: int | None = field(default=None, compare=False)  # where a trace file had it
 
+    def oversized_round(self, wf: Workflow, limit: int) -> str | None:
+        """The first round whose prefix + input + output exceeds `limit` tokens,
+        as "stage S, round k: needs N KV tokens (prefix + input + output)", or None."""
+        for stage, rounds in self.stages.items():
+            prefix = wf.prefix_tokens(stage)
+            for k, r in enumerate(rounds):
+                need = prefix + r.input_tokens + r.output_tokens
+                if need > limit:
+                    return (f"stage {stage!r}, round {k}: needs {need} KV tokens (prefix "
+                            f"{prefix} + input {r.input_tokens} + output {r.output_tokens})")
+        return None
+
 
 @dataclass(frozen=True)
 class Trace:
@@ -63,17 +75,10 @@ class Trace:
         if context is not None and context[0] < budget_tokens:
             limit, what, fix = context[0], f"the engine's context is {context[0]}", context[1]
         for task in self.tasks:
-            wf = self.workflows[task.workflow]
-            for stage, rounds in task.stages.items():
-                prefix = wf.prefix_tokens(stage)
-                for k, r in enumerate(rounds):
-                    need = prefix + r.input_tokens + r.output_tokens
-                    if need > limit:
-                        at = f"{self.source}:{task.line}: " if task.line is not None else ""
-                        raise TraceError(
-                            f"{at}task {task.id}, stage {stage!r}, round {k}: needs {need} KV "
-                            f"tokens (prefix {prefix} + input {r.input_tokens} + output "
-                            f"{r.output_tokens}) but {what}; {fix}")
+            problem = task.oversized_round(self.workflows[task.workflow], limit)
+            if problem is not None:
+                at = f"{self.source}:{task.line}: " if task.line is not None else ""
+                raise TraceError(f"{at}task {task.id}, {problem} but {what}; {fix}")
 
 
 # --------------------------------------------------------------------------
