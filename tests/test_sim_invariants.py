@@ -158,6 +158,39 @@ def one_request_trace(prefix: int, input_tokens: int, output_tokens: int) -> Tra
     return Trace({"w": wf}, (TaskRecord(0, "w", 0.0, rounds),), {})
 
 
+class PreemptTheFirstAdmission(AdmitEverything):
+    """Admit (loading its prefix), then preempt that request at the next
+    scheduling point, then admit everything."""
+
+    name = "preempt-first"
+
+    def __init__(self) -> None:
+        self.decisions = 0
+
+    def decide(self, view):
+        self.decisions += 1
+        if self.decisions == 2 and view.running:
+            return Decision(view.t, self.name, preempt=tuple(r.id for r in view.running))
+        return super().decide(view)
+
+
+def test_a_request_with_an_empty_input_can_be_preempted_before_its_prefill() -> None:
+    """A request whose whole prompt is its agent's prefix (input 0 tokens) sits
+    in the prefill FIFO with nothing left to prefill until its prefill step;
+    preempting it there used to leave its id in the FIFO, and the engine
+    stopped with a KeyError (found by the property test above)."""
+    wf = workflow_from_dict({"name": "w", "agents": {"A": {"prefix_tokens": 4000}},
+                             "stages": [{"name": "a", "agent": "A"}]})
+    tasks = (TaskRecord(0, "w", 0.0, {"a": (RoundSpec(0, 3, 0.0),)}),
+             TaskRecord(1, "w", 0.01, {"a": (RoundSpec(0, 3, 0.0),)}))  # mid prefix load
+    backend = CheckedSim(get_profile("small"), warm_host=True)
+    sink = RecordingSink()
+    trace = Trace({"w": wf}, tasks, {})
+    result = Run(trace, PreemptTheFirstAdmission(), backend, sink=sink).execute()
+    assert sorted(result.finishes) == [0, 1] and backend.stats.preemptions == 1
+    check_stream(trace, sink)
+
+
 def test_budget_check_catches_an_overfull_engine() -> None:
     """The budget instrumentation is live: with the engine's own feasibility
     check switched off, a state of 10 + 5 tokens in a 12-token pool trips it."""

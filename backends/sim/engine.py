@@ -77,6 +77,12 @@ class _Live:
     def kv(self) -> int:
         return self.req.input_tokens + self.generated
 
+    @property
+    def in_prefill(self) -> bool:
+        """In the prefill FIFO: tokens left to prefill, or none at all (an empty
+        dynamic input) but its prefill step, which starts it, still to come."""
+        return bool(self.prefill_left) or self.started_at is None
+
 
 @dataclass
 class SimStats:
@@ -247,7 +253,7 @@ class SimBackend(EventBuffer):
         req = replace(live.req, generated=live.generated, preemptions=live.req.preemptions + 1,
                       state=RequestState.WAITING, queued_at=self._t)
         self._waiting[rid] = req
-        if live.prefill_left:
+        if live.in_prefill:
             self._prefill.remove(rid)
         self.stats.preemptions += 1
         self.stats.recomputed_tokens += live.prefilled
@@ -362,7 +368,7 @@ class SimBackend(EventBuffer):
 
     def _decoding(self) -> list[_Live]:
         return [lv for lv in self._running.values()
-                if not lv.prefill_left and self._prefixes[lv.req.agent].ready]
+                if not lv.in_prefill and self._prefixes[lv.req.agent].ready]
 
     # ----------------------------------------------------------- prefill
 
@@ -485,7 +491,7 @@ class SimBackend(EventBuffer):
 
     def _first_tokens_due(self) -> int:
         """KV tokens that running requests still in prefill take when it ends."""
-        return sum(1 for lv in self._running.values() if lv.prefill_left)
+        return sum(1 for lv in self._running.values() if lv.in_prefill)
 
     def _used_tokens(self) -> int:
         used = sum(p.tokens for p in self._prefixes.values() if p.location is Location.GPU)
