@@ -45,7 +45,7 @@ def _vllm(model: Path, trace: Trace, policy: str, clock: str,
     profile = None if fit is None else fitted_profile(fit, DEFAULT_BUDGET, CHUNK,
                                                       read_model_config(model))
     backend = make_backend(str(model), budget_tokens=DEFAULT_BUDGET, chunk_tokens=CHUNK,
-                           clock=clock, profile=profile)
+                           clock=clock, profile=profile, record=True)
     try:
         result = Run(trace, make_policy(policy), backend).execute()
     finally:

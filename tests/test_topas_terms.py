@@ -223,6 +223,35 @@ def test_aging_lets_an_old_task_overtake_a_new_one(aging: bool, winner: int) -> 
         assert d.chosen_candidate.terms.j_admit == pytest.approx(g_old * 10)
 
 
+def test_observed_h_age_is_the_mean_service_of_the_last_finished_tasks() -> None:
+    """H_age (Eq. 12) without a given value: the mean total LLM service of the
+    last AGE_WINDOW finished tasks; an abandoned task gives no sample and
+    leaves nothing behind (a long-running daemon keeps bounded state)."""
+    from topasd.scheduler.topas import AGE_WINDOW
+
+    pol = policy()
+
+    def finish(tid: int, service: float) -> None:
+        pol.observe(EngineEvent(0.0, EventKind.STAGE_FINISH, task_id=tid, agent="A",
+                                stage="a", value=service))
+        pol.observe(EngineEvent(0.0, EventKind.TASK_FINISH, task_id=tid))
+
+    def h_age() -> float:
+        return pol.age_scale(view(CHAIN, [], [], []), None)["chain"]  # type: ignore[arg-type]
+
+    finish(1, 10.0)
+    finish(2, 30.0)
+    assert h_age() == 20.0
+    pol.observe(EngineEvent(0.0, EventKind.STAGE_FINISH, task_id=3, agent="A", stage="a",
+                            value=1000.0))
+    pol.observe(EngineEvent(0.0, EventKind.TASK_ABANDON, task_id=3, note="no call"))
+    assert h_age() == 20.0 and 3 not in pol._task_service
+    for tid in range(10, 10 + 3 * AGE_WINDOW):
+        finish(tid, 5.0 if tid < 10 + 2 * AGE_WINDOW else 7.0)
+    assert h_age() == 7.0 and len(pol._age_obs) == AGE_WINDOW
+    assert not pol._task_service
+
+
 # ------------------------------------------------------------ parameters
 
 

@@ -74,7 +74,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     try:
         for name in POLICIES:
             backend = make_backend(str(model), budget_tokens=DEFAULT_BUDGET, profile=profile,
-                                   clock="profile", audit=True)
+                                   clock="profile", audit=True, record=True)
             sink = store.sink("all")
             try:
                 result = Run(trace, make_policy(name), backend, sink=sink).execute()
@@ -254,7 +254,7 @@ def test_an_idle_engine_waits_for_the_next_arrival(runs: Runs, native: bool) -> 
     trace = chain3_cpu(tasks=2, rate=0.5, seed=0, input_tokens=32, output_tokens=32)
     assert trace.tasks[1].arrival > 1.0  # the engine idles before the second task
     backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile",
-                           native=native)
+                           native=native, record=True)
     try:
         result = Run(trace, make_policy("topas"), backend).execute()
     finally:
@@ -319,6 +319,9 @@ def test_an_admission_and_its_preemption_before_one_step_leave_it_waiting(runs: 
         pump(None, _admit_all)
         assert sorted(finished) == [1, 2, 3]
         assert backend.stats.preemptions == 1
+        # without record=True (a daemon) the backend keeps no per-step or
+        # per-request history: its memory stays flat over a long run
+        assert backend.stats.steps > 0 and backend.samples == [] and not backend.finished_tokens
     finally:
         backend.close()
 

@@ -57,6 +57,10 @@ from topasd.model import (
 log = logging.getLogger("topasd.sglang")
 Clock = Callable[[], float]
 UNCHUNKED = 1 << 30  # chunk_tokens reported when chunked prefill is off
+# per-request records (`first_seen`, `admitted_at`, `preemptions`) are kept for
+# the requests SGLang holds; finished and aborted ones are forgotten once the
+# records outgrow this and twice the requests present (a long-running engine)
+FORGET_AT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,9 @@ class TopasScheduler:
             if meta is not None:
                 running.append(self._request(req, meta, RequestState.RUNNING))
         self._seq += 1
+        present = [r.id for r in waiting] + [r.id for r in running]
+        if len(self.first_seen) > max(FORGET_AT, 2 * len(present)):
+            self._forget(frozenset(present))
         chunk = sched.chunked_prefill_size
         return EngineSnapshot(
             budget_tokens=int(sched.token_to_kv_pool_allocator.size),
@@ -166,6 +173,14 @@ class TopasScheduler:
                  frozenset(r.id for r in running)),
             seq=self._seq,
         )
+
+    def _forget(self, present: frozenset[int]) -> None:
+        """Drop the records of requests SGLang no longer holds (finished or
+        aborted: the snapshot runs before the prefill pass, when every live
+        request is waiting, running or the chunked one)."""
+        for records in (self.first_seen, self.admitted_at, self.preemptions):
+            for rid in [rid for rid in records if rid not in present]:
+                del records[rid]
 
     def _running_reqs(self, sched: Any) -> list[Any]:
         reqs = list(self.running_batch(sched).reqs)

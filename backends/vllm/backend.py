@@ -154,7 +154,7 @@ class VllmBackend(EventBuffer):
                  chunk_tokens: int = 512, max_num_seqs: int = 64,
                  profile: HardwareProfile | None = None, clock: Clock = "steps",
                  native: bool = False, seed: int = 0, audit: bool = False,
-                 max_model_len: int | None = None) -> None:
+                 record: bool = False, max_model_len: int | None = None) -> None:
         cfg = read_model_config(model)
         if clock not in ("steps", "cpu", "wall", "profile"):
             raise TopasError(f"clock must be 'steps', 'cpu', 'wall' or 'profile', got {clock!r}")
@@ -170,6 +170,9 @@ class VllmBackend(EventBuffer):
         self.clock = clock
         self.native = native
         self.audit_enabled = audit
+        # keep every step's sample and every finished request's output length
+        # (benchmarks, tests); a long-running daemon keeps neither
+        self.record = record
         self.tokens = SyntheticTokens(int(cfg["vocab_size"]), seed)
         blocks = math.ceil(budget_tokens / block_size)
         self.max_model_len = max_model_len or context_tokens(cfg, budget_tokens, block_size)
@@ -481,8 +484,10 @@ class VllmBackend(EventBuffer):
             s.peak_batch = max(s.peak_batch, rec.decode_batch)
         if rec.prefill_tokens:
             s.prefill_steps += 1
-        self.samples.append(StepSample(rec.prefill_tokens, rec.attn_pairs, rec.decode_batch,
-                                       rec.context_tokens, dt, rec.sched_s, cpu))
+        if self.record:
+            self.samples.append(StepSample(rec.prefill_tokens, rec.attn_pairs,
+                                           rec.decode_batch, rec.context_tokens, dt,
+                                           rec.sched_s, cpu))
 
     def _started(self, vids: list[str], t: float) -> None:
         for vid in vids:
@@ -537,7 +542,8 @@ class VllmBackend(EventBuffer):
 
     def _finished(self, rid: int, n_tokens: int) -> None:
         lv = self._running.pop(rid)
-        self.finished_tokens[rid] = n_tokens
+        if self.record:
+            self.finished_tokens[rid] = n_tokens
         self.batch_is_full = False
         self._prefixes[lv.req.agent].last_used = self._t
         started = lv.started_at if lv.started_at is not None else lv.admitted_at

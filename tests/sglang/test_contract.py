@@ -396,6 +396,27 @@ def test_preempting_an_unknown_request_is_reported_not_done() -> None:
     assert eng.waiting_rids() == ["rid-0"]
 
 
+def test_records_of_requests_sglang_dropped_are_forgotten(monkeypatch: Any) -> None:
+    """A long-running engine: per-request records stay bounded. Requests that
+    left SGLang (here aborted while waiting) are forgotten once the records
+    outgrow the limit; a request still held keeps its queue time and counts."""
+    import backends.sglang.adapter as adapter
+
+    monkeypatch.setattr(adapter, "FORGET_AT", 3)
+    eng = CpuEngine()
+    for i in range(6):
+        eng.submit(meta(i), dyn(i), 8)
+    topas = topas_for(scripted())
+    first = topas.snapshot(eng)  # 6 records, but 6 requests present: nothing to forget
+    assert sorted(topas.first_seen) == list(range(6))
+    topas.preemptions[5] = 2  # as if retracted twice before
+    eng.waiting_queue = eng.waiting_queue[4:]  # 0-3 aborted
+    snap = topas.snapshot(eng)
+    assert sorted(topas.first_seen) == [4, 5] and topas.preemptions == {5: 2}
+    assert [r.queued_at for r in snap.waiting] == [r.queued_at for r in first.waiting[4:]]
+    assert snap.waiting[1].preemptions == 2
+
+
 # ----------------------------------------------------------------- prefixes
 
 

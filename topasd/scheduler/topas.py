@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +112,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "samples": (1, 4096),
     "seed": (0, 2**31 - 1),
 }
+AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
 VARIANTS: dict[str, dict[str, bool]] = {
     "topas": {},
     "topas-base": {"reuse": False, "aging": False},
@@ -142,8 +143,11 @@ class TopasPolicy:
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
         self._task_service: dict[int, float] = defaultdict(float)
-        self._age_obs: list[float] = []
-        self._age_mean = (0, 0.0)  # (len(_age_obs), mean of its last 256)
+        # total LLM service of the last AGE_WINDOW finished tasks (H_age), how
+        # many tasks finished in all, and (that count, the window's mean)
+        self._age_obs: deque[float] = deque(maxlen=AGE_WINDOW)
+        self._age_n = 0
+        self._age_mean = (0, 0.0)
 
     def set_params(self, **changes: Any) -> TopasParams:
         """Change parameters; effective from the next decision."""
@@ -164,6 +168,9 @@ class TopasPolicy:
             self._task_service[event.task_id] += event.value  # type: ignore[index]
         elif kind is EventKind.TASK_FINISH:
             self._age_obs.append(self._task_service.pop(event.task_id, 0.0))  # type: ignore[arg-type]
+            self._age_n += 1
+        elif kind is EventKind.TASK_ABANDON:  # it will never finish: no H_age sample
+            self._task_service.pop(event.task_id, None)  # type: ignore[arg-type]
         elif kind in (EventKind.PREEMPT, EventKind.RETRACT):
             self.credits.pop(event.request_id, None)  # type: ignore[arg-type]
 
@@ -196,9 +203,8 @@ class TopasPolicy:
             return defaultdict(lambda: float(self.params.h_age))  # type: ignore[arg-type]
         if self._age_obs:
             n, mean = self._age_mean
-            if n != len(self._age_obs):  # tasks finished since: the window moved
-                n, mean = self._age_mean = (len(self._age_obs),
-                                            float(np.mean(self._age_obs[-256:])))
+            if n != self._age_n:  # tasks finished since: the window moved
+                n, mean = self._age_mean = (self._age_n, float(np.mean(list(self._age_obs))))
             return defaultdict(lambda: max(mean, 1e-3))
         return {name: max(paths.lhat(_fresh_task(view.workflows[name], -1 - i), {}), 1e-3)
                 for i, name in enumerate(sorted(view.workflows))}
