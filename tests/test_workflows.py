@@ -97,6 +97,12 @@ def test_duplicate_stage_is_named() -> None:
     ("rounds", {"choice": []}, "non-empty"),
     ("output_tokens", {"uniform": [1, 2], "choice": [3]}, "exactly one"),
     ("observation_tokens", {"uniform_int": "ab"}, "malformed"),
+    # NaN and infinity (YAML .nan, Python's JSON) and a sigma whose draws
+    # overflow used to pass the checks and stop trace sampling with a traceback
+    ("output_tokens", {"lognormal": {"median": float("nan"), "sigma": 1, "high": 9}}, "finite"),
+    ("rounds", {"choice": [1, float("nan")]}, "finite"),
+    ("input_tokens", {"uniform": [1, float("inf")]}, "finite"),
+    ("output_tokens", {"lognormal": {"median": 9, "sigma": 1e308, "high": 99}}, "(0, 20]"),
 ])
 def test_bad_distribution_names_stage_and_field(field: str, value, says: str) -> None:
     data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "B", field: value})
@@ -125,7 +131,7 @@ def test_zero_rounds_rejected() -> None:
     ("tool_wait_s", -4, "tool_wait_s: values must lie in [0, 1e+09]"),
     ("rounds", 100_000_000, "rounds: values must lie in [1, 10000]"),
     ("output_tokens", {"lognormal": {"median": 100, "sigma": 1}}, "reaches [0, inf]"),
-    ("input_tokens", float("nan"), "input_tokens: values must lie"),
+    ("input_tokens", float("nan"), "input_tokens: fixed parameters must be finite"),
 ])
 def test_stage_numbers_out_of_range_are_refused(field: str, value: object, says: str) -> None:
     """No silent clamping: a value a stage field cannot take is an error."""

@@ -75,6 +75,15 @@ class Dist:
     def __post_init__(self) -> None:
         if self.kind not in DIST_KINDS:
             raise WorkflowError(f"unknown distribution kind {self.kind!r}; use one of {DIST_KINDS}")
+        given = [self.value, self.low, self.high, self.median, self.sigma, *self.values]
+        if any(x is not None and not math.isfinite(x) for x in given):
+            shown = {k: v for k, v in (("value", self.value), ("low", self.low),
+                                       ("high", self.high), ("median", self.median),
+                                       ("sigma", self.sigma), ("values", self.values)) if v}
+            raise WorkflowError(f"{self.kind} parameters must be finite numbers (no NaN or "
+                                f"infinity), got {shown}")
+        if self.kind == "lognormal" and self.sigma is not None and not 0 < self.sigma <= 20:
+            raise WorkflowError(f"lognormal sigma must be in (0, 20], got {self.sigma:g}")
         if self.kind in ("uniform", "uniform_int") and (
             self.low is None or self.high is None or self.low > self.high
         ):
