@@ -220,7 +220,8 @@ def preemptions(db: Database, run_id: int) -> list[Mark]:
 class PrefixSpan:
     """A prefix interval on one agent's lane. `kind`: resident (on the GPU),
     compute (recomputed by prefill), load (host -> GPU), offload (GPU ->
-    host backup). `note`: why a residency ended (policy/engine eviction)."""
+    host backup). `note`: why a residency ended (policy/engine eviction), or
+    that a transfer first waited for the host link."""
 
     agent: str
     kind: str
@@ -248,7 +249,7 @@ def prefix_spans(db: Database, run_id: int) -> list[PrefixSpan]:
             if kind == "prefix_load_start":  # drawn to its planned end unless it ends early
                 loading[agent] = len(out)
             out.append(PrefixSpan(agent, "load" if kind == "prefix_load_start" else "offload",
-                                  t, t + (value or 0.0), tokens))
+                                  t, t + (value or 0.0), tokens, note or ""))
         elif kind == "prefix_load_end" and agent in loading:
             i = loading.pop(agent)
             out[i] = replace(out[i], end=max(t, out[i].start))

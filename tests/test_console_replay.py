@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from textual.widgets import DataTable, Input, Label
 
 from console.app import ConsoleApp
@@ -25,6 +26,14 @@ from console.widgets.tasks import TaskList
 from store import Store
 from store import queries as q
 from tests.console_fixture import FIXTURE
+from tests.simkit import CheckedSim, scenarios
+from topasd.model import Decision, EngineView
+from topasd.profiles import get_profile
+from topasd.runner import Run
+from topasd.scheduler import make_policy
+from topasd.scheduler.baselines import BASELINES, OrderPolicy
+from workflows.spec import workflow_from_dict
+from workflows.trace import RoundSpec, TaskRecord, Trace
 
 SIZE = (150, 45)
 
@@ -110,6 +119,85 @@ def test_state_at_matches_the_recorded_events(db: Path) -> None:
         if finished:
             mean = sum(x[0] for x in finished) / len(finished)
             assert s.headline.jct_mean_s == pytest.approx(mean)
+    store.close()
+
+
+class _Watched:
+    """A policy whose every view, decision and tasks in flight are kept (the
+    view's task map is the runner's live one)."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy, self.name = policy, policy.name
+        self.seen: list[tuple[EngineView, Decision, frozenset[int]]] = []
+
+    def decide(self, view: EngineView) -> Decision:
+        d = self.policy.decide(view)
+        self.seen.append((view, d, frozenset(view.tasks)))
+        return d
+
+    def observe(self, ev: Any) -> None:
+        self.policy.observe(ev)
+
+
+def check_replay_against_the_engine(tmp: Path, trace: Trace, policy: str, knobs: dict,
+                                    warm: bool, closed_form: bool) -> None:
+    """After each decision (the last at its time), `state_at` shows what the
+    engine held then: its running and waiting requests, the prefixes it holds
+    on the GPU (loading ones too) and the tasks in flight."""
+    backend = CheckedSim(get_profile("small").with_overrides(**knobs), warm_host=warm,
+                         closed_form=closed_form)
+    pol = _Watched(OrderPolicy(policy, BASELINES[policy]) if policy in BASELINES
+                   else make_policy(policy))
+    path = tmp / f"{policy}.db"
+    path.unlink(missing_ok=True)
+    store = Store(path)
+    Run(trace, pol, backend, sink=store.sink()).execute()
+    replay = q.RunReplay(store.db)
+    for i, (view, d, tasks) in enumerate(pol.seen):
+        if i + 1 < len(pol.seen) and pol.seen[i + 1][0].t == view.t:
+            continue
+        s = replay.state_at(view.t)
+        running = {r.id for r in view.running} | set(d.admit)
+        assert {r.request_id for r in s.running} == running - set(d.preempt)
+        waiting = {r.id for r in view.waiting} - set(d.admit)
+        assert {r.request_id for r in s.waiting} == waiting | set(d.preempt)
+        gpu = {a for a, p in view.prefixes.items() if p.on_gpu} | set(d.load)
+        assert {p.agent for p in s.prefixes if p.location == "gpu"} == gpu - set(d.evict)
+        assert {tk.task_id for tk in s.tasks} == tasks
+    store.close()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=scenarios())
+def test_the_replayed_state_is_the_engines_after_every_decision(
+        tmp_path_factory: pytest.TempPathFactory, scenario: Any) -> None:
+    tmp = tmp_path_factory.mktemp("replay-vs-engine")
+    for policy in ("topas", "lpm"):
+        check_replay_against_the_engine(tmp, *scenario[:1], policy, *scenario[1:])
+
+
+def test_a_load_waiting_for_the_host_link_holds_its_gpu_room_from_the_decision(
+        tmp_path: Path) -> None:
+    """The engine reserves a prefix's GPU room when a load is decided, even when
+    the serial host link is still busy with another transfer. The log used to
+    start the load when the link freed, so a replay showed the prefix off the
+    GPU in between (found by the property test above)."""
+    agents = {"A0": {"prefix_tokens": 0}, "A1": {"prefix_tokens": 16}}
+    w0 = workflow_from_dict({"name": "w0", "agents": agents,
+                             "stages": [{"name": "s0", "agent": "A0"}]})
+    w1 = workflow_from_dict({"name": "w1", "agents": agents, "stages": [
+        {"name": "s0", "agent": "A1"}, {"name": "s1", "agent": "A0"},
+        {"name": "s2", "agent": "A0", "after": ["s0"]}]})
+    one = (RoundSpec(0, 1, 0.0),)
+    trace = Trace({"w0": w0, "w1": w1}, (
+        TaskRecord(0, "w0", 0.0, {"s0": one}),
+        TaskRecord(1, "w1", 0.0, {"s0": one, "s1": one, "s2": one})), {})
+    knobs = {"budget_tokens": 17, "host_cache": True, "mixed_chunk": False,
+             "swap_bytes_per_s": 1e9}
+    check_replay_against_the_engine(tmp_path, trace, "topas", knobs, False, False)
+    store = Store(tmp_path / "topas.db", create=False)
+    waited = [s for s in q.prefix_spans(store.db, 1) if s.kind == "load"]
+    assert waited and all("waited" in s.note for s in waited)
     store.close()
 
 

@@ -580,7 +580,8 @@ class EventKind(StrEnum):
 @dataclass(frozen=True, slots=True)
 class EngineEvent:
     """One flat event row. `value` is a duration in seconds where one applies
-    (request service, stage service, transfer time); `tokens` a token count."""
+    (request service, stage service, a host transfer from when it is decided to
+    its end, waiting for the serial link included); `tokens` a token count."""
 
     t: float
     kind: EventKind

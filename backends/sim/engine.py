@@ -279,12 +279,11 @@ class SimBackend(EventBuffer):
         p.ready = False
         if p.location is Location.HOST:
             start = max(self._t, self._link_free_at)
-            dur = self.profile.t_swap(p.tokens)
-            self._link_free_at = p.ready_at = start + dur
+            self._link_free_at = p.ready_at = start + self.profile.t_swap(p.tokens)
             self.stats.prefix_loads += 1
             self.stats.prefix_load_bytes += p.tokens * self.profile.kv_bytes_per_token
             self._push(p.ready_at, _LOAD_END, (agent, p.cancelled))
-            self._emit(start, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens, value=dur)
+            self._emit_transfer(EventKind.PREFIX_LOAD_START, p, start)
         else:
             p.compute_left = p.tokens
             self._prefill.appendleft(agent)
@@ -300,11 +299,18 @@ class SimBackend(EventBuffer):
         if self.profile.host_cache and not p.host_copy and not p.backup_pending:
             p.backup_pending = True  # HiCache write-through: back the prefix up to host
             start = max(self._t, self._link_free_at)
-            dur = self.profile.t_swap(p.tokens)
-            self._link_free_at = start + dur
-            self._push(start + dur, _BACKUP_END, p.agent)
-            self._emit(start, EventKind.PREFIX_OFFLOAD_START, agent=p.agent, tokens=p.tokens,
-                       value=dur)
+            self._link_free_at = start + self.profile.t_swap(p.tokens)
+            self._push(self._link_free_at, _BACKUP_END, p.agent)
+            self._emit_transfer(EventKind.PREFIX_OFFLOAD_START, p, start)
+
+    def _emit_transfer(self, kind: EventKind, p: _Prefix, start: float) -> None:
+        """A host-link transfer, logged when it is decided (a load holds its GPU
+        room from then) and lasting until it ends (`value`), waiting first for
+        the transfers ahead of it on the serial link (`note`)."""
+        wait = start - self._t
+        self._emit(self._t, kind, agent=p.agent, tokens=p.tokens,
+                   value=self._link_free_at - self._t,
+                   note=f"waited {wait * 1e3:.3g} ms for the host link" if wait > 0 else "")
 
     def _finish(self, live: _Live) -> None:
         req = live.req
