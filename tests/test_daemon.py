@@ -31,6 +31,8 @@ from store import queries as q
 from tests.daemonkit import Daemon, clean_env
 from topasd.scheduler.topas import TopasParams
 from topasd.service import agent_key, count_tokens
+from workflows.builtin import load_workload
+from workflows.trace import generate_trace
 
 SYSTEM = "You are agent {0}. Follow the plan and answer tersely. " * 6
 
@@ -168,6 +170,30 @@ def test_200_concurrent_tasks_all_complete_and_the_store_agrees(tmp_path: Path) 
             "SELECT task_id, output_tokens FROM requests WHERE run_id = ? AND stage = 'a'",
             [run.id])}
         assert all(outs[s["id"]] == 20 + i % 7 for i, s in enumerate(submitted))
+
+
+def test_the_driver_with_a_task_limit_plays_the_trace_that_trace_gen_writes(
+        tmp_path: Path) -> None:
+    """`topasd start -w W -r R -s S -n N` runs the very tasks `topasd trace gen`
+    (and `topasd replay -w`) draws for the same workload, rate, seed and count,
+    so the daemon's work can be rerun through any policy (it drew its own
+    arrivals and rounds before)."""
+    args = ("--workload", "dag4", "--rate", "0.5", "--seed", "3", "--tasks", "12")
+    with Daemon(tmp_path, *args) as d:
+        d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 12)
+        assert d.stop() == 0
+    trace = generate_trace(load_workload("dag4").workflows, 0.5, 12, 3)
+    with Store(d.db, create=False) as store:
+        run = q.get_run(store.db)
+        arrivals = [r["arrival"] for r in store.db.query(
+            "SELECT arrival FROM tasks WHERE run_id = ? ORDER BY task_id", [run.id])]
+        rounds = sorted((r["task_id"], r["stage"], r["input_tokens"], r["output_tokens"])
+                        for r in store.db.query("SELECT task_id, stage, input_tokens, "
+                                                "output_tokens FROM requests WHERE run_id = ?",
+                                                [run.id]))
+    assert arrivals == [t.arrival for t in trace.tasks]
+    assert rounds == sorted((t.id, v, r.input_tokens, r.output_tokens)
+                            for t in trace.tasks for v, rs in t.stages.items() for r in rs)
 
 
 def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Path) -> None:

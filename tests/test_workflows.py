@@ -23,10 +23,10 @@ from workflows.trace import (
     TraceError,
     generate_trace,
     load_trace,
-    poisson_arrivals,
     read_trace,
     sample_task,
     save_trace,
+    trace_tasks,
     write_trace,
 )
 
@@ -229,12 +229,31 @@ def test_sampling_carries_history_and_rounds() -> None:
 
 
 def test_poisson_arrivals() -> None:
-    t = poisson_arrivals(0.5, 400, np.random.default_rng(1))
+    wl = load_workload("chain3")
+    t = np.array([task.arrival for task in trace_tasks(wl.workflows, 0.5, 400, 1)])
     assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
     assert 400 / t[-1] == pytest.approx(0.5, rel=0.2)
     for rate in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(TopasError, match="rate must be a finite number > 0"):
-            poisson_arrivals(rate, 5, np.random.default_rng(1))
+            next(trace_tasks(wl.workflows, rate, 5, 1))
+
+
+def test_streamed_tasks_draw_every_gap_then_every_task(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trace_tasks` (the daemon's driver) yields `generate_trace`'s tasks: the
+    seed draws every arrival gap, then every task's rounds, also when the gaps
+    it skips span several chunks."""
+    import workflows.trace as trace_mod
+
+    monkeypatch.setattr(trace_mod, "ARRIVAL_CHUNK", 4)
+    wl = load_workload("dag4")
+    n = 11
+    rng = np.random.default_rng(9)
+    gaps = rng.exponential(1 / 2.0, size=n)
+    gaps[0] = 0.0
+    arrivals = np.round(np.cumsum(gaps), 6).tolist()
+    expected = [sample_task(wl.workflows[0], i, arrivals[i], rng) for i in range(n)]
+    assert list(trace_tasks(wl.workflows, 2.0, n, 9)) == expected
+    assert generate_trace(wl.workflows, 2.0, n, 9).tasks == tuple(expected)
 
 
 def test_generated_trace_is_seeded() -> None:

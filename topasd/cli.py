@@ -426,7 +426,9 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
               help="Driver arrival rate, task/s (default: the workload's middle operating "
                    "point).")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=None,
-              help="Stop the driver after this many tasks (default: unbounded).")
+              help="Stop the driver after this many tasks (default: unbounded); then it "
+                   "plays the trace `topasd trace gen` writes for the same workload, rate, "
+                   "seed and count, so `topasd replay` can rerun the daemon's work.")
 @click.option("--seed", "-s", type=click.IntRange(min=0), default=None,
               help="Sampling seed [default: 0].")
 @click.option("--workflow", "workflows", multiple=True, metavar="SPEC",

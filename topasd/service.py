@@ -61,7 +61,7 @@ from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 from workflows.builtin import BUILTIN, Workload, load_workload
 from workflows.driver import DriverStep, TaskDriver
 from workflows.spec import load_workflow
-from workflows.trace import TaskRecord, check_rate, sample_task
+from workflows.trace import TaskRecord, check_rate, sample_task, trace_tasks
 
 log = logging.getLogger("topasd")
 
@@ -581,26 +581,36 @@ class _Calls:
 
 
 class _Feeder:
-    """The built-in driver: Poisson arrivals of a workload's tasks (virtual time)."""
+    """The built-in driver: Poisson arrivals of a workload's tasks (virtual time).
+    With a task limit it plays exactly the trace `topasd trace gen` writes for
+    the same workload, rate, seed and count (`trace_tasks`), so `topasd replay`
+    can rerun the daemon's work; unbounded, it draws each task, then the gap
+    to the next, from the seed."""
 
     def __init__(self, workload: Workload, rate: float, limit: int | None, seed: int) -> None:
         self.workload = workload
         self.rate = rate
         self.limit = limit
-        self.rng = np.random.default_rng(seed)
         self.generated = 0
-        self.next_arrival: float | None = 0.0
+        self.rng = np.random.default_rng(seed)
+        self._trace = (None if limit is None
+                       else trace_tasks(workload.workflows, rate, limit, seed))
+        self._next: TaskRecord | None = None if self._trace is None else next(self._trace)
+        self.next_arrival: float | None = 0.0 if self._next is None else self._next.arrival
 
     def pop(self, task_id: int, workflows: Mapping[str, Workflow]) -> TaskRecord:
-        """The task arriving at `next_arrival`; schedules the next one."""
+        """The task arriving at `next_arrival` (with the daemon's `task_id`);
+        schedules the next one."""
         assert self.next_arrival is not None
-        wf = self.workload.workflows[self.generated % len(self.workload.workflows)]
-        record = sample_task(workflows[wf.name], task_id, self.next_arrival, self.rng)
         self.generated += 1
-        if self.limit is not None and self.generated >= self.limit:
-            self.next_arrival = None
-        else:
-            self.next_arrival += float(self.rng.exponential(1.0 / self.rate))
+        if self._trace is not None:
+            assert self._next is not None
+            record, self._next = self._next, next(self._trace, None)
+            self.next_arrival = None if self._next is None else self._next.arrival
+            return replace(record, id=task_id)
+        wf = self.workload.workflows[(self.generated - 1) % len(self.workload.workflows)]
+        record = sample_task(workflows[wf.name], task_id, self.next_arrival, self.rng)
+        self.next_arrival += float(self.rng.exponential(1.0 / self.rate))
         return record
 
 
@@ -697,6 +707,9 @@ class Service:
         self.limit = request_limit(self.profile.budget_tokens, self.backend)
         try:
             self._refuse_unrunnable(settings)
+            self.feeder = None if self.workload is None else _Feeder(
+                self.workload, settings.rate or _middle(self.workload), settings.tasks,
+                settings.seed)
         except TopasError:
             getattr(self.backend, "close", lambda: None)()
             raise
@@ -715,12 +728,9 @@ class Service:
                               driver=self.driver)
         self.loop.on_task_done = self._task_done
         self.calls = _Calls()
-        self.feeder: _Feeder | None = None
         if self.workload is not None:
             for wf in self.workload.workflows:
                 self._activate(wf.name)
-            rate = settings.rate or _middle(self.workload)
-            self.feeder = _Feeder(self.workload, rate, settings.tasks, settings.seed)
         self.rng = np.random.default_rng(settings.seed + 1)
         self._quantiles = quantile_rows(64, 64, 0)  # E[remaining path] samples (state)
         self.clock = Clock(None if settings.speed == "max" else float(settings.speed))

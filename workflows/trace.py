@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -131,28 +131,43 @@ def check_rate(rate: float, n_tasks: int) -> None:
                          f"times; give a --rate of at least {gaps / MAX_TIME_S:.3g} task/s")
 
 
-def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n arrival times of a Poisson process of `rate` tasks/s, the first at 0."""
-    check_rate(rate, n)
-    gaps = rng.exponential(1.0 / rate, size=n)
-    gaps[0] = 0.0
-    times = np.round(np.cumsum(gaps), 6)
-    if times[-1] > MAX_TIME_S:
-        raise TopasError(f"arrival rate {rate:g} task/s put the last of {n} arrivals at "
-                         f"{times[-1]:.3g} s, beyond the {MAX_TIME_S:g} s bound on arrival "
+ARRIVAL_CHUNK = 1 << 16  # gaps drawn at once while `trace_tasks` skips them
+
+
+def trace_tasks(workflows: Sequence[Workflow], rate: float, n_tasks: int,
+                seed: int) -> Iterator[TaskRecord]:
+    """The tasks of a Poisson arrival trace, one at a time in O(1) memory (the
+    daemon's built-in driver plays them; `generate_trace` keeps them): `n_tasks`
+    arrivals of `rate` tasks/s, the first at 0, rounded to the microsecond,
+    cycling through `workflows`. The seed's generator draws every arrival gap,
+    then every task's rounds; a second generator, advanced past the gaps,
+    samples the tasks while the first yields the gaps."""
+    if n_tasks < 1:
+        raise TopasError(f"--tasks must be at least 1, got {n_tasks}")
+    check_rate(rate, n_tasks)
+    gaps, draws = np.random.default_rng(seed), np.random.default_rng(seed)
+    last = np.zeros(1)  # the last arrival, summed in the order the arrivals are
+    for first in range(0, n_tasks, ARRIVAL_CHUNK):
+        chunk = draws.exponential(1.0 / rate, size=min(n_tasks - first, ARRIVAL_CHUNK))
+        if first == 0:
+            chunk[0] = 0.0
+        last = np.cumsum(np.concatenate((last, chunk)))[-1:]
+    if np.round(last[0], 6) > MAX_TIME_S:
+        raise TopasError(f"arrival rate {rate:g} task/s put the last of {n_tasks} arrivals at "
+                         f"{last[0]:.3g} s, beyond the {MAX_TIME_S:g} s bound on arrival "
                          "times; raise --rate or lower --tasks")
-    return times
+    t = 0.0
+    for i in range(n_tasks):
+        gap = gaps.exponential(1.0 / rate)
+        t = t + gap if i else 0.0
+        yield sample_task(workflows[i % len(workflows)], i, float(np.round(t, 6)), draws)
 
 
 def generate_trace(workflows: Sequence[Workflow], rate: float, n_tasks: int, seed: int,
                    name: str | None = None) -> Trace:
-    """A Poisson arrival trace of `n_tasks` tasks cycling through `workflows`."""
-    if n_tasks < 1:
-        raise TopasError(f"--tasks must be at least 1, got {n_tasks}")
-    rng = np.random.default_rng(seed)
-    arrivals = poisson_arrivals(rate, n_tasks, rng)
-    tasks = tuple(sample_task(workflows[i % len(workflows)], i, float(t), rng)
-                  for i, t in enumerate(arrivals))
+    """A Poisson arrival trace of `n_tasks` tasks cycling through `workflows`
+    (`trace_tasks`)."""
+    tasks = tuple(trace_tasks(workflows, rate, n_tasks, seed))
     meta = {"workload": name or workflows[0].name, "rate": rate, "tasks": n_tasks, "seed": seed}
     return Trace({wf.name: wf for wf in workflows}, tasks, meta)
 
