@@ -22,7 +22,8 @@ def available() -> bool:
 
 def make_backend(model: str, **options: Any) -> Any:
     """A `VllmBackend` on the model directory `model` (options: budget_tokens,
-    block_size, chunk_tokens, max_num_seqs, profile, clock, native, seed, audit)."""
+    block_size, chunk_tokens, max_num_seqs, profile, clock, native, seed, audit,
+    record)."""
     read_model_config(model)  # one-line errors before vLLM is imported
     from backends.vllm.backend import VllmBackend
 
