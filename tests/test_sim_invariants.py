@@ -18,17 +18,20 @@ stage, and that a second run of the same trace is identical.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
 from tests.simkit import CheckedSim, RecordingSink, run_checked, scenarios
 from topasd.model import Decision, EngineEvent, EventKind, Location
 from topasd.profiles import get_profile
 from topasd.runner import Run
+from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES, OrderPolicy
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
@@ -118,6 +121,46 @@ def test_invariants_hold(policy: str, scenario) -> None:
     assert set(result.finishes) == {t.id for t in trace.tasks}
     assert all(result.jct[t.id] >= 0 for t in trace.tasks)
     assert result.requests_finished == sum(len(r) for t in trace.tasks for r in t.stages.values())
+    check_stream(trace, sink)
+
+
+# valid TOPAS parameter changes, as PATCH /v1/params and the console send them
+LIVE_CHANGES = st.fixed_dictionaries({}, optional={
+    "beta": st.sampled_from([0.0, 1.0, 20.0, 1000.0]),
+    "rho": st.sampled_from([0.0, 1.0, 50.0, 1000.0]),
+    "h_age": st.sampled_from([None, 0.001, 1.0, 1e7]),
+    "m": st.integers(0, 16),
+    "k": st.sampled_from([0, 1, 2, 100_000]),
+    "samples": st.sampled_from([1, 2, 64, 300]),
+    "seed": st.integers(0, 5),
+    "reuse": st.booleans(), "aging": st.booleans(), "preempt": st.booleans(),
+    "hol_age": st.sampled_from([None, 0.0, 0.5, 1e7]),
+    "reservation": st.sampled_from(["full", "optimistic"]),
+    "pack_order": st.sampled_from(["ratio", "arrival"]),
+})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=scenarios(), changes=st.lists(LIVE_CHANGES, min_size=1, max_size=12))
+def test_topas_tuned_between_decisions_keeps_every_invariant(scenario, changes) -> None:
+    """The daemon tunes TOPAS live: whatever valid parameters arrive between
+    decisions, the engine's invariants hold, the event stream is sound and
+    every task finishes."""
+    trace, knobs, warm, closed_form = scenario
+    prof = get_profile("small").with_overrides(**knobs)
+    trace.check_fits(prof.budget_tokens)
+    policy = make_policy("topas")
+    decide, turn = policy.decide, itertools.cycle(changes)
+
+    def tuned(view):
+        policy.set_params(**next(turn))
+        return decide(view)
+
+    policy.decide = tuned
+    sink = RecordingSink()
+    result = Run(trace, policy, CheckedSim(prof, warm_host=warm, closed_form=closed_form),
+                 sink=sink).execute()
+    assert set(result.finishes) == {t.id for t in trace.tasks}
     check_stream(trace, sink)
 
 
