@@ -193,6 +193,9 @@ def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
     res = invoke("replay", str(trace_file), "-p", "topas", "--param", "rho=3")
     assert res.exit_code == 0, res.output
     assert res.stdout.strip().splitlines()[-1] == "TOPAS parameters: rho=3"
+    # shown (and recorded) as the policy took them, not as typed
+    res = invoke("replay", str(trace_file), "-p", "topas", "--param", "K=1e2", "--param", "M=6.0")
+    assert res.stdout.strip().splitlines()[-1] == "TOPAS parameters: k=100, m=6"
 
 
 @pytest.mark.parametrize(("args", "says"), [

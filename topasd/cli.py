@@ -250,9 +250,9 @@ def _topas_params(names: list[str], params: dict[str, Any]) -> dict[str, Any]:
     if not topas:
         raise TopasError("--param sets TOPAS parameters, but no TOPAS policy is selected; "
                          "add -p topas (the baselines take no parameters)")
-    for name in topas:
-        build_policy(name, params)  # names an unknown or out-of-range parameter
-    return {canonical_param(k): v for k, v in params.items()}
+    taken = [build_policy(name, params).params for name in topas]  # names a bad parameter
+    # as the policy took them (k=1e5 is 100000, M=6.0 is 6)
+    return {canonical_param(k): getattr(taken[0], canonical_param(k)) for k in params}
 
 
 def _run_one(tr: Any, name: str, prof: HardwareProfile,
