@@ -74,6 +74,9 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({}, {"TOPAS_TASK_TIMEOUT": "nan"}, ["task_timeout", "finite"]),
     ({"workload": "chain3", "rate": float("nan")}, {}, ["setting rate = nan", "finite"]),
     ({"profile": "h100"}, {}, ["unknown hardware profile", "small"]),
+    # a seed numpy refuses, or one the decision log cannot hold, used to pass
+    ({}, {"TOPAS_SEED": "-3"}, ["setting seed = '-3' (from env TOPAS_SEED)", "0"]),
+    ({"seed": 2**63}, {}, ["setting seed = 9223372036854775808", "9223372036854775807"]),
     ({"policy": "magic"}, {}, ["unknown policy", "topas"]),
     ({"params": {"beta": -1}}, {}, ["beta=-1 is out of range", "[0.0, 1000.0]"]),
     ({"params": {"zeta": 1}}, {}, ["unknown TOPAS parameter(s) ['zeta']"]),

@@ -391,6 +391,26 @@ def test_replay_cli_writes_one_run_per_policy_matching_the_printed_metrics(
         assert q.get_run(store.db, 4).log_candidates == "top:2"
 
 
+def test_a_trace_whose_header_seed_no_integer_column_holds_is_logged(tmp_path: Path) -> None:
+    """A trace header is free metadata: a seed beyond SQLite's 64-bit INTEGER
+    is kept in the run's trace_meta, not the seed column (it stopped the
+    replay with an OverflowError)."""
+    trace_file = tmp_path / "t.jsonl"
+    res = CliRunner().invoke(main, ["trace", "gen", "-w", "chain3", "-r", "1", "-n", "2",
+                                    "-s", "1", "-o", str(trace_file)])
+    assert res.exit_code == 0, res.output
+    lines = trace_file.read_text().splitlines()
+    lines[0] = lines[0].replace('"seed": 1', f'"seed": {2**70}')
+    trace_file.write_text("\n".join(lines) + "\n")
+    path = tmp_path / "big.db"
+    res = CliRunner().invoke(main, ["replay", str(trace_file), "-p", "fcfs", "--db", str(path),
+                                    "-q"])
+    assert res.exit_code == 0, res.output
+    with Store(path) as store:
+        run = q.get_run(store.db)
+        assert run.seed is None and run.trace_meta["seed"] == 2**70
+
+
 @pytest.mark.parametrize("spec", ["top:x", "most", "top:-1"])
 def test_replay_cli_rejects_a_bad_candidate_spec_in_one_line(tmp_path: Path, spec: str) -> None:
     res = CliRunner().invoke(main, ["replay", "--workload", "chain3", "--tasks", "2", "--db",

@@ -54,6 +54,7 @@ def replace_known(obj: Any, what: str, **changes: Any) -> Any:
 # --------------------------------------------------------------------------
 
 DIST_KINDS = ("fixed", "uniform", "uniform_int", "lognormal", "choice")
+MAX_SEED = 2**63 - 1  # sampling seeds are SQLite INTEGERs in the decision log (signed 64-bit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ import numpy as np
 
 from backends.base import Backend
 from topasd.model import (
+    MAX_SEED,
     Decision,
     EngineEvent,
     EventKind,
@@ -318,7 +319,7 @@ def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunIn
         profile=getattr(profile, "name", None),
         params=params,
         workload=None if meta.get("workload") is None else str(meta["workload"]),
-        seed=seed if isinstance(seed, int) else None,
+        seed=seed if isinstance(seed, int) and -MAX_SEED - 1 <= seed <= MAX_SEED else None,
         trace_meta=meta,
     )
 
