@@ -144,6 +144,9 @@ def test_stage_numbers_out_of_range_are_refused(field: str, value: object, says:
     (spec({"name": "a", "agent": "A", "ouput_tokens": 3}), "stages.0.ouput_tokens"),
     (spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": -5}}),
      "agents.A.prefix_tokens"),
+    # a 10^20-token prefix with a budget to match kept the simulator prefilling forever
+    (spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": 10**20}}),
+     "agents.A.prefix_tokens: Input should be less than or equal to 10000000"),
     (spec({"name": "a", "agent": "A", "history": "everything"}), "stages.0.history"),
     ({"name": "wf", "agents": {"A": {"prefix_tokens": 1}}, "stages": []}, "stages"),
     ({"name": "wf", "stages": [{"name": "a", "agent": "A"}]}, "agents"),

@@ -120,7 +120,7 @@ def _no_bool(v: Any) -> Any:
 
 class AgentSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    prefix_tokens: int = Field(ge=0)
+    prefix_tokens: int = Field(ge=0, le=MAX_TOKENS)  # more could take the engine forever
 
     @field_validator("prefix_tokens", mode="before")
     @classmethod
