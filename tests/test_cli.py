@@ -343,15 +343,45 @@ def test_status_reports_a_daemon_that_answers_with_an_error(tmp_path: Path) -> N
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    stand_in = _sleeper("topasd-stand-in")  # a live process that names topasd
     try:
         runtime = tmp_path / "rt.json"
-        runtime.write_text(json.dumps({"pid": os.getpid(), "url": (
+        runtime.write_text(json.dumps({"pid": stand_in.pid, "url": (
             f"http://127.0.0.1:{server.server_address[1]}")}))
         res = invoke("status", "--runtime-file", str(runtime))
         line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
         assert "with 500: internal error (Boom)" in line
     finally:
         server.shutdown()
+        stand_in.kill()
+        stand_in.wait()
+
+
+def _sleeper(*args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *args])
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+def test_a_stale_runtime_file_whose_pid_is_another_program_is_not_signalled(
+        tmp_path: Path) -> None:
+    """A daemon killed with SIGKILL leaves its runtime file; once its pid
+    belongs to another program, `stop` must not send that program SIGTERM (it
+    did), and `status` reports no daemon."""
+    other = _sleeper("not-a-daemon")
+    try:
+        runtime = tmp_path / "rt.json"
+        runtime.write_text(json.dumps({"pid": other.pid, "url": "http://127.0.0.1:9"}))
+        for command in ("stop", "status"):
+            res = invoke(command, "--runtime-file", str(runtime))
+            line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+            assert "no daemon running" in line
+        assert other.poll() is None  # never signalled
+        runtime.write_text(json.dumps({"pid": 2**70, "url": "http://127.0.0.1:9"}))
+        res = invoke("stop", "--runtime-file", str(runtime))  # was an OverflowError
+        assert "no daemon running" in assert_clean_error(res.exit_code, res.stdout, res.stderr)
+    finally:
+        other.kill()
+        other.wait()
 
 
 @pytest.mark.parametrize(("flags", "says"), [

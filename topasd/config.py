@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topasd.model import MAX_SEED, TopasError, pid_alive
+from topasd.model import MAX_SEED, TopasError, pid_alive, pid_runs_topasd
 from topasd.profiles import DEFAULT_PROFILE, PROFILES
 
 ENV_PREFIX = "TOPAS_"
@@ -359,5 +359,7 @@ def read_runtime(path: str | Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     if not isinstance(info, dict) or not pid_alive(info.get("pid")):
+        return None
+    if not pid_runs_topasd(info["pid"]):  # stale: the pid now belongs to another program
         return None
     return info

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -33,11 +34,23 @@ def pid_alive(pid: Any) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # gone, or beyond any process id
         return False
     except PermissionError:
         return True
     return True
+
+
+def pid_runs_topasd(pid: int) -> bool:
+    """Whether process `pid` runs topasd, as far as this system tells (Linux:
+    its command line names topasd; elsewhere: assumed). A runtime file outlives
+    a daemon that was killed, and its pid may since belong to another program,
+    which `topasd stop` must not signal."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # no /proc here, or hidden: cannot tell
+        return True
+    return b"topasd" in cmdline
 
 
 def replace_known(obj: Any, what: str, **changes: Any) -> Any:
