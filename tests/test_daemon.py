@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -118,6 +119,68 @@ def test_openai_client_drives_a_three_stage_workflow(tmp_path: Path) -> None:
         assert len(decisions) == run.decisions == final["counts"]["decisions"]
         admitted = {rid for dec in decisions for rid in (dec["admit"] or [])}
         assert set(reqs) <= admitted  # every request ran because a decision admitted it
+
+
+STAGE_PREDS = {"chain3": {"a": (), "b": ("a",), "c": ("b",)},
+               "dag4": {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c")}}
+
+
+def _random_application(url: str, n: int, rng: random.Random) -> tuple[str, str]:
+    """One application's task through OpenAI calls: a registered workflow's
+    stages in dependency order (parallel branches at once), 1-3 ReAct rounds
+    each, sometimes streamed, sometimes ended early; or a synthesized agent's
+    rounds. Returns (kind, client task id)."""
+    def call(meta: dict[str, Any]) -> None:
+        body = {"model": "m", "max_tokens": rng.randint(1, 30), "topasd": meta,
+                "messages": [{"role": "user", "content": "y" * rng.randint(1, 300)}],
+                "stream": rng.random() < 0.25}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, (r.text, meta)
+        assert not body["stream"] or r.text.rstrip().endswith("data: [DONE]")
+
+    tid = f"app-{n}"
+    if rng.random() < 0.25:
+        rounds = rng.randint(1, 4)
+        for k in range(rounds):
+            call({"task_id": tid, "agent": f"tool{n % 3}", "last_in_stage": k == rounds - 1})
+        return "synthesized", tid
+    wf = rng.choice(sorted(STAGE_PREDS))
+    early = rng.random() < 0.15
+    plans = {v: rng.randint(1, 3) for v in STAGE_PREDS[wf]}
+
+    def stage(v: str) -> None:
+        for k in range(plans[v]):
+            call({"task_id": tid, "workflow": wf, "stage": v, "last_in_stage": k == plans[v] - 1,
+                  "last_in_task": early and k == plans[v] - 1})
+
+    done: set[str] = set()
+    while len(done) < len(plans):
+        ready = [v for v, ps in STAGE_PREDS[wf].items() if v not in done and set(ps) <= done]
+        with ThreadPoolExecutor(len(ready)) as pool:
+            list(pool.map(stage, ready))
+        done.update(ready)
+        if early:
+            return "early", tid
+    return wf, tid
+
+
+def test_random_applications_drive_every_task_to_done(tmp_path: Path) -> None:
+    """Sixty concurrent applications of every kind (a fixed seed): every call is
+    answered, every task ends, none is abandoned, and the store holds them all."""
+    rng = random.Random(7)
+    seeds = [rng.random() for _ in range(60)]
+    with Daemon(tmp_path, "--task-timeout", "0") as d:
+        with ThreadPoolExecutor(16) as pool:
+            apps = list(pool.map(lambda i: _random_application(d.url, i, random.Random(seeds[i])),
+                                 range(60)))
+        st = d.wait_for(lambda s: s["counts"]["tasks_in_flight"] == 0)
+        assert d.stop() == 0
+    assert st["counts"]["tasks_arrived"] == st["counts"]["tasks_finished"] == 60
+    assert st["counts"]["tasks_abandoned"] == 0
+    assert {kind for kind, _ in apps} >= {"synthesized", "chain3", "dag4", "early"}
+    with Store(d.db, create=False) as store:
+        assert len(q.tasks(store.db, q.get_run(store.db).id)) == 60
+    assert "Traceback" not in d.log.read_text()
 
 
 def test_200_concurrent_tasks_all_complete_and_the_store_agrees(tmp_path: Path) -> None:
