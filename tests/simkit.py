@@ -5,6 +5,7 @@ check that a built-in workload file ships."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import networkx as nx
 from hypothesis import strategies as st
@@ -14,7 +15,7 @@ from topasd.model import Decision, EngineEvent, EventKind, Location
 from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from topasd.scheduler.baselines import BASELINES, OrderPolicy
+from topasd.scheduler.base import Policy
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
@@ -169,14 +170,15 @@ def scenarios(draw):
     return trace, knobs, warm, closed_form
 
 
-def run_checked(trace: Trace, policy: str, knobs: dict, warm: bool, closed_form: bool,
-                profile: str = "small"):
-    """Run `trace` under a policy (a baseline or a TOPAS variant) on an
-    instrumented engine; (result, sink, backend)."""
+def run_checked(trace: Trace, policy: str | Policy, knobs: dict, warm: bool,
+                closed_form: bool, profile: str = "small", sink: Any = None):
+    """Run `trace` under a policy (by name: a baseline or a TOPAS variant) on an
+    instrumented engine, into `sink` (default: a `RecordingSink`); (result,
+    sink, backend)."""
     prof = get_profile(profile).with_overrides(**knobs)
     trace.check_fits(prof.budget_tokens)
     backend = CheckedSim(prof, warm_host=warm, closed_form=closed_form)
-    sink = RecordingSink()
-    pol = OrderPolicy(policy, BASELINES[policy]) if policy in BASELINES else make_policy(policy)
+    sink = RecordingSink() if sink is None else sink
+    pol = make_policy(policy) if isinstance(policy, str) else policy
     result = Run(trace, pol, backend, sink=sink).execute()
     return result, sink, backend

@@ -26,12 +26,9 @@ from console.widgets.tasks import TaskList
 from store import Store
 from store import queries as q
 from tests.console_fixture import FIXTURE
-from tests.simkit import CheckedSim, scenarios
+from tests.simkit import run_checked, scenarios
 from topasd.model import Decision, EngineView
-from topasd.profiles import get_profile
-from topasd.runner import Run
 from topasd.scheduler import make_policy
-from topasd.scheduler.baselines import BASELINES, OrderPolicy
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
@@ -144,14 +141,11 @@ def check_replay_against_the_engine(tmp: Path, trace: Trace, policy: str, knobs:
     """After each decision (the last at its time), `state_at` shows what the
     engine held then: its running and waiting requests, the prefixes it holds
     on the GPU (loading ones too) and the tasks in flight."""
-    backend = CheckedSim(get_profile("small").with_overrides(**knobs), warm_host=warm,
-                         closed_form=closed_form)
-    pol = _Watched(OrderPolicy(policy, BASELINES[policy]) if policy in BASELINES
-                   else make_policy(policy))
+    pol = _Watched(make_policy(policy))
     path = tmp / f"{policy}.db"
     path.unlink(missing_ok=True)
     store = Store(path)
-    Run(trace, pol, backend, sink=store.sink()).execute()
+    run_checked(trace, pol, knobs, warm, closed_form, sink=store.sink())
     replay = q.RunReplay(store.db)
     for i, (view, d, tasks) in enumerate(pol.seen):
         if i + 1 < len(pol.seen) and pol.seen[i + 1][0].t == view.t:

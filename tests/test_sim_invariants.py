@@ -147,8 +147,6 @@ def test_topas_tuned_between_decisions_keeps_every_invariant(scenario, changes) 
     decisions, the engine's invariants hold, the event stream is sound and
     every task finishes."""
     trace, knobs, warm, closed_form = scenario
-    prof = get_profile("small").with_overrides(**knobs)
-    trace.check_fits(prof.budget_tokens)
     policy = make_policy("topas")
     decide, turn = policy.decide, itertools.cycle(changes)
 
@@ -157,9 +155,7 @@ def test_topas_tuned_between_decisions_keeps_every_invariant(scenario, changes) 
         return decide(view)
 
     policy.decide = tuned
-    sink = RecordingSink()
-    result = Run(trace, policy, CheckedSim(prof, warm_host=warm, closed_form=closed_form),
-                 sink=sink).execute()
+    result, sink, _ = run_checked(trace, policy, knobs, warm, closed_form)
     assert set(result.finishes) == {t.id for t in trace.tasks}
     check_stream(trace, sink)
 

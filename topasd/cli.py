@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from topasd.model import MAX_SEED, TopasError
+from topasd.model import INT64_MAX, TopasError
 from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 from topasd.scheduler import POLICY_NAMES
 
@@ -61,7 +61,7 @@ def trace() -> None:
 @click.option("--rate", "-r", type=float, required=True, help="Poisson arrival rate, task/s.")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
               help="Number of task arrivals.")
-@click.option("--seed", "-s", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+@click.option("--seed", "-s", type=click.IntRange(0, INT64_MAX), default=0, show_default=True,
               help="Sampling seed.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True, allow_dash=True),
               required=True, help="Where to write the trace (.jsonl); '-': standard output.")
@@ -99,7 +99,7 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
               help="Arrival rate for --workload (default: its middle operating point).")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
               help="Tasks for --workload.")
-@click.option("--seed", "-s", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+@click.option("--seed", "-s", type=click.IntRange(0, INT64_MAX), default=0, show_default=True,
               help="Seed for --workload.")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}); also "
@@ -429,7 +429,7 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
               help="Stop the driver after this many tasks (default: unbounded); then it "
                    "plays the trace `topasd trace gen` writes for the same workload, rate, "
                    "seed and count, so `topasd replay` can rerun the daemon's work.")
-@click.option("--seed", "-s", type=click.IntRange(0, MAX_SEED), default=None,
+@click.option("--seed", "-s", type=click.IntRange(0, INT64_MAX), default=None,
               help="Sampling seed [default: 0].")
 @click.option("--workflow", "workflows", multiple=True, metavar="SPEC",
               help="Register a workflow spec file for /v1/tasks and OpenAI calls, repeatable.")

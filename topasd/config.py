@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topasd.model import MAX_SEED, TopasError, pid_alive, pid_runs_topasd
+from topasd.model import INT64_MAX, TopasError, pid_alive, pid_runs_topasd
 from topasd.profiles import DEFAULT_PROFILE, PROFILES
 
 ENV_PREFIX = "TOPAS_"
@@ -92,7 +92,7 @@ class Settings(BaseModel):
     workload: str | None = None
     rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     tasks: int | None = Field(default=None, ge=1)
-    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    seed: int = Field(default=0, ge=0, le=INT64_MAX)
     workflows: list[str] = Field(default_factory=list)
     max_tokens: int = Field(default=256, ge=1)
     task_timeout: float = Field(default=600.0, ge=0, allow_inf_nan=False)

@@ -67,7 +67,12 @@ def replace_known(obj: Any, what: str, **changes: Any) -> Any:
 # --------------------------------------------------------------------------
 
 DIST_KINDS = ("fixed", "uniform", "uniform_int", "lognormal", "choice")
-MAX_SEED = 2**63 - 1  # sampling seeds are SQLite INTEGERs in the decision log (signed 64-bit)
+INT64_MAX = 2**63 - 1  # SQLite INTEGER (signed 64-bit): task ids and seeds in the decision log
+
+
+def is_int64(x: int) -> bool:
+    """`x` fits an INTEGER column of the decision log (signed 64-bit)."""
+    return -INT64_MAX - 1 <= x <= INT64_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +94,11 @@ class Dist:
     def __post_init__(self) -> None:
         if self.kind not in DIST_KINDS:
             raise WorkflowError(f"unknown distribution kind {self.kind!r}; use one of {DIST_KINDS}")
-        given = [self.value, self.low, self.high, self.median, self.sigma, *self.values]
-        if any(x is not None and not math.isfinite(x) for x in given):
-            shown = {k: v for k, v in (("value", self.value), ("low", self.low),
-                                       ("high", self.high), ("median", self.median),
-                                       ("sigma", self.sigma), ("values", self.values)) if v}
+        given = {"value": self.value, "low": self.low, "high": self.high,
+                 "median": self.median, "sigma": self.sigma, "values": self.values}
+        numbers = [*self.values, *(v for k, v in given.items() if k != "values")]
+        if any(x is not None and not math.isfinite(x) for x in numbers):
+            shown = {k: v for k, v in given.items() if v}
             raise WorkflowError(f"{self.kind} parameters must be finite numbers (no NaN or "
                                 f"infinity), got {shown}")
         if self.kind == "lognormal" and self.sigma is not None and not 0 < self.sigma <= 20:

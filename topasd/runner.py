@@ -13,7 +13,6 @@ import numpy as np
 
 from backends.base import Backend
 from topasd.model import (
-    MAX_SEED,
     Decision,
     EngineEvent,
     EventKind,
@@ -21,6 +20,7 @@ from topasd.model import (
     TaskView,
     TopasError,
     Workflow,
+    is_int64,
 )
 from topasd.scheduler.base import Policy
 from topasd.tasks import TaskBook
@@ -319,7 +319,7 @@ def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunIn
         profile=getattr(profile, "name", None),
         params=params,
         workload=None if meta.get("workload") is None else str(meta["workload"]),
-        seed=seed if isinstance(seed, int) and -MAX_SEED - 1 <= seed <= MAX_SEED else None,
+        seed=seed if isinstance(seed, int) and is_int64(seed) else None,
         trace_meta=meta,
     )
 

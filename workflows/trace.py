@@ -17,12 +17,11 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from topasd.model import TopasError, Workflow, WorkflowError
+from topasd.model import TopasError, Workflow, WorkflowError, is_int64
 from workflows.spec import MAX_TIME_S, agent_clash, workflow_from_dict, workflow_to_dict
 
 TRACE_FORMAT = "topasd-trace"
 TRACE_VERSION = 1
-MAX_TASK_ID = 2**63 - 1  # task ids are SQLite INTEGERs in the decision log (signed 64-bit)
 
 
 class TraceError(TopasError):
@@ -327,7 +326,7 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
         raise TraceError(f"{where}: task {tid} uses workflow {wf_name!r}, which no earlier "
                          "'workflow' line defines")
     wf = workflows[wf_name]
-    if not _is_int(tid) or not -MAX_TASK_ID - 1 <= tid <= MAX_TASK_ID:
+    if not _is_int(tid) or not is_int64(tid):
         raise TraceError(f"{where}: task id must be an integer from -2**63 to 2**63-1, got "
                          f"{json.dumps(tid)}; renumber the task")
     if not _is_number(arrival) or not 0 <= arrival <= MAX_TIME_S:

@@ -143,11 +143,10 @@ class TopasPolicy:
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
         self._task_service: dict[int, float] = defaultdict(float)
-        # total LLM service of the last AGE_WINDOW finished tasks (H_age), how
-        # many tasks finished in all, and (that count, the window's mean)
+        # total LLM service of the last AGE_WINDOW finished tasks, and their mean
+        # (the observed H_age; None until read after a task finished)
         self._age_obs: deque[float] = deque(maxlen=AGE_WINDOW)
-        self._age_n = 0
-        self._age_mean = (0, 0.0)
+        self._age_mean: float | None = None
 
     def set_params(self, **changes: Any) -> TopasParams:
         """Change parameters; effective from the next decision."""
@@ -168,7 +167,7 @@ class TopasPolicy:
             self._task_service[event.task_id] += event.value  # type: ignore[index]
         elif kind is EventKind.TASK_FINISH:
             self._age_obs.append(self._task_service.pop(event.task_id, 0.0))  # type: ignore[arg-type]
-            self._age_n += 1
+            self._age_mean = None  # the window moved
         elif kind is EventKind.TASK_ABANDON:  # it will never finish: no H_age sample
             self._task_service.pop(event.task_id, None)  # type: ignore[arg-type]
         elif kind in (EventKind.PREEMPT, EventKind.RETRACT):
@@ -202,9 +201,9 @@ class TopasPolicy:
         if self.params.h_age is not None:
             return defaultdict(lambda: float(self.params.h_age))  # type: ignore[arg-type]
         if self._age_obs:
-            n, mean = self._age_mean
-            if n != self._age_n:  # tasks finished since: the window moved
-                n, mean = self._age_mean = (self._age_n, float(np.mean(list(self._age_obs))))
+            if self._age_mean is None:
+                self._age_mean = float(np.mean(list(self._age_obs)))
+            mean = self._age_mean
             return defaultdict(lambda: max(mean, 1e-3))
         return {name: max(paths.lhat(_fresh_task(view.workflows[name], -1 - i), {}), 1e-3)
                 for i, name in enumerate(sorted(view.workflows))}
