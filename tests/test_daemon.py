@@ -259,6 +259,38 @@ def test_the_driver_with_a_task_limit_plays_the_trace_that_trace_gen_writes(
                             for t in trace.tasks for v, rs in t.stages.items() for r in rs)
 
 
+def _run_log(db: Path) -> tuple[list[Any], list[Any], list[Any]]:
+    """A decision log's decisions, engine events and task JCTs, in order."""
+    with Store(db, create=False) as store:
+        run_id = q.get_run(store.db).id
+        return tuple(  # type: ignore[return-value]
+            [tuple(r.values()) for r in store.db.query(sql, [run_id])] for sql in (
+                "SELECT seq, t, admit, preempt, load, evict FROM decisions "
+                "WHERE run_id = ? ORDER BY seq",
+                "SELECT t, kind, request_id, task_id, agent, tokens, value, note "
+                "FROM engine_events WHERE run_id = ? ORDER BY id",
+                "SELECT task_id, arrival, completion, jct FROM tasks "
+                "WHERE run_id = ? ORDER BY task_id"))
+
+
+def test_a_paced_daemon_makes_the_very_decisions_replay_makes_of_its_trace(
+        tmp_path: Path) -> None:
+    """In real time the engine runs in slices that end wherever the wall clock
+    is; the daemon's decisions, engine events and JCTs are still exactly those
+    of `topasd replay` on the same trace (before, slices cut decode runs, their
+    times rounded differently, and the two drifted apart)."""
+    args = ("--workload", "dag4", "--rate", "0.5", "--seed", "3", "--tasks", "12")
+    with Daemon(tmp_path / "paced", *args, speed="40") as d:
+        d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 12)
+        assert d.stop() == 0
+    replayed = tmp_path / "replay.db"
+    subprocess.run([sys.executable, "-m", "topasd.cli", "replay", *args, "--db", str(replayed)],
+                   check=True, capture_output=True, env=clean_env())
+    daemon_log, replay_log = _run_log(d.db), _run_log(replayed)
+    assert len(daemon_log[0]) > 40 and len(daemon_log[2]) == 12
+    assert daemon_log == replay_log
+
+
 def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Path) -> None:
     spec = str(_spec(tmp_path))
     # the built-in driver feeds 12 tasks at engine-time arrivals (deterministic)

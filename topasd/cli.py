@@ -428,7 +428,8 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=None,
               help="Stop the driver after this many tasks (default: unbounded); then it "
                    "plays the trace `topasd trace gen` writes for the same workload, rate, "
-                   "seed and count, so `topasd replay` can rerun the daemon's work.")
+                   "seed and count, so `topasd replay` reruns the daemon's work (with no API "
+                   "clients, decision for decision).")
 @click.option("--seed", "-s", type=click.IntRange(0, INT64_MAX), default=None,
               help="Sampling seed [default: 0].")
 @click.option("--workflow", "workflows", multiple=True, metavar="SPEC",

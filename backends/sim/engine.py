@@ -84,6 +84,22 @@ class _Live:
         return bool(self.prefill_left) or self.started_at is None
 
 
+@dataclass(frozen=True, slots=True)
+class _RunAnchor:
+    """A closed-form decode run that a stop alone cut short (no event, call or
+    decision since): its continuation sums from the run's start, so cutting a
+    run (the daemon's paced slices) never changes its float times."""
+
+    ids: tuple[int, ...]  # the decoding requests
+    t0: float
+    ratio0: float
+    busy0: float
+    first: float  # the first step's duration, a + b * K_0
+    steps: int  # steps taken since t0
+    t_end: float
+    ratio_end: float
+
+
 @dataclass
 class SimStats:
     """Counters the replay table reports."""
@@ -132,6 +148,7 @@ class SimBackend(EventBuffer):
         self._retry = False
         self._prefix_view: dict[str, PrefixState] | None = None
         self._costs = profile.cost_hints()
+        self._anchor: _RunAnchor | None = None
 
     # ------------------------------------------------------------------ API
 
@@ -140,6 +157,7 @@ class SimBackend(EventBuffer):
         return self._t
 
     def submit(self, request: Request) -> None:
+        self._anchor = None
         self._ensure_prefix(request.agent, request.prefix_tokens)
         if request.ready_at > self._t:
             self._push(request.ready_at, _READY, request)
@@ -185,6 +203,7 @@ class SimBackend(EventBuffer):
         )
 
     def apply(self, decision: Decision) -> None:
+        self._anchor = None
         self._validate(decision)
         t = self._t
         for rid in decision.preempt:
@@ -201,6 +220,12 @@ class SimBackend(EventBuffer):
         self._retry = decision.retry
         for agent in {self._running[r].req.agent for r in decision.admit}:
             self._prefixes[agent].last_used = t
+
+    def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
+              agent: str | None = None, tokens: int = 0, value: float = 0.0,
+              note: str = "") -> None:
+        self._anchor = None  # something happened: a later run starts afresh
+        super()._emit(t, kind, req, agent=agent, tokens=tokens, value=value, note=note)
 
     # ----------------------------------------------------------- validation
 
@@ -365,7 +390,7 @@ class SimBackend(EventBuffer):
             self._decode_run(decoding, stop)
             return True
         self.ratio = self.profile.init_new_token_ratio  # SGLang: reset while idle
-        nxt = self._timed[0][0] if self._timed else math.inf
+        nxt = _next_timed(self._timed)
         target = min(nxt, stop)
         if math.isinf(target):
             return False
@@ -456,7 +481,8 @@ class SimBackend(EventBuffer):
     # ------------------------------------------------------------ decode
 
     def _decode_run(self, decoding: list[_Live], stop: float, max_steps: int = 0) -> None:
-        """Advance n identical decode steps in closed form (Sum of a + b*K_j)."""
+        """Advance n identical decode steps in closed form (Sum of a + b*K_j),
+        continuing a run that only a stop cut short from its start."""
         batch = len(decoding)
         due = self._first_tokens_due()  # kept free for requests still in prefill
         free = self.profile.budget_tokens - self._used_tokens() - due
@@ -465,28 +491,47 @@ class SimBackend(EventBuffer):
         free = self.profile.budget_tokens - self._used_tokens() - due
         decoding = [lv for lv in decoding if lv.req.id in self._running]
         batch = len(decoding)
-        k0 = sum(self._prefixes[lv.req.agent].tokens + lv.kv for lv in decoding)
-        a = self.profile.t_lin(batch) + self.profile.t_overhead_s
         b = self.profile.t_kv_read_per_token_s
+        run = self._continued(decoding)
         n = min(lv.req.output_tokens - lv.generated for lv in decoding)
         n = min(n, free // batch)
-        nxt = min(self._timed[0][0] if self._timed else math.inf, stop)
+        nxt = min(_next_timed(self._timed), stop)
         if not math.isinf(nxt):
-            n = min(n, _steps_to_reach(nxt - self._t, a + b * k0, b * batch))
+            n = min(n, _steps_to_reach(nxt - run.t0, run.first, b * batch) - run.steps)
         if not self.closed_form or max_steps == 1:
             n = 1
         n = max(1, n)
-        dt = n * (a + b * k0) + b * batch * n * (n - 1) / 2.0
-        self._t += dt
-        self.stats.busy_s += dt
+        # only a cut by `stop` alone is continued (the daemon's slices); a replay's
+        # cuts are followed by an arrival, timed events fire: both start afresh
+        cut_by_stop = max_steps != 1 and self.closed_form and stop < _next_timed(self._timed)
+        steps = run.steps + n
+        dt = steps * run.first + b * batch * steps * (steps - 1) / 2.0
+        self._t = run.t0 + dt
+        self.stats.busy_s = run.busy0 + dt
         self._count_decode(batch, n)
-        self.ratio = max(self.ratio - n * self.profile.new_token_ratio_decay,
+        self.ratio = max(run.ratio0 - steps * self.profile.new_token_ratio_decay,
                          self.profile.min_new_token_ratio)
+        if cut_by_stop and self._t >= stop:
+            self._anchor = replace(run, steps=steps, t_end=self._t, ratio_end=self.ratio)
         for lv in decoding:
             lv.generated += n
         for lv in decoding:
             if lv.generated >= lv.req.output_tokens:
                 self._finish(lv)
+
+    def _continued(self, decoding: list[_Live]) -> _RunAnchor:
+        """The run these steps continue: the anchor if nothing happened since
+        it stopped, else a fresh run from now."""
+        ids = tuple(lv.req.id for lv in decoding)
+        run = self._anchor
+        if (run is not None and run.ids == ids and run.t_end == self._t
+                and run.ratio_end == self.ratio):
+            return run
+        k0 = sum(self._prefixes[lv.req.agent].tokens + lv.kv for lv in decoding)
+        first = (self.profile.t_lin(len(decoding)) + self.profile.t_overhead_s
+                 + self.profile.t_kv_read_per_token_s * k0)
+        return _RunAnchor(ids, self._t, self.ratio, self.stats.busy_s, first, 0,
+                          self._t, self.ratio)
 
     def _count_decode(self, batch: int, n: int) -> None:
         s = self.stats
@@ -555,6 +600,11 @@ class SimBackend(EventBuffer):
                 for a, p in self._prefixes.items()
             }
         return self._prefix_view
+
+def _next_timed(timed: list[tuple[float, int, int, object]]) -> float:
+    """When the next timed event fires (inf: none)."""
+    return timed[0][0] if timed else math.inf
+
 
 def _steps_to_reach(delta: float, first: float, growth: float) -> int:
     """Smallest n >= 1 with n*first + growth*n*(n-1)/2 >= delta (decode steps
