@@ -91,7 +91,7 @@ def median_run(run: Callable[[], dict[str, Any]], repeat: int) -> dict[str, Any]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=at_least(1), default=200)
     ap.add_argument("--stress-decisions", type=at_least(1), default=300)
     ap.add_argument("--seed", type=at_least(0), default=1)

@@ -91,7 +91,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=at_least(1), default=200)
     ap.add_argument("--seed", type=at_least(0), default=1)
     ap.add_argument("--jobs", type=at_least(1), default=2)

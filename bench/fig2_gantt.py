@@ -41,7 +41,7 @@ def replay_fig2(db: Path) -> dict[str, tuple[int, dict[str, float]]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("docs"), help="where the PNGs go")
     ap.add_argument("--db", type=Path, default=None, help="decision log (default: temporary)")
     ap.add_argument("--html-dir", type=Path, default=None,

@@ -110,7 +110,7 @@ def _batches(text: str) -> tuple[int, ...]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenarios", type=at_least(1), default=60,
                     help="arrival lists per batch size")
     ap.add_argument("--seed", type=at_least(0), default=0)

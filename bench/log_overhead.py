@@ -122,7 +122,7 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default = "topas" if "topas" in POLICY_NAMES else "lpm"
     ap.add_argument("--policy", action="append", default=None,
                     help=f"policy to replay, repeatable (default: {default})")

@@ -125,7 +125,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="chain3")
     ap.add_argument("--rate", type=float, default=0.15)
     ap.add_argument("--policy", default="fcfs")

@@ -100,7 +100,7 @@ def render(rows: list[dict], profile: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")

@@ -484,10 +484,15 @@ def _chromium(args: list[str], chromium: str | None, timeout: float) -> str:
     return done.stdout.decode(errors="replace")
 
 
-def dump_dom(html: str | Path, *, chromium: str | None = None, timeout: float = 120.0) -> str:
-    """The page's DOM after its scripts ran (headless Chromium `--dump-dom`)."""
-    url = Path(html).resolve().as_uri()
-    return _chromium(["--virtual-time-budget=10000", "--dump-dom", url], chromium, timeout)
+def dump_dom(html: str | Path, *, chromium: str | None = None, timeout: float = 120.0,
+             offline: bool = False) -> str:
+    """The page's DOM after its scripts ran (headless Chromium `--dump-dom`):
+    a file, or an http(s) URL; `offline`: no host but 127.0.0.1 resolves."""
+    text = str(html)
+    url = text if text.startswith(("http://", "https://")) else Path(html).resolve().as_uri()
+    rules = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"] if offline else []
+    return _chromium([*rules, "--virtual-time-budget=10000", "--dump-dom", url], chromium,
+                     timeout)
 
 
 def screenshot(html: str | Path, png: str | Path, *, width: int = 1400, height: int = 800,

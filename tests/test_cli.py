@@ -111,6 +111,8 @@ def test_trace_gen_is_reproducible(tmp_path: Path, spec_file: Path) -> None:
 
 @pytest.mark.parametrize(("args", "says"), [
     (["-w", "nonexistent", "-r", "1"], "unknown workload 'nonexistent'"),
+    # a mistyped spec path is named as a missing file, not as an unknown workload
+    (["-w", "nosuch.yaml", "-r", "1"], "workflow spec file 'nosuch.yaml' does not exist"),
     (["-w", "chain3", "-r", "0"], "rate must be a finite number > 0"),
     (["-w", "chain3", "-r", "nan", "-n", "3"], "rate must be a finite number > 0"),
 ])
@@ -203,6 +205,7 @@ def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
     (["--workload", "chain3"], "not both"),
     (["-p", "fcfs", "--param", "rho=3"], "no TOPAS policy is selected"),
     (["-p", "topas", "--param", "hol_age=-1"], "hol_age=-1 is out of range"),
+    (["-p", "topas", "--param", "rho=abc"], "rho='abc' is not a number: use a number in"),
     (["-p", "topas", "--param", "preempt=maybe"], "must be true or false"),
     (["-p", "topas", "--param", "gamma=1"], "gamma"),
     (["-p", "topas", "--param", "rho"], "expected NAME=VALUE"),

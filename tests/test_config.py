@@ -85,6 +85,9 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"tasks": 5}, {}, ["tasks needs a workload"]),
     ({"log_candidates": "some"}, {}, ["top:N"]),
     ({}, {"TOPAS_PARAMS": "{oops"}, ["TOPAS_PARAMS: not valid JSON"]),
+    # a misspelled variable was ignored without a word
+    ({}, {"TOPAS_POLCY": "lpm"}, ["TOPAS_POLCY names no setting", "did you mean TOPAS_POLICY?"]),
+    ({}, {"TOPAS_XYZZY": "1"}, ["TOPAS_XYZZY names no setting: unset it", "TOPAS_SPEED"]),
 ])
 def test_bad_settings_are_one_clear_error(flags: dict, env: dict, words: list[str]) -> None:
     with pytest.raises(ConfigError) as err:
@@ -137,3 +140,21 @@ def test_a_parameter_may_not_undo_what_defines_an_ablation_variant() -> None:
     result = CliRunner().invoke(main, ["replay", "-w", "chain3", "-n", "3", "-p", "topas-base",
                                        "--param", "reuse=true"])
     assert result.exit_code == 2 and "would make it another variant" in result.output
+
+
+def test_an_engine_backend_that_is_not_installed_is_one_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--backend sglang` without SGLang names the extra to install (it was a
+    traceback ending in "No module named 'zmq'")."""
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("sglang", "zmq") else real(name, *a))
+    res = CliRunner().invoke(main, ["start", "--port", "0", "--backend", "sglang",
+                                    "--model-path", "Qwen/Qwen2.5-7B-Instruct"])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the SGLang backend needs"), res.output
+    assert "pip install -e '.[sglang]'" in lines[0] and "sglang, zmq" in lines[0]

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from console.gantt import dump_dom, find_chromium
 from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon, clean_env
@@ -431,6 +433,17 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
                    json={"model": "m", "messages": [{"role": "user", "content": "x"}],
                          "topasd": {"workflow": "chain3", "stage": "q", "task_id": 1}}),
             422, "no stage 'q'")
+        # a misspelled workflow is refused, not run as a one-stage call of its own
+        err(h.post("/v1/chat/completions",
+                   json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                         "topasd": {"workflow": "chian3", "stage": "b", "task_id": "j2"}}),
+            422, "unknown workflow 'chian3'", "chain3", "leave workflow out")
+        # a reply's synthesized workflow sent back is the same as none
+        echo = h.post("/v1/chat/completions", json={
+            "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+            "topasd": {"workflow": "agent:default"}})
+        assert echo.status_code == 200
+        assert echo.json()["topasd"]["workflow"] == "agent:default"
         call = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
                 "topasd": {"workflow": "chain3", "stage": "a", "task_id": "t1"}}
         assert h.post("/v1/chat/completions", json=call).status_code == 200
@@ -607,6 +620,21 @@ def test_a_signal_to_the_whole_process_group_drains_and_logs_everything(
         rows = q.tasks(store.db, run.id)
         assert rows and all(r.completion is not None for r in rows)
     assert not d.runtime.exists()
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="chromium is not installed")
+def test_the_api_page_renders_with_no_network_but_the_daemon(tmp_path: Path) -> None:
+    """/docs serves Swagger UI's assets itself (it loaded them from a CDN, so on
+    an offline GPU host the page stayed blank): headless Chromium, with every
+    host but 127.0.0.1 unresolvable, renders every endpoint."""
+    with Daemon(tmp_path) as d:
+        for page in ("/docs", "/redoc"):
+            html = d.http.get(page).text
+            assert re.findall(r'(?:src|href)="(https?://[^"]*)"', html) == [], page
+        dom = dump_dom(f"{d.url}/docs", offline=True)
+        paths = set(re.findall(r'data-path="([^"]+)"', dom))
+        assert {"/v1/tasks", "/v1/params", "/v1/chat/completions", "/v1/state"} <= paths
+        assert d.stop() == 0
 
 
 def test_event_stream_and_metrics(tmp_path: Path) -> None:

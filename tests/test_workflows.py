@@ -167,8 +167,11 @@ def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
         load_workflow(bad)
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")
-    with pytest.raises(WorkflowError, match=r"broken\.yaml: not valid YAML"):
+    with pytest.raises(WorkflowError, match=r"broken\.yaml: not valid YAML") as err:
         load_workflow(broken)
+    # one line, at the file's line and column (not PyYAML's "<unicode string>")
+    assert "\n" not in str(err.value) and "unicode string" not in str(err.value)
+    assert "line 2, column 1: while parsing a flow sequence" in str(err.value)
     with pytest.raises(WorkflowError, match="cannot read workflow spec"):
         load_workflow(tmp_path / "missing.yaml")
     listing = tmp_path / "list.yaml"

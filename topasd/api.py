@@ -31,6 +31,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -457,7 +458,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 def create_app(service: Service) -> FastAPI:
     """The FastAPI app over a started `Service`."""
     settings = service.settings
-    app = FastAPI(
+    app = FastAPIOffline(  # FastAPI serving the /docs assets itself: no CDN needed
         title="topasd",
         version=_version(),
         description="Workflow-aware prefix-state scheduler daemon (TOPAS): control API, "

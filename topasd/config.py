@@ -13,6 +13,7 @@ A bad value is a `ConfigError` naming the setting, the value and where it came f
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
 import os
@@ -190,6 +191,7 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
     if path is not None:
         for key, value in _read_toml(path).items():
             raw[key], sources[key] = value, f"file {path}"
+    _check_env_names(env)
     for name in Settings.model_fields:
         var = f"{ENV_PREFIX}{name.upper()}"
         if var in env:
@@ -294,6 +296,19 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: unknown setting(s) {unknown}; known: "
                           f"{sorted(Settings.model_fields)}")
     return data
+
+
+def _check_env_names(env: Mapping[str, str]) -> None:
+    """A `TOPAS_*` variable that names no setting is an error (a misspelled one
+    would otherwise be ignored without a word, as a TOML file's is not)."""
+    known = {f"{ENV_PREFIX}{n.upper()}" for n in Settings.model_fields} | {
+        f"{ENV_PREFIX}CONFIG"}
+    for var in sorted(v for v in env if v.startswith(ENV_PREFIX) and v not in known):
+        near = difflib.get_close_matches(var.removeprefix(ENV_PREFIX),
+                                         [k.removeprefix(ENV_PREFIX) for k in sorted(known)], n=1)
+        hint = f"did you mean {ENV_PREFIX}{near[0]}? " if near else ""
+        raise ConfigError(f"environment variable {var} names no setting: {hint}unset it; "
+                          f"known: {', '.join(sorted(known))}")
 
 
 def _env_value(name: str, text: str, var: str) -> Any:

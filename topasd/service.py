@@ -75,6 +75,7 @@ RECENT_DECISIONS = 50
 DETAIL_DECISIONS = 1024  # decisions kept with their candidates for GET /v1/decisions/{seq}
 STATS_WINDOW = 10_000  # p99 JCT and decision latency over this many recent values
 BUS_SIZE = 16_384
+SYNTHESIZED = "agent:"  # name prefix of the one-stage workflows of calls without one
 
 
 # ------------------------------------------------------------------ errors
@@ -1108,9 +1109,13 @@ class Service:
         if spec.task_key is None and not spec.last_in_stage:
             raise Invalid("topasd.last_in_stage=false needs topasd.task_id: without an id no "
                           "later call can continue (or end) this stage; send a task_id")
-        if spec.workflow is None or spec.workflow not in self.registry:
+        if spec.workflow is None or spec.workflow.startswith(SYNTHESIZED):
             wf = self._synthesized(spec.agent or spec.system_key, spec.system_tokens)
             return wf, wf.topo_order[0], self._continued(wf.name, wf.topo_order[0], spec)
+        if spec.workflow not in self.registry:
+            raise Invalid(f"topasd.workflow: unknown workflow {spec.workflow!r}; registered: "
+                          f"{', '.join(sorted(self.registry))} (add spec files with "
+                          "--workflow), or leave workflow out for a one-stage call")
         wf = self.registry[spec.workflow]
         stage = spec.stage
         if stage is None:
@@ -1335,7 +1340,7 @@ class Service:
 
     def _synthesized(self, agent: str, prefix_tokens: int) -> Workflow:
         """The one-stage workflow `agent:<agent>` of calls without a registered workflow."""
-        name = f"agent:{agent}"
+        name = f"{SYNTHESIZED}{agent}"
         wf = self.active.get(name)
         if wf is None:
             size = self._agent_sizes.get(agent, prefix_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -12,6 +13,7 @@ from topasd.model import TopasError, Workflow, WorkflowError
 from workflows.spec import agent_clash, spec_dict, workflow_from_dict
 
 BUILTIN = ("table1", "chain3", "dag4", "dag10wide", "metagpt-sop", "metagpt-tl")
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")  # a name ending so is a file, not a workload
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,9 @@ def load_workload(name_or_path: str) -> Workload:
         path = _spec_path(name_or_path)
     elif Path(name_or_path).exists():
         path = Path(name_or_path)
+    elif Path(name_or_path).suffix in SPEC_SUFFIXES or os.sep in name_or_path:
+        raise TopasError(f"workflow spec file {name_or_path!r} does not exist: check the path, "
+                         f"or use a built-in workload ({', '.join(BUILTIN)})")
     else:
         raise TopasError(f"unknown workload {name_or_path!r}: use one of {', '.join(BUILTIN)} "
                          "or the path of a workflow spec file")

@@ -198,6 +198,15 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
     return Workflow(spec.name, agents, stages, spec.description)
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's complaint in one line, at its line and column of the file."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = ": ".join(x for x in (exc.context, exc.problem) if x)
+        return f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    return " ".join(str(exc).split())
+
+
 def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
     """Read a spec file (YAML or JSON) as a mapping."""
     path = Path(path_or_name)
@@ -214,7 +223,7 @@ def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
         raise WorkflowError(f"{path}: not UTF-8 text (byte {exc.start}); a spec is YAML or "
                             "JSON in UTF-8") from None
     except yaml.YAMLError as exc:
-        raise WorkflowError(f"{path}: not valid YAML/JSON ({exc})") from None
+        raise WorkflowError(f"{path}: not valid YAML/JSON ({_yaml_problem(exc)})") from None
     if not isinstance(data, dict):
         raise WorkflowError(f"{path}: a workflow spec must be a mapping")
     return data

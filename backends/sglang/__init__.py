@@ -9,8 +9,11 @@ Importing this package does not import SGLang.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
+
+from topasd.model import TopasError
 
 SUPPORTED_SGLANG = "0.5.23"  # the one version the contract tests pin
 
@@ -61,6 +64,11 @@ def make_backend(options: SGLangOptions, profile: Any, **kwargs: Any) -> Any:
 
     `profile` is a topasd HardwareProfile: its cost hints feed the policy.
     """
+    missing = [m for m in ("sglang", "zmq") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TopasError(f"the SGLang backend needs SGLang {SUPPORTED_SGLANG} (not installed: "
+                         f"{', '.join(missing)}): pip install -e '.[sglang]' on a GPU "
+                         "machine (docs/sglang.md)")
     from backends.sglang.backend import SGLangBackend
 
     return SGLangBackend(options, profile, **kwargs)

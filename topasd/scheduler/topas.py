@@ -76,9 +76,10 @@ class TopasParams:
             value = getattr(self, name)
             if value is None and name in ("h_age", "b_swap", "mu", "hol_age"):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                lo <= value <= hi
-            ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
+                                 f"use a number in [{lo}, {hi}]")
+            if not lo <= value <= hi:
                 raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
                                  f"use a number in [{lo}, {hi}]")
         for name in ("reuse", "aging", "preempt"):
