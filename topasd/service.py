@@ -700,14 +700,15 @@ class Service:
         if settings.budget is not None:
             profile = profile.with_overrides(budget_tokens=settings.budget)
         self.profile = profile
-        self.registry = _registry(settings)
         self.workload = load_workload(settings.workload) if settings.workload else None
+        specs = tuple(load_workflow(p) for p in settings.workflows)  # read once
+        self.registry = _registry(self.workload, specs)
         self.policy = build_policy(settings.policy, settings.params)
         self.backend = make_backend(settings, profile)
         self.profile = engine_profile(profile, self.backend, settings.budget)
         self.limit = request_limit(self.profile.budget_tokens, self.backend)
         try:
-            self._refuse_unrunnable(settings)
+            self._refuse_unrunnable(settings, specs)
             self.feeder = None if self.workload is None else _Feeder(
                 self.workload, settings.rate or _middle(self.workload), settings.tasks,
                 settings.seed)
@@ -750,13 +751,11 @@ class Service:
         self._stall_warned = False
         self._next_housekeeping = 0.0
 
-    def _refuse_unrunnable(self, settings: Settings) -> None:
+    def _refuse_unrunnable(self, settings: Settings, specs: tuple[Workflow, ...]) -> None:
         """Stop the start on work the engine could never run: a workflow of the
         --workload or a --workflow spec whose smallest request exceeds the
         limit, or a rate that puts arrivals beyond the bound on times."""
-        workflows = (*(self.workload.workflows if self.workload else ()),
-                     *(load_workflow(p) for p in settings.workflows))
-        for wf in workflows:
+        for wf in (*(self.workload.workflows if self.workload else ()), *specs):
             problem = never_fits(wf, self.limit)
             if problem is not None:
                 raise TopasError(problem)
@@ -1403,17 +1402,13 @@ def _middle(workload: Workload) -> float:
     return points[len(points) // 2]
 
 
-def _registry(settings: Settings) -> dict[str, Workflow]:
+def _registry(workload: Workload | None, specs: tuple[Workflow, ...]) -> dict[str, Workflow]:
     """Every workflow a task or call may name: the built-ins, the --workload and
     the --workflow spec files (later ones win on a name clash)."""
     out: dict[str, Workflow] = {}
     for name in BUILTIN:
         for wf in load_workload(name).workflows:
             out[wf.name] = wf
-    if settings.workload:
-        for wf in load_workload(settings.workload).workflows:
-            out[wf.name] = wf
-    for path in settings.workflows:
-        wf = load_workflow(path)
+    for wf in (*(workload.workflows if workload else ()), *specs):
         out[wf.name] = wf
     return out
