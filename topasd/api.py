@@ -146,8 +146,8 @@ class TopasdMeta(BaseModel):
         default=None, description="The application's task id; one id ties a task's calls "
         "together (required with a multi-stage workflow).")
     workflow: str | None = Field(
-        default=None, max_length=MAX_NAME, description="A registered workflow; another name "
-        "or none: the call is a one-stage task of its agent.")
+        default=None, max_length=MAX_NAME, description="A registered workflow (another name is "
+        "422); none: the call is a one-stage task of its agent.")
     stage: str | None = Field(default=None, max_length=MAX_NAME,
                               description="The workflow stage this call runs.")
     agent: str | None = Field(default=None, min_length=1, max_length=MAX_NAME,
