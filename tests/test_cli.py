@@ -206,6 +206,7 @@ def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
     (["-p", "fcfs", "--param", "rho=3"], "no TOPAS policy is selected"),
     (["-p", "topas", "--param", "hol_age=-1"], "hol_age=-1 is out of range"),
     (["-p", "topas", "--param", "rho=abc"], "rho='abc' is not a number: use a number in"),
+    (["-p", "fcfs", "--clock", "cpu"], "--clock needs --backend vllm"),
     (["-p", "topas", "--param", "preempt=maybe"], "must be true or false"),
     (["-p", "topas", "--param", "gamma=1"], "gamma"),
     (["-p", "topas", "--param", "rho"], "expected NAME=VALUE"),

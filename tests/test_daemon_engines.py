@@ -177,6 +177,12 @@ def test_the_daemon_checks_fits_against_the_engines_pool(tmp_path: Path,
     for budget, pool, want in [(None, 300, 300), (200, 300, 200), (500, 300, 300)]:
         got = service.engine_profile(small, SimpleNamespace(budget_tokens=pool), budget)
         assert got.budget_tokens == want
+    # vLLM's pool is the --budget rounded up to whole blocks, all of it the engine's:
+    # a call that fits 1,024 tokens was refused against the 1,000 asked for
+    from backends.vllm.backend import VllmBackend
+
+    vllm_like = SimpleNamespace(budget_tokens=1024, pool_from_budget=VllmBackend.pool_from_budget)
+    assert service.engine_profile(small, vllm_like, 1000).budget_tokens == 1024
 
     engine = PoolReportingEngine(pool=300)
     engine.budget_tokens = 300  # type: ignore[attr-defined]  # as SGLangBackend reads it

@@ -24,6 +24,8 @@ from backends.vllm import available
 if not available():  # a developer machine without the extra
     pytest.skip("vLLM is not installed (pip install -e '.[dev,vllm]')", allow_module_level=True)
 
+from click.testing import CliRunner
+
 from backends.sim.engine import SimBackend
 from backends.vllm import make_backend, write_tiny_model
 from backends.vllm.backend import VllmBackend, cpu_profile
@@ -228,16 +230,34 @@ def test_replay_cli_runs_the_vllm_backend(runs: Runs, tmp_path: Path) -> None:
     (row,) = payload["runs"]
     assert (row["policy"], row["tasks"]) == ("topas", 2)
     assert payload["profile"] == "vllm-cpu-tiny"
+    assert (payload["backend"], payload["clock"]) == ("vllm", "steps")
     got = _rows(db, "SELECT backend, status FROM runs")
     assert [(r["backend"], r["status"]) for r in got] == [("vllm", "done")]
+
+
+def test_replay_with_the_profile_clock_is_the_same_run_twice(runs: Runs, tmp_path: Path) -> None:
+    """`--clock profile`: engine time is the profile's model of each real step,
+    so two replays agree to the last digit however loaded the machine is (the
+    default wall-time steps swung a 3-task mean JCT from 2 to 16 s)."""
+    trace = chain3_cpu(tasks=3, rate=20.0, seed=1, input_tokens=32, output_tokens=32)
+    path = tmp_path / "t.jsonl"
+    save_trace(trace, path)
+    args = ["replay", str(path), "--backend", "vllm", "--model", str(runs.model), "--budget",
+            str(DEFAULT_BUDGET), "-p", "topas", "-p", "fcfs", "--clock", "profile", "-q"]
+    shown = [CliRunner().invoke(main, [*args, "--json"]) for _ in range(2)]
+    keep = ("policy", "mean_jct_s", "p99_jct_s", "makespan_s", "decisions", "preemptions")
+    first, second = ([{k: r[k] for k in keep} for r in json.loads(res.stdout)["runs"]]
+                     for res in shown)
+    assert first == second and [r["policy"] for r in first] == ["topas", "fcfs"]
+    assert json.loads(shown[0].stdout)["clock"] == "profile"
+    table = CliRunner().invoke(main, args).stdout
+    assert "vLLM engine, clock profile" in table.splitlines()[0]
 
 
 def test_a_request_beyond_the_models_context_is_refused_before_vllm_starts(
         tmp_path: Path) -> None:
     """The pool holds it, the model's context (max_position_embeddings) does
     not: replay names that limit and its fix before starting an engine."""
-    from click.testing import CliRunner
-
     model = write_tiny_model(tmp_path / "short", max_len=1024)
     trace = chain3_cpu(tasks=1, rate=1.0, seed=0, input_tokens=600, output_tokens=32)
     path = tmp_path / "t.jsonl"

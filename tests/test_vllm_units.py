@@ -61,6 +61,10 @@ def test_the_tiny_model_directory_round_trips(tmp_path: Path) -> None:
     (lambda p: p.mkdir(), "no config.json"),
     (lambda p: (p.mkdir(), (p / "config.json").write_text("{oops")), "not readable JSON"),
     (lambda p: (p.mkdir(), (p / "config.json").write_text("{}")), "vocab_size"),
+    # it started, then the first forward pass failed with a traceback
+    (lambda p: (p.mkdir(), (p / "config.json").write_text(json.dumps(
+        {"vocab_size": 64, "hidden_size": 64, "num_attention_heads": 4}))),
+     r"head size 16 .* takes only 32, 64"),
 ])
 def test_an_unusable_model_directory_is_one_clear_error(tmp_path: Path, setup: object,
                                                         message: str) -> None:
@@ -143,3 +147,13 @@ def test_a_vllm_start_up_error_keeps_its_cause_and_names_the_flag() -> None:
     mem = _startup_cause(RuntimeError("not enough memory: decrease --kv-cache-memory-bytes"))
     assert mem.endswith("(topasd sizes that memory from --budget: lower --budget)")
     assert _startup_cause(RuntimeError("")) == "RuntimeError"
+
+
+def test_the_head_sizes_read_model_config_takes_are_vllms() -> None:
+    """The list kept to check models before vLLM is imported is vLLM's own."""
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from backends.vllm.tiny import CPU_HEAD_SIZES
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_HEAD_SIZES

@@ -19,6 +19,7 @@ from topasd.scheduler import POLICY_NAMES
 BACKENDS = ("sim", "vllm", "sglang")
 REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
 VLLM_BUDGET = 16384  # default KV pool of --backend vllm (backends.vllm.POOL_TOKENS), tokens
+VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's clock
 
 
 class TopasGroup(click.Group):
@@ -110,6 +111,10 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
 @click.option("--model", "model", type=click.Path(), default=None, metavar="DIR",
               help="With --backend vllm: the model directory (`topasd model tiny -o DIR` "
                    "writes one).")
+@click.option("--clock", type=click.Choice(VLLM_CLOCKS), default=None,
+              help="With --backend vllm: what engine time is [default: steps, each step's "
+                   "wall time]; cpu: its CPU time (a machine with other load); profile: "
+                   "the profile's modelled time (deterministic) (docs/vllm.md).")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               type=click.Choice(sorted(PROFILES)),
               help="Hardware profile of the simulator (with --backend vllm, the policy's "
@@ -130,7 +135,7 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
                    "the baselines take none.")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, model: str | None,
-           profile: str, budget: int | None, as_json: bool, quiet: bool,
+           clock: str | None, profile: str, budget: int | None, as_json: bool, quiet: bool,
            db_path: str | None, log_candidates: str | None, params: tuple[str, ...]) -> None:
     """Run a workload trace through one or more policies in virtual time.
 
@@ -150,7 +155,7 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
       topasd model tiny -o tiny-model
       topasd replay --workload chain3 --tasks 3 -p topas --backend vllm --model tiny-model
     """
-    vllm_opts = _vllm_options(backend, model, budget)
+    vllm_opts = _vllm_options(backend, model, budget, clock)
     tr = _load_or_generate(trace_file, workload, rate, tasks, seed, _given("tasks", "seed"))
     if vllm_opts is not None:
         if click.get_current_context().get_parameter_source("profile") is \
@@ -178,11 +183,14 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
         click.echo(f"decision log: {store.path} (run{'s' if len(ids) > 1 else ''} "
                    f"{', '.join(map(str, ids))})", err=True)
         store.close()
+    clock_used = None if vllm_opts is None else vllm_opts.get("clock", "steps")
     if as_json:
-        click.echo(json.dumps({"trace": dict(tr.meta), "profile": prof.name, "runs": rows},
-                              indent=2))
+        engine = {"backend": backend} | ({} if clock_used is None else {"clock": clock_used})
+        click.echo(json.dumps({"trace": dict(tr.meta), "profile": prof.name, **engine,
+                               "runs": rows}, indent=2))
     else:
-        click.echo(_table(rows, tr.meta, prof))
+        click.echo(_table(rows, tr.meta, prof, None if clock_used is None
+                          else f"vLLM engine, clock {clock_used}"))
         if tuned:
             click.echo("TOPAS parameters: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
 
@@ -281,11 +289,14 @@ def _run_one(tr: Any, name: str, prof: HardwareProfile,
     return row
 
 
-def _vllm_options(backend: str, model: str | None, budget: int | None) -> dict[str, Any] | None:
+def _vllm_options(backend: str, model: str | None, budget: int | None,
+                  clock: str | None = None) -> dict[str, Any] | None:
     """`make_backend` keywords for --backend vllm (None for the simulator)."""
     if backend != "vllm":
         if model is not None:
             raise TopasError("--model needs --backend vllm (the simulator takes no model)")
+        if clock is not None:
+            raise TopasError("--clock needs --backend vllm (the simulator's time is modelled)")
         return None
     if model is None:
         raise TopasError("--backend vllm needs --model DIR; write a tiny model with "
@@ -293,7 +304,8 @@ def _vllm_options(backend: str, model: str | None, budget: int | None) -> dict[s
     from backends.vllm import read_model_config
 
     read_model_config(model)
-    return {"model": model, "budget_tokens": budget or VLLM_BUDGET}
+    return {"model": model, "budget_tokens": budget or VLLM_BUDGET,
+            **({} if clock is None else {"clock": clock})}
 
 
 def _vllm_context(opts: dict[str, Any] | None) -> tuple[int, str] | None:
@@ -771,7 +783,7 @@ _COLUMNS = (
     ("mean JCT", "mean_jct_s", "{:.1f}"),
     ("p50", "p50_jct_s", "{:.1f}"),
     ("p99", "p99_jct_s", "{:.1f}"),
-    ("makespan", "makespan_s", "{:.0f}"),
+    ("makespan", "makespan_s", "{:.1f}"),
     ("req/s", "throughput_req_s", "{:.3f}"),
     ("1st task", "first_task_s", "{:.1f}"),
     ("batch", "mean_batch", "{:.1f}"),
@@ -786,12 +798,14 @@ _COLUMNS = (
 )
 
 
-def _table(rows: list[dict[str, Any]], meta: Any, prof: HardwareProfile) -> str:
+def _table(rows: list[dict[str, Any]], meta: Any, prof: HardwareProfile,
+           engine: str | None = None) -> str:
     cells = [[h for h, _, _ in _COLUMNS]]
     cells += [[fmt.format(row[k]) for _, k, fmt in _COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
     lines = [f"workload {meta.get('workload', '?')}, rate {meta.get('rate', '?')} task/s, "
-             f"{rows[0]['tasks']} tasks, profile {prof.name} (times in s)"]
+             f"{rows[0]['tasks']} tasks, profile {prof.name}"
+             f"{'' if engine is None else ', ' + engine} (times in s)"]
     for r in cells:
         lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True))))

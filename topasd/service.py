@@ -682,13 +682,16 @@ def never_fits(wf: Workflow, limit: RequestLimit) -> str | None:
 
 def engine_profile(profile: HardwareProfile, backend: Any,
                    budget: int | None) -> HardwareProfile:
-    """`profile` with the KV pool the engine reports (`budget_tokens`; SGLang
-    sizes its pool from GPU memory), so that fit checks match the engine; a
-    --budget below the pool stays."""
+    """`profile` with the KV pool the engine reports (`budget_tokens`), so that
+    fit checks match the engine. SGLang sizes its pool from GPU memory, and a
+    --budget below it stays; vLLM's pool is the --budget rounded up to whole
+    blocks (`pool_from_budget`), all of it usable."""
     pool = getattr(backend, "budget_tokens", None)
     if not isinstance(pool, int) or pool == profile.budget_tokens:
         return profile
-    return profile.with_overrides(budget_tokens=pool if budget is None else min(budget, pool))
+    if budget is not None and not getattr(backend, "pool_from_budget", False):
+        pool = min(budget, pool)
+    return profile.with_overrides(budget_tokens=pool)
 
 
 class Service:

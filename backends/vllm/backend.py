@@ -149,6 +149,7 @@ class VllmBackend(EventBuffer):
     vLLM's default scheduler deciding alone: no SCHEDULE events)."""
 
     name = "vllm"
+    pool_from_budget = True  # the KV pool is --budget rounded up to whole blocks
 
     def __init__(self, model: str, *, budget_tokens: int = 4096, block_size: int = 32,
                  chunk_tokens: int = 512, max_num_seqs: int = 64,

@@ -14,6 +14,10 @@ from typing import Any
 
 from topasd.model import TopasError
 
+# vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes): another
+# head size passes the engine's start-up and fails its first forward pass
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
 TINY_CONFIG: dict[str, Any] = {
     "architectures": ["Qwen2ForCausalLM"],
     "model_type": "qwen2",
@@ -79,4 +83,21 @@ def read_model_config(model: str | Path) -> dict[str, Any]:
         raise TopasError(f"model {path}: config.json is not readable JSON ({exc})") from None
     if not isinstance(data, dict) or not isinstance(data.get("vocab_size"), int):
         raise TopasError(f"model {path}: config.json lacks an integer vocab_size")
+    head = head_size(data)
+    if head is not None and head not in CPU_HEAD_SIZES:
+        raise TopasError(f"model {path}: head size {head} (hidden_size / num_attention_heads"
+                         f" or head_dim), but vLLM's CPU attention takes only "
+                         f"{', '.join(map(str, CPU_HEAD_SIZES))}; `topasd model tiny` "
+                         "writes heads of 32")
     return data
+
+
+def head_size(cfg: dict[str, Any]) -> int | None:
+    """The attention head size a config gives (None: it does not say)."""
+    head = cfg.get("head_dim")
+    if isinstance(head, int):
+        return head
+    hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
