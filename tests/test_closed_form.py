@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
 from tests.simkit import RecordingSink, run_checked, scenarios
+from topasd.model import Decision, EventKind, Request
 from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
@@ -200,3 +201,92 @@ def test_a_run_cut_into_slices_matches_the_uncut_run_on_a_paper_workload() -> No
     cut = _execute_cut(trace, "topas", profile, False, [k * 0.37 for k in range(int(end / 0.37))])
     assert len(whole[0].decisions) > 50
     assert _exact(*cut) == _exact(*whole)
+
+
+def _drive(profile, submits: list[tuple[float, Request]], cuts: list[float],
+           script=None) -> tuple:
+    """The engine driven by hand: requests submitted at their times, each
+    SCHEDULE answered by `script(backend, view)` (default: admit everything
+    waiting whose prefix is on the GPU, loading the others), stops at `cuts`."""
+    be = SimBackend(profile, warm_host=True)
+    events, decisions = [], []
+
+    def admit_all(backend: SimBackend, view) -> Decision:
+        gpu = set(view.gpu_prefixes())
+        return Decision(backend.t, "script", admit=tuple(r.id for r in view.waiting),
+                        load=tuple(sorted({r.agent for r in view.waiting} - gpu)))
+
+    decide = script or admit_all
+
+    def pump(stop: float | None) -> None:
+        for ev in be.run_until(stop):
+            if ev.kind is EventKind.SCHEDULE:
+                d = decide(be, be.view({}, {}))
+                be.apply(d)
+                decisions.append((d.t, d.admit, d.load, d.evict))
+            else:
+                events.append(tuple(asdict(ev).values()))
+
+    stops = sorted([(t, 0, r) for t, r in submits] + [(c, 1, None) for c in cuts],
+                   key=lambda x: (x[0], x[1]))
+    for t, _, r in stops:
+        pump(t)
+        if r is not None:
+            be.submit(r)
+    pump(None)
+    return events, decisions, asdict(be.stats), be.ratio, be.t
+
+
+def _req(rid: int, agent: str, t: float, inp: int, out: int, prefix: int) -> Request:
+    return Request(rid, rid, "w", "s", agent, 0, inp, out, t, t, prefix)
+
+
+def test_a_cut_just_before_a_prefix_load_that_was_cancelled_changes_nothing() -> None:
+    """A prefix evicted while still loading leaves a timed load end that fires
+    without an event; the uncut run still ends its closed form there, so a run
+    cut just before it must not be continued across it (a review found the
+    continued run's floats one ulp off)."""
+    prof = get_profile("small").with_overrides(swap_bytes_per_s=1e7, host_cache=True)
+    submits = [(0.0, _req(1, "a", 0.0, 100, 1000, 200)), (1.0, _req(2, "b", 1.0, 50, 50, 500)),
+               (1.2, _req(3, "c", 1.2, 50, 50, 100))]
+
+    def script(backend: SimBackend, view) -> Decision:
+        waiting = {r.id for r in view.waiting}
+        gpu = set(view.gpu_prefixes())
+        if 1 in waiting:
+            return Decision(backend.t, "script", admit=(1,), load=("a",))
+        if 2 in waiting and "b" not in gpu and 3 not in waiting:
+            return Decision(backend.t, "script", load=("b",))
+        if 3 in waiting and "b" in gpu:
+            return Decision(backend.t, "script", evict=("b",))  # b is still loading
+        return Decision(backend.t, "script")
+
+    whole = _drive(prof, submits, [], script)
+    load_end = 1.0 + prof.t_swap(500)
+    for before in (1e-4, 1e-3, 3e-3):
+        assert _drive(prof, submits, [load_end - before], script) == whole
+
+
+def test_cuts_an_ulp_past_a_decode_step_with_constant_step_times_change_nothing() -> None:
+    """With no KV-read term every decode step takes the same time; a cut a few
+    ulps past a step's end counted that step as reaching it (the division's
+    rounding), stopped short and restarted the run fresh."""
+    import math
+
+    prof = get_profile("small").with_overrides(t_kv_read_per_token_s=0.0)
+    submits = [(0.0, _req(1, "a", 0.0, 64, 3000, 100))]
+    whole = _drive(prof, submits, [])
+    be = SimBackend(prof, warm_host=True)  # the run's start and step time, as the engine has them
+    be.submit(submits[0][1])
+    for ev in be.run_until(whole[4] / 3):
+        if ev.kind is EventKind.SCHEDULE:
+            view = be.view({}, {})
+            be.apply(Decision(be.t, "script", admit=tuple(r.id for r in view.waiting),
+                              load=() if "a" in view.gpu_prefixes() else ("a",)))
+    anchor = be._anchor
+    assert anchor is not None
+    for k in range(5, 2900, 97):
+        cut = anchor.t0 + k * anchor.first
+        for _ in range(3):
+            cut = math.nextafter(cut, math.inf)
+            assert _drive(prof, submits, [cut]) == whole, k

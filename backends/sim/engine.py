@@ -355,6 +355,7 @@ class SimBackend(EventBuffer):
 
     def _fire_timed(self) -> None:
         while self._timed and self._timed[0][0] <= self._t:
+            self._anchor = None  # an uncut run ends at every timed event, even a silent one
             t_ev, _, kind, payload = heapq.heappop(self._timed)
             if kind == _READY:
                 self._enqueue(payload, t_ev)
@@ -612,7 +613,10 @@ def _steps_to_reach(delta: float, first: float, growth: float) -> int:
     if delta <= first:
         return 1
     if growth <= 0:
-        return max(1, math.ceil(delta / first - 1e-12))
+        n = max(1, math.ceil(delta / first - 1e-12))
+        while n * first < delta:  # the division rounded below: as the sum has it
+            n += 1
+        return n
     # growth/2 n^2 + (first - growth/2) n - delta = 0
     half = growth / 2.0
     lin = first - half
