@@ -15,21 +15,23 @@ class Field:
     name: str  # TopasParams field
     label: str  # the paper's name
     kind: str  # float | int | bool | choice
-    nullable: bool = False  # empty input: derived (observed / the backend's)
+    nullable: bool = False  # empty input allowed: it means `empty`
     choices: tuple[str, ...] = ()
     help: str = ""
+    empty: str = ""  # what an empty input means (the placeholder)
 
 
 FIELDS: tuple[Field, ...] = (
     Field("beta", "beta", "float", help="V_reuse pressure (Eq. 11)"),
     Field("rho", "rho", "float", help="aging strength (Eq. 12)"),
-    Field("h_age", "H_age", "float", nullable=True, help="age scale, s (empty: observed)"),
+    Field("h_age", "H_age", "float", nullable=True, help="age scale, s (empty: observed)",
+          empty="observed"),
     Field("m", "M", "int", help="enumerate every prefix set when |A_t| <= M"),
     Field("k", "K", "int", help="cap on admissions/preemptions per decision (0: none)"),
     Field("b_swap", "B_swap", "float", nullable=True,
-          help="host link, bytes/s (empty: the backend's)"),
+          help="host link, bytes/s (empty: the backend's)", empty="the backend's"),
     Field("mu", "mu", "float", nullable=True,
-          help="KV bytes per prefix token (empty: the backend's)"),
+          help="KV bytes per prefix token (empty: the backend's)", empty="the backend's"),
     Field("samples", "samples", "int", help="E[LP] samples on non-chain DAGs"),
     Field("seed", "seed", "int", help="seed of the sample quantiles"),
     Field("reuse", "reuse", "bool", help="V_reuse term"),
@@ -38,7 +40,8 @@ FIELDS: tuple[Field, ...] = (
           help="decode KV reservation d_r"),
     Field("preempt", "preempt", "bool", help="allow preemption (extension: off keeps Q_t)"),
     Field("hol_age", "hol_age", "float", nullable=True,
-          help="hold KV for the oldest request after this wait, s (extension; empty: off)"),
+          help="hold KV for the oldest request after this wait, s (extension; empty: off)",
+          empty="off"),
     Field("pack_order", "pack_order", "choice", choices=("ratio", "arrival"),
           help="GreedyPack order: progress per KV token, or task arrival (extension)"),
 )

@@ -19,6 +19,7 @@ import pytest
 from textual.widgets import DataTable, Input, Select, Static
 
 from console.app import ConsoleApp
+from console.params import text_of
 from console.screens.params import ParamsScreen
 from console.sources import Target
 from console.widgets.decisions import DecisionDetailView
@@ -222,10 +223,18 @@ def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
 
     async def scenario(pilot: Any) -> None:
         screen = await open_params_form(pilot, app)
+        policy = screen.query_one("#policy", Select)
+        # the placeholder of the loading form is not a policy one can pick
+        assert "(loading)" not in [str(p) for p, _ in policy._options]
         screen.query_one("#param-rho", Input).value = "abc"
         await pilot.press("ctrl+s")
         assert notes[-1][0] == "error" and "not sent" in notes[-1][1]
-        screen.query_one("#param-rho", Input).value = str(screen.info["params"]["rho"])
+        # reloading refills the form and clears the stale error under it
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: "not sent" not in str(
+            screen.query_one("#answer", Static).render()), "the reload")
+        assert screen.query_one("#param-rho", Input).value == text_of(
+            screen.info["params"]["rho"])
         screen.query_one("#policy", Select).value = "fcfs"
         await pilot.press("ctrl+s")
         await until(pilot, lambda: notes and "applied" in notes[-1][1], "the switch")
@@ -233,9 +242,46 @@ def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
         assert "applied" in str(screen.query_one("#answer", Static).render())
         beta = screen.query_one("#param-beta", Input)
         assert beta.disabled
+        await pilot.pause(0.2)
+        # a baseline's emptied parameter rows are not errors ("✗ M: required" before)
+        assert not screen.query(".-invalid")
+        # placeholders say what an empty value means
+        assert screen.query_one("#param-hol_age", Input).placeholder == "off"
 
     try:
         run(app, scenario)
         assert daemon.http.get("/v1/params").json()["policy"] == "fcfs"
     finally:
         daemon.http.patch("/v1/params", json={"policy": "topas"}).raise_for_status()
+
+
+def test_leaving_the_form_with_unsent_edits_says_so(daemon: Daemon) -> None:
+    """Escape used to drop edits without a word; a form that could not load
+    from the daemon used to ignore ctrl+s."""
+    app = live_app(daemon)
+    notes: list[tuple[str, str]] = []
+    plain_notify = app.notify
+
+    def notify(message: str, *args: Any, severity: str = "information", **kw: Any) -> None:
+        notes.append((severity, message))
+        plain_notify(message, *args, severity=severity, **kw)  # type: ignore[arg-type]
+
+    app.notify = notify  # type: ignore[method-assign]
+
+    async def scenario(pilot: Any) -> None:
+        screen = await open_params_form(pilot, app)
+        rho = screen.info["params"]["rho"]
+        screen.query_one("#param-rho", Input).value = str(rho + 6)
+        screen.action_close()
+        await pilot.pause(0.1)
+        assert notes[-1] == ("warning", "left without applying: rho not sent")
+        await pilot.press("p")
+        unloaded = app.screen
+        assert isinstance(unloaded, ParamsScreen)
+        unloaded.info = None  # as when the daemon could not be read
+        unloaded.action_apply()
+        assert notes[-1][0] == "warning" and "were not loaded" in notes[-1][1]
+
+    before = daemon.http.get("/v1/params").json()
+    run(app, scenario)
+    assert daemon.http.get("/v1/params").json() == before  # nothing was sent

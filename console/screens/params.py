@@ -44,7 +44,8 @@ class ParamsScreen(Screen[None]):
         with VerticalScroll(id="params-form"):
             with Horizontal(classes="param-row"):
                 yield Label("policy", classes="param-label")
-                yield Select[str]([], id="policy", allow_blank=True, prompt="(loading)")
+                # no blank entry: "(loading)" is replaced by the daemon's policies
+                yield Select[str]([("(loading)", "")], id="policy", allow_blank=False)
                 yield Label("switching resets the parameters to the policy's defaults",
                             classes="param-help", id="help-policy")
             for f in FIELDS:
@@ -57,7 +58,7 @@ class ParamsScreen(Screen[None]):
                                           allow_blank=False)
                     else:
                         yield Input(id=f"param-{f.name}", classes="param-input",
-                                    placeholder="derived" if f.nullable else "")
+                                    placeholder=f.empty)
                     yield Label(Text(f.help), classes="param-help", id=f"help-{f.name}")
             with Horizontal(id="params-buttons"):
                 yield Button("Apply (ctrl+s)", id="apply", variant="primary")
@@ -85,7 +86,7 @@ class ParamsScreen(Screen[None]):
             self.fill({"policy": policy, "params": params, "ranges": {},
                        "policies": [policy], "version": len(changes)})
             self.answer(Text(f"{len(changes)} live change(s) up to t={self.replay_t:.2f}s"
-                             + "".join(f"\n  t={c['t']:.2f}s {c['name']}: {c['old']} → "
+                             + "".join(f"\n  t={c['t']:.2f}s {_label(c['name'])}: {c['old']} → "
                                        f"{c['new']} ({c['source']})" for c in changes[-8:])))
             return
         self.run_worker(self._load(), exclusive=True, group="params-load")
@@ -101,8 +102,9 @@ class ParamsScreen(Screen[None]):
         self.fill(info)
 
     def fill(self, info: dict[str, Any]) -> None:
-        """Show the daemon's policy and parameters."""
+        """Show the daemon's policy and parameters (an earlier answer is stale)."""
         self.info = info
+        self.answer(Text(""))
         select = self.query_one("#policy", Select)
         select.set_options([(p, p) for p in info["policies"]])
         select.value = info["policy"]
@@ -147,6 +149,9 @@ class ParamsScreen(Screen[None]):
         if self.info is None or event.input.id is None:
             return
         name = event.input.id.removeprefix("param-")
+        if name not in self.info["params"]:  # the policy has no such parameter (a baseline)
+            self._mark(name, None)
+            return
         try:
             parse(BY_NAME[name], event.value, _ranges(self.info))
         except ValueError as exc:
@@ -190,7 +195,11 @@ class ParamsScreen(Screen[None]):
         self.action_reload()
 
     def action_apply(self) -> None:
-        if self.read_only or self.info is None:
+        if self.read_only:
+            return
+        if self.info is None:
+            self.answer(Text("not sent: the parameters were not loaded from the daemon; "
+                             "ctrl+r to retry", style="bold red"), "warning")
             return
         policy, values = self.form_values()
         changes, errors = validate(policy, values, self.info["policy"], self.info["params"],
@@ -221,8 +230,8 @@ class ParamsScreen(Screen[None]):
             return
         old = self.info["params"] if self.info else {}
         changed = result.get("changed", [])
-        parts = [f"{k} {text_of(old.get(k)) or '∅'} → {text_of(result['params'].get(k)) or '∅'}"
-                 for k in changed]
+        parts = [f"{_label(k)} {text_of(old.get(k)) or '∅'} → "
+                 f"{text_of(result['params'].get(k)) or '∅'}" for k in changed]
         if "policy" in changes:
             parts.insert(0, f"policy → {result['policy']}")
         self.fill(result)  # first: a baseline's form says it takes no parameters
@@ -232,7 +241,22 @@ class ParamsScreen(Screen[None]):
             + (", ".join(parts) or "no change"), style="bold green"), "information")
 
     def action_close(self) -> None:
+        if not self.read_only and self.info is not None:
+            policy, values = self.form_values()
+            changes, errors = validate(policy, values, self.info["policy"],
+                                       self.info["params"], _ranges(self.info),
+                                       self.info["policies"])
+            edited = sorted({*changes, *errors})
+            if edited:
+                self.console.notify("left without applying: "
+                                    + ", ".join(_label(k) for k in edited) + " not sent",
+                                    severity="warning", timeout=6)
         self.app.pop_screen()
+
+
+def _label(name: str) -> str:
+    """A parameter by the form's (the paper's) name."""
+    return BY_NAME[name].label if name in BY_NAME else name
 
 
 def _ranges(info: dict[str, Any]) -> dict[str, tuple[float, float]]:
