@@ -239,7 +239,7 @@ class ConsoleApp(App[None]):
             self.dashboard.show_snapshot(snap, list(self.history))
             self.counters["renders"] += 1
         if self._pending_rows:
-            rows, self._pending_rows = self._pending_rows, []
+            rows, self._pending_rows = _upto(self._pending_rows, self.snapshot)
             self.decision_log.extend(rows)
             self.dashboard.add_decisions(rows)
 
@@ -406,3 +406,14 @@ def _snapshot(state: dict[str, Any]) -> Snapshot:
     from console.snapshot import snapshot_from_state
 
     return snapshot_from_state(state)
+
+
+def _upto(rows: list[DecisionRow], snap: Snapshot | None) -> tuple[list[DecisionRow],
+                                                                   list[DecisionRow]]:
+    """(rows to show, rows held back): the feed shows no decision later than the
+    snapshot the panels show, so a paused screen is one moment (decisions
+    stream in ahead of the polled state)."""
+    if snap is None:
+        return rows, []
+    cut = next((i for i, r in enumerate(rows) if r.t > snap.t), len(rows))
+    return rows[:cut], rows[cut:]

@@ -137,6 +137,37 @@ def test_selecting_a_decision_shows_its_candidates(daemon: Daemon) -> None:
     run(app, scenario)
 
 
+def test_a_paused_screen_is_one_moment_and_says_so_on_a_small_terminal(
+        daemon: Daemon) -> None:
+    """Paused, the feed shows no decision later than the state the panels show
+    (decisions stream in ahead of the polled state; a walkthrough saw the status
+    line at 109 decisions beside decision #114). At 80x24 the status line wraps
+    rather than cutting off its counts and the pause marker; moving the cursor
+    off the last decision says the feed no longer follows."""
+    app = live_app(daemon)
+
+    async def scenario(pilot: Any) -> None:
+        dash = app.dashboard
+        feed = dash.query_one("#decisions", DataTable)
+        await until(pilot, lambda: feed.row_count >= 3 and app.snapshot, "decisions")
+        await pilot.pause(0.5)
+        await pilot.press("space")
+        snap = app.snapshot
+        assert snap is not None
+        assert max(d.t for d in app.decision_log) <= snap.t
+        assert int(feed.get_row_at(feed.row_count - 1)[0]) <= snap.decisions
+        status = str(dash.query_one("#status", Static).render())
+        assert status.startswith("❚❚ paused") and "decisions" in status
+        await pilot.press("space", "d", "up")
+        assert "not following" in str(feed.border_title)
+
+    async def small() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await scenario(pilot)
+
+    asyncio.run(small())
+
+
 def test_changing_beta_in_the_form_changes_the_daemon(daemon: Daemon) -> None:
     app = live_app(daemon)
     before = daemon.http.get("/v1/params").json()

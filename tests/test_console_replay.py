@@ -8,6 +8,7 @@ temporary folder because opening a log may migrate it or switch it to WAL.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import sqlite3
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from console.app import ConsoleApp
 from console.screens.params import ParamsScreen
 from console.sources import ReplaySource
 from console.widgets.residency import Residency
+from console.widgets.status import CursorBar
 from console.widgets.tasks import TaskList
 from store import Store
 from store import queries as q
@@ -302,6 +304,10 @@ def test_jumping_in_time_and_go_to(db: Path) -> None:
         await pilot.press("dollar_sign")
         await pilot.pause()
         assert app.dashboard.query_one(TaskList).row_count == 0  # all done
+        # at the end the cursor reads as the end ("t=134.45s of 134.4s" before)
+        bar = str(app.dashboard.query_one(CursorBar).render())
+        now, end = re.search(r"t=(\S+) of (\S+) ·", bar).groups()  # type: ignore[union-attr]
+        assert now == end
 
     run_app(db, scenario)
 

@@ -89,10 +89,19 @@ class DecisionFeed(DataTable[Text | str]):
         key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         return None if key is None else int(key)
 
+    def following(self) -> bool:
+        """New decisions move the cursor: follow is on and it is on the last row."""
+        return self.follow and (not self.row_count or self.cursor_row >= self.row_count - 1)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._title()  # moving off the last row stops following: say so
+
     def _title(self) -> None:
         flags = [] if self.show_noop else ["no-ops hidden"]
         if not self.follow:
             flags.append("not following")
+        elif not self.following():
+            flags.append("not following (f or the last row follows)")
         self.border_title = "Decisions" + "".join(f" · {f}" for f in flags)
 
     @staticmethod

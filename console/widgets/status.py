@@ -34,6 +34,8 @@ class StatusLine(Static):
 
     def refresh_text(self) -> None:
         text = Text()
+        if self.paused:  # first: a narrow terminal wraps the rest, never hides this
+            text.append("❚❚ paused (space resumes)   ", style="bold yellow")
         if self.replay_label is not None:
             text.append("▶ replay ", style="bold")
             text.append(self.replay_label)
@@ -61,8 +63,6 @@ class StatusLine(Static):
                         f"{s.requests_waiting} waiting · {s.decisions} decisions")
             if s.draining:
                 text.append(" · draining", style="yellow")
-        if self.paused:
-            text.append("   ❚❚ paused (space resumes)", style="bold yellow")
         self.update(text)
 
 
@@ -84,8 +84,8 @@ class CursorBar(Static):
     def _text(self) -> Text:
         assert self.position is not None
         t, t0, t1, seq, n = self.position
-        label = (f" t={t:.2f}s of {secs(t1, 1)} · decision {seq if seq is not None else '—'}"
-                 f"/{n} ")
+        label = (f" t={secs(t, 2)} of {secs(t1, 2)} · decision "
+                 f"{seq if seq is not None else '—'}/{n} ")
         width = max(10, (self.content_size.width or 80) - len(label) - 2)
         frac = 0.0 if t1 <= t0 else (t - t0) / (t1 - t0)
         pos = min(width - 1, max(0, round(frac * (width - 1))))
