@@ -48,7 +48,8 @@ class DecisionFeed(DataTable[Text | str]):
         self.border_title = "Decisions"
 
     def on_mount(self) -> None:
-        for label in ("seq", "t", "actions", "score", "ms"):
+        # the variable-width actions last: a wide one no longer pushes ms out of sight
+        for label in ("seq", "t", "score", "ms", "actions"):
             self.add_column(label, key=label)
 
     def visible(self, d: DecisionRow) -> bool:
@@ -106,7 +107,7 @@ class DecisionFeed(DataTable[Text | str]):
 
     @staticmethod
     def _cells(d: DecisionRow) -> list[Text | str]:
-        return [str(d.seq), f"{d.t:.2f}", actions(d), num(d.total), f"{d.wall_ms:.2f}"]
+        return [str(d.seq), f"{d.t:.2f}", num(d.total), f"{d.wall_ms:.2f}", actions(d)]
 
 
 class DecisionDetailView(Vertical):
