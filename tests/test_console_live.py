@@ -142,8 +142,9 @@ def test_a_paused_screen_is_one_moment_and_says_so_on_a_small_terminal(
     """Paused, the feed shows no decision later than the state the panels show
     (decisions stream in ahead of the polled state; a walkthrough saw the status
     line at 109 decisions beside decision #114). At 80x24 the status line wraps
-    rather than cutting off its counts and the pause marker; moving the cursor
-    off the last decision says the feed no longer follows."""
+    rather than cutting off its counts and the pause marker, and the headline
+    values fit their boxes; moving the cursor off the last decision says the
+    feed no longer follows."""
     app = live_app(daemon)
 
     async def scenario(pilot: Any) -> None:
@@ -158,6 +159,11 @@ def test_a_paused_screen_is_one_moment_and_says_so_on_a_small_terminal(
         assert int(feed.get_row_at(feed.row_count - 1)[0]) <= snap.decisions
         status = str(dash.query_one("#status", Static).render())
         assert status.startswith("❚❚ paused") and "decisions" in status
+        # each headline value fits its box (its note rides on the bottom border)
+        for box in dash.query(".metric"):
+            value = box.query_one(".value", Static)
+            assert len(str(value.render())) <= value.content_size.width, box.id
+        assert str(dash.query_one("#metric-decision").border_subtitle).startswith("p99 ")
         await pilot.press("space", "d", "up")
         assert "not following" in str(feed.border_title)
 

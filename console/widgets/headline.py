@@ -12,14 +12,15 @@ from console.snapshot import Numbers
 from console.widgets.format import ms, secs
 
 Getter = Callable[[Numbers], float | None]
+Shown = Callable[[Numbers], tuple[str, str]]  # (the value, a note on the bottom border)
 
-METRICS: tuple[tuple[str, str, Getter, Callable[[Numbers], str]], ...] = (
+METRICS: tuple[tuple[str, str, Getter, Shown], ...] = (
     ("throughput", "throughput", lambda n: n.throughput,
-     lambda n: f"{n.throughput:.3f} task/s · {n.tasks_finished} done"),
-    ("jct-mean", "mean JCT", lambda n: n.jct_mean, lambda n: secs(n.jct_mean)),
-    ("jct-p99", "p99 JCT", lambda n: n.jct_p99, lambda n: secs(n.jct_p99)),
+     lambda n: (f"{n.throughput:.3f} task/s", f"{n.tasks_finished} done")),
+    ("jct-mean", "mean JCT", lambda n: n.jct_mean, lambda n: (secs(n.jct_mean), "")),
+    ("jct-p99", "p99 JCT", lambda n: n.jct_p99, lambda n: (secs(n.jct_p99), "")),
     ("decision", "decision latency", lambda n: n.decision_ms,
-     lambda n: f"{ms(n.decision_ms)} · p99 {ms(n.decision_p99_ms)}"),
+     lambda n: (ms(n.decision_ms), f"p99 {ms(n.decision_p99_ms)}")),
 )
 
 
@@ -34,8 +35,12 @@ class Metric(Vertical):
         yield Static("—", classes="value")
         yield Sparkline([], classes="trend")
 
-    def set(self, text: str, trend: Sequence[float]) -> None:
-        self.query_one(".value", Static).update(text)
+    def set(self, shown: tuple[str, str], trend: Sequence[float]) -> None:
+        """The value on its line, the note on the bottom border (a narrow box
+        keeps the value whole)."""
+        value, note = shown
+        self.query_one(".value", Static).update(value)
+        self.border_subtitle = note
         self.query_one(Sparkline).data = list(trend)
 
 
