@@ -290,3 +290,24 @@ def test_cuts_an_ulp_past_a_decode_step_with_constant_step_times_change_nothing(
         for _ in range(3):
             cut = math.nextafter(cut, math.inf)
             assert _drive(prof, submits, [cut]) == whole, k
+
+
+def test_a_retry_with_no_step_to_run_decides_at_the_next_event_not_at_a_cut() -> None:
+    """A decision asking to decide again after the next step, when no step can
+    run (its prefix still loading), is answered at the next event; it was
+    answered wherever the caller stopped the engine, so a cut added a decision
+    (found by the random-cut property test)."""
+    prof = get_profile("small").with_overrides(swap_bytes_per_s=1e7, host_cache=True)
+    submits = [(0.0, _req(1, "a", 0.0, 100, 50, 500))]
+
+    def script(backend: SimBackend, view) -> Decision:
+        if not view.waiting:
+            return Decision(backend.t, "script")
+        if "a" not in view.gpu_prefixes():
+            return Decision(backend.t, "script", load=("a",), retry=True)
+        return Decision(backend.t, "script", admit=(1,))
+
+    whole = _drive(prof, submits, [], script)
+    load_end = prof.t_swap(500)
+    assert [d[0] for d in whole[1]][:2] == [0.0, load_end]  # decided again at the load end
+    assert _drive(prof, submits, [load_end / 2], script) == whole

@@ -146,6 +146,7 @@ class SimBackend(EventBuffer):
         self._events: list[EngineEvent] = []
         self._need_schedule = False
         self._retry = False
+        self._retry_on_event = False  # a retry that found no step: decide at the next event
         self._prefix_view: dict[str, PrefixState] | None = None
         self._costs = profile.cost_hints()
         self._anchor: _RunAnchor | None = None
@@ -158,6 +159,8 @@ class SimBackend(EventBuffer):
 
     def submit(self, request: Request) -> None:
         self._anchor = None
+        self._need_schedule |= self._retry_on_event
+        self._retry_on_event = False
         self._ensure_prefix(request.agent, request.prefix_tokens)
         if request.ready_at > self._t:
             self._push(request.ready_at, _READY, request)
@@ -204,6 +207,7 @@ class SimBackend(EventBuffer):
 
     def apply(self, decision: Decision) -> None:
         self._anchor = None
+        self._retry_on_event = False  # this decision supersedes the pending retry
         self._validate(decision)
         t = self._t
         for rid in decision.preempt:
@@ -355,6 +359,8 @@ class SimBackend(EventBuffer):
 
     def _fire_timed(self) -> None:
         while self._timed and self._timed[0][0] <= self._t:
+            self._need_schedule |= self._retry_on_event
+            self._retry_on_event = False
             self._anchor = None  # an uncut run ends at every timed event, even a silent one
             t_ev, _, kind, payload = heapq.heappop(self._timed)
             if kind == _READY:
@@ -375,14 +381,18 @@ class SimBackend(EventBuffer):
         """Run one step or a closed-form run of decode steps; False when idle."""
         if self._retry:
             self._retry = False
-            self._need_schedule = bool(self._waiting)
             if self._prefill_runnable():
+                self._need_schedule = bool(self._waiting)
                 self._prefill_step()
                 return True
             decoding = self._decoding()
             if decoding:
+                self._need_schedule = bool(self._waiting)
                 self._decode_run(decoding, stop, max_steps=1)
                 return True
+            # no step to run: decide again when something happens (a timed event or
+            # a submit), not wherever the caller happens to stop the engine
+            self._retry_on_event = bool(self._waiting)
         if self._prefill_runnable():
             self._prefill_step()
             return True
@@ -394,6 +404,8 @@ class SimBackend(EventBuffer):
         nxt = _next_timed(self._timed)
         target = min(nxt, stop)
         if math.isinf(target):
+            self._need_schedule |= self._retry_on_event  # nothing will happen: now
+            self._retry_on_event = False
             return False
         self._t = max(self._t, target)
         return True
