@@ -56,6 +56,19 @@ async def open_params_form(pilot: Any, app: ConsoleApp) -> ParamsScreen:
     return screen
 
 
+def recorded_notes(app: ConsoleApp) -> list[tuple[str, str]]:
+    """Every notification the app shows from now on, as (severity, message)."""
+    notes: list[tuple[str, str]] = []
+    plain_notify = app.notify
+
+    def notify(message: str, *args: Any, severity: str = "information", **kw: Any) -> None:
+        notes.append((severity, message))
+        plain_notify(message, *args, severity=severity, **kw)  # type: ignore[arg-type]
+
+    app.notify = notify  # type: ignore[method-assign]
+    return notes
+
+
 def run(app: ConsoleApp, scenario: Callable[[Any], Any]) -> None:
     async def main() -> None:
         async with app.run_test(size=SIZE) as pilot:
@@ -249,14 +262,7 @@ def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
     answer, and a baseline's parameter rows cannot be edited (nothing of them
     would be sent)."""
     app = live_app(daemon)
-    notes: list[tuple[str, str]] = []
-    plain_notify = app.notify
-
-    def notify(message: str, *args: Any, severity: str = "information", **kw: Any) -> None:
-        notes.append((severity, message))
-        plain_notify(message, *args, severity=severity, **kw)  # type: ignore[arg-type]
-
-    app.notify = notify  # type: ignore[method-assign]
+    notes = recorded_notes(app)
 
     async def scenario(pilot: Any) -> None:
         screen = await open_params_form(pilot, app)
@@ -296,14 +302,7 @@ def test_leaving_the_form_with_unsent_edits_says_so(daemon: Daemon) -> None:
     """Escape used to drop edits without a word; a form that could not load
     from the daemon used to ignore ctrl+s."""
     app = live_app(daemon)
-    notes: list[tuple[str, str]] = []
-    plain_notify = app.notify
-
-    def notify(message: str, *args: Any, severity: str = "information", **kw: Any) -> None:
-        notes.append((severity, message))
-        plain_notify(message, *args, severity=severity, **kw)  # type: ignore[arg-type]
-
-    app.notify = notify  # type: ignore[method-assign]
+    notes = recorded_notes(app)
 
     async def scenario(pilot: Any) -> None:
         screen = await open_params_form(pilot, app)

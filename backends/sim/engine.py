@@ -159,8 +159,7 @@ class SimBackend(EventBuffer):
 
     def submit(self, request: Request) -> None:
         self._anchor = None
-        self._need_schedule |= self._retry_on_event
-        self._retry_on_event = False
+        self._answer_retry()
         self._ensure_prefix(request.agent, request.prefix_tokens)
         if request.ready_at > self._t:
             self._push(request.ready_at, _READY, request)
@@ -224,6 +223,11 @@ class SimBackend(EventBuffer):
         self._retry = decision.retry
         for agent in {self._running[r].req.agent for r in decision.admit}:
             self._prefixes[agent].last_used = t
+
+    def _answer_retry(self) -> None:
+        """Something happened (or nothing will): decide again on a pending retry."""
+        self._need_schedule |= self._retry_on_event
+        self._retry_on_event = False
 
     def _emit(self, t: float, kind: EventKind, req: Request | None = None, *,
               agent: str | None = None, tokens: int = 0, value: float = 0.0,
@@ -359,8 +363,7 @@ class SimBackend(EventBuffer):
 
     def _fire_timed(self) -> None:
         while self._timed and self._timed[0][0] <= self._t:
-            self._need_schedule |= self._retry_on_event
-            self._retry_on_event = False
+            self._answer_retry()
             self._anchor = None  # an uncut run ends at every timed event, even a silent one
             t_ev, _, kind, payload = heapq.heappop(self._timed)
             if kind == _READY:
@@ -404,8 +407,7 @@ class SimBackend(EventBuffer):
         nxt = _next_timed(self._timed)
         target = min(nxt, stop)
         if math.isinf(target):
-            self._need_schedule |= self._retry_on_event  # nothing will happen: now
-            self._retry_on_event = False
+            self._answer_retry()  # nothing will happen: now
             return False
         self._t = max(self._t, target)
         return True
@@ -508,7 +510,8 @@ class SimBackend(EventBuffer):
         run = self._continued(decoding)
         n = min(lv.req.output_tokens - lv.generated for lv in decoding)
         n = min(n, free // batch)
-        nxt = min(_next_timed(self._timed), stop)
+        timed = _next_timed(self._timed)
+        nxt = min(timed, stop)
         if not math.isinf(nxt):
             n = min(n, _steps_to_reach(nxt - run.t0, run.first, b * batch) - run.steps)
         if not self.closed_form or max_steps == 1:
@@ -516,7 +519,7 @@ class SimBackend(EventBuffer):
         n = max(1, n)
         # only a cut by `stop` alone is continued (the daemon's slices); a replay's
         # cuts are followed by an arrival, timed events fire: both start afresh
-        cut_by_stop = max_steps != 1 and self.closed_form and stop < _next_timed(self._timed)
+        cut_by_stop = max_steps != 1 and self.closed_form and stop < timed
         steps = run.steps + n
         dt = steps * run.first + b * batch * steps * (steps - 1) / 2.0
         self._t = run.t0 + dt

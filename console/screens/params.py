@@ -144,6 +144,12 @@ class ParamsScreen(Screen[None]):
                 values[f.name] = widget.value
         return (str(policy) if isinstance(policy, str) else "", values)
 
+    def _validated(self, info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        """(changes, errors) of the form against the daemon's `info`."""
+        policy, values = self.form_values()
+        return validate(policy, values, info["policy"], info["params"], _ranges(info),
+                        info["policies"])
+
     @on(Input.Changed, ".param-input")
     def _check(self, event: Input.Changed) -> None:
         if self.info is None or event.input.id is None:
@@ -201,9 +207,7 @@ class ParamsScreen(Screen[None]):
             self.answer(Text("not sent: the parameters were not loaded from the daemon; "
                              "ctrl+r to retry", style="bold red"), "warning")
             return
-        policy, values = self.form_values()
-        changes, errors = validate(policy, values, self.info["policy"], self.info["params"],
-                                   _ranges(self.info), self.info["policies"])
+        changes, errors = self._validated(self.info)
         for f in FIELDS:
             self._mark(f.name, errors.get(f.name, "").partition(": ")[2] or None)
         if errors:
@@ -242,10 +246,7 @@ class ParamsScreen(Screen[None]):
 
     def action_close(self) -> None:
         if not self.read_only and self.info is not None:
-            policy, values = self.form_values()
-            changes, errors = validate(policy, values, self.info["policy"],
-                                       self.info["params"], _ranges(self.info),
-                                       self.info["policies"])
+            changes, errors = self._validated(self.info)
             edited = sorted({*changes, *errors})
             if edited:
                 self.console.notify("left without applying: "
