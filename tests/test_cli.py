@@ -10,7 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -326,17 +330,18 @@ def test_doc_example_replays(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------
 
 
-def test_status_reports_a_daemon_that_answers_with_an_error(tmp_path: Path) -> None:
-    """A daemon that answers GET /v1/state with an error is reported as such
-    (one line, its message), not as an idle daemon."""
+@contextmanager
+def _stand_in_daemon(tmp_path: Path, code: int, state: dict[str, Any],
+                     info: dict[str, Any] | None = None) -> Iterator[Path]:
+    """A runtime file naming a live process and an HTTP server that answers
+    GET /v1/state with `code` and `state`: what `status` reads."""
     import http.server
     import threading
 
-    class Failing(http.server.BaseHTTPRequestHandler):
+    class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            body = json.dumps({"error": {"message": "internal error (Boom)", "type": "x",
-                                         "code": 500}}).encode()
-            self.send_response(500)
+            body = json.dumps(state).encode()
+            self.send_response(code)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -345,20 +350,49 @@ def test_status_reports_a_daemon_that_answers_with_an_error(tmp_path: Path) -> N
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.HTTPServer(("127.0.0.1", 0), Failing)
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     stand_in = _sleeper("topasd-stand-in")  # a live process that names topasd
+    cmdline = Path(f"/proc/{stand_in.pid}/cmdline")
+    for _ in range(500):  # until it has exec'd (before, it shows pytest's command line)
+        if not cmdline.exists() or b"topasd-stand-in" in cmdline.read_bytes():
+            break
+        time.sleep(0.01)
     try:
         runtime = tmp_path / "rt.json"
         runtime.write_text(json.dumps({"pid": stand_in.pid, "url": (
-            f"http://127.0.0.1:{server.server_address[1]}")}))
-        res = invoke("status", "--runtime-file", str(runtime))
-        line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
-        assert "with 500: internal error (Boom)" in line
+            f"http://127.0.0.1:{server.server_address[1]}"), **(info or {})}))
+        yield runtime
     finally:
         server.shutdown()
         stand_in.kill()
         stand_in.wait()
+
+
+def test_status_reports_a_daemon_that_answers_with_an_error(tmp_path: Path) -> None:
+    """A daemon that answers GET /v1/state with an error is reported as such
+    (one line, its message), not as an idle daemon."""
+    error = {"error": {"message": "internal error (Boom)", "type": "x", "code": 500}}
+    with _stand_in_daemon(tmp_path, 500, error) as runtime:
+        res = invoke("status", "--runtime-file", str(runtime))
+        line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
+        assert "with 500: internal error (Boom)" in line
+
+
+def test_status_names_the_search_and_paces_only_the_simulator(tmp_path: Path) -> None:
+    """The speed paces the simulator alone: a vLLM daemon's status names its
+    backend instead; both say which TOPAS search runs."""
+    state = {"policy": "topas", "t": 12.5, "speed": 1.0, "counts": {"decisions": 3}}
+    search = "compiled (mypyc 2.4.1)"
+    for backend, shown, hidden in (("sim", ", speed 1.0", "backend"),
+                                   ("vllm", ", vllm backend", "speed")):
+        with _stand_in_daemon(tmp_path, 200, state, {"backend": backend,
+                                                     "search": search}) as runtime:
+            res = invoke("status", "--runtime-file", str(runtime))
+        assert res.exit_code == 0, res.output
+        assert f"policy topas, engine t=12.5s{shown}\n" in res.stdout
+        assert hidden not in res.stdout.splitlines()[1]
+        assert f"TOPAS search: {search}" in res.stdout
 
 
 def _sleeper(*args: str) -> subprocess.Popen[bytes]:

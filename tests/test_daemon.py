@@ -735,6 +735,8 @@ def test_detach_status_and_stop(tmp_path: Path) -> None:
         st = subprocess.run([*base, "status", "--runtime-file", str(runtime)], env=env,
                             capture_output=True, text=True, timeout=60)
         assert st.returncode == 0 and f"running: {info['url']} (pid {info['pid']})" in st.stdout
+        assert "speed max" in st.stdout and "TOPAS search: pure Python: TOPASD_NATIVE=0" in \
+            st.stdout  # tests/conftest.py runs the suite on the pure search
         again = subprocess.run([*base, "start", "--port", "0", "--runtime-file", str(runtime),
                                 "--db", str(tmp_path / "e.db")], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=60)

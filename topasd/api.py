@@ -54,8 +54,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from topasd.config import PARAM_ALIASES, Settings, canonical_param, read_runtime
 from topasd.model import EventKind, TopasError
-from topasd.scheduler import ALL_POLICY_NAMES
-from topasd.scheduler.topas import PARAM_RANGES, TopasParams
+from topasd.scheduler import ALL_POLICY_NAMES, native
+from topasd.scheduler.params import PARAM_RANGES, TopasParams
 from topasd.service import (
     CallResult,
     CallSpec,
@@ -1105,11 +1105,13 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
         info = {"pid": os.getpid(), "url": url, "host": settings.host, "port": port,
                 "db": str(Path(settings.db).resolve()), "run_id": service.run_id,
                 "started_ts": time.time(), "version": _version(),
-                "auth": not (settings.loopback and not settings.token)}
+                "auth": not (settings.loopback and not settings.token),
+                "backend": settings.backend, "search": native.status().reason}
         _write_runtime(runtime, info)
         log.info("topasd %s listening on %s (policy %s, %s backend, profile %s, speed %s, "
-                 "db %s run %s)", info["version"], url, settings.policy, settings.backend,
-                 settings.profile, settings.speed, settings.db, service.run_id)
+                 "db %s run %s; TOPAS search: %s)", info["version"], url, settings.policy,
+                 settings.backend, settings.profile, settings.speed, settings.db,
+                 service.run_id, native.status().reason)
         if on_ready is not None:
             on_ready(info)
         while not stop.wait(0.2):

@@ -50,7 +50,7 @@ def build_policy(name: str, params: Mapping[str, Any]) -> Any:
     """A fresh policy `name` with `params` (paper aliases accepted); TopasError if a
     parameter is unknown, out of range, or given to a baseline (which has none)."""
     from topasd.scheduler import make_policy
-    from topasd.scheduler.topas import VARIANTS, TopasParams, check_variant
+    from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 
     params = {canonical_param(k): v for k, v in params.items()}
     if name in VARIANTS and params:

@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from topasd.model import TopasError
-from topasd.scheduler.base import Policy
-from topasd.scheduler.baselines import BASELINES, OrderPolicy
-from topasd.scheduler.topas import VARIANTS, TopasParams, TopasPolicy
+from topasd.scheduler import native
+
+native.load()  # the compiled search, if built for exactly these sources (native.py)
+
+from topasd.scheduler.base import Policy  # noqa: E402
+from topasd.scheduler.baselines import BASELINES, OrderPolicy  # noqa: E402
+from topasd.scheduler.params import VARIANTS, TopasParams  # noqa: E402
+from topasd.scheduler.topas import TopasPolicy  # noqa: E402
 
 POLICY_NAMES: tuple[str, ...] = (*BASELINES, "topas")
 ALL_POLICY_NAMES: tuple[str, ...] = (*BASELINES, *VARIANTS)

@@ -59,7 +59,6 @@ class SearchBounds:
     _touched_memo: dict[tuple[int, int], tuple[float, float]]
     _quick_parts: list[tuple[int, int]]
     item_tasks: list[int]
-    partial_cap: Callable[[int], float]
     _quick_scales: tuple[float, float]
     _plan: list[tuple[int, list[Request], frozenset[str],
                       tuple[str, float, float, bool] | None]] | None
@@ -79,14 +78,30 @@ class SearchBounds:
     _cover_cuts: dict[tuple[int, frozenset[str]], Cut]
     _item_arrays: ItemArrays | None
 
-    # provided by `_Search`
-    _items: Callable[[], list[tuple[float, float, frozenset[str]]]]
-    base_gain: Callable[[Request], float]
-    _joint_gain: Callable[[int, list[Request]], float]
-    _joint_cut: Callable[[list[Request]], Cut]
-    _task_table: Callable[[int], list[tuple[str, int, float, float, bool]]]
-    _t_move: Callable[[frozenset[str]], float]
-    v_reuse: Callable[[frozenset[str]], float]
+    # provided by `_Search` (methods, not attributes: mypyc compiles both classes)
+    def _items(self) -> list[tuple[float, float, frozenset[str]]]:
+        raise NotImplementedError
+
+    def base_gain(self, r: Request) -> float:
+        raise NotImplementedError
+
+    def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
+        raise NotImplementedError
+
+    def _joint_cut(self, reqs: list[Request]) -> Cut:
+        raise NotImplementedError
+
+    def _task_table(self, task_id: int) -> list[tuple[str, int, float, float, bool]]:
+        raise NotImplementedError
+
+    def _t_move(self, resident: frozenset[str]) -> float:
+        raise NotImplementedError
+
+    def v_reuse(self, resident: frozenset[str]) -> float:
+        raise NotImplementedError
+
+    def partial_cap(self, task_id: int) -> float:
+        raise NotImplementedError
 
     def bound(self, resident: frozenset[str]) -> float:
         """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
@@ -181,8 +196,8 @@ class SearchBounds:
                 for i, (_, _, ags) in enumerate(self._items()) if len(ags) > 1]
             terms = [self._quick[a] for a in sorted(self._quick)]  # a fixed order
             finite = [t[1] for t in terms if t[1] < math.inf]
-            self._quick_scales = (self.budget + sum(t[0] for t in terms) + sum(finite),
-                                  1.0 + self.lost_all + sum(t[3] for t in terms))
+            self._quick_scales = (self.budget + sum((t[0] for t in terms), 0.0) + sum(finite, 0.0),
+                                  1.0 + self.lost_all + sum((t[3] for t in terms), 0.0))
         return self._quick
 
     def _touched(self, mask: int, partial: int) -> tuple[float, float]:
@@ -195,7 +210,7 @@ class SearchBounds:
             chosen = [(min(v, self.partial_cap(tasks[i])) if partial >> i & 1 else v, w)
                       for i, (v, w, _) in enumerate(items) if mask >> i & 1]
             hit = self._touched_memo[(mask, partial)] = (
-                sum(v for v, _ in chosen),
+                sum((v for v, _ in chosen), 0.0),
                 max((v / w if w > 0 else math.inf for v, w in chosen), default=0.0))
         return hit
 
@@ -397,13 +412,13 @@ class SearchBounds:
             return np.array([f(a) for a in rest], dtype=float)
 
         ordered = sorted(base)  # sums in a fixed order: the same floats in every process
-        room = self.budget - sum(self.hold[a] for a in ordered) - per_set(
+        room = self.budget - sum((self.hold[a] for a in ordered), 0.0) - per_set(
             per_agent(lambda a: self.hold[a]))
-        need = sum(self.min_d.get(a, math.inf) for a in ordered
-                   if a not in self.running_agents) + per_set(
+        need = sum((self.min_d.get(a, math.inf) for a in ordered
+                    if a not in self.running_agents), 0.0) + per_set(
             per_agent(lambda a: 0.0 if a in self.running_agents else self.min_d.get(a, math.inf)))
-        fixed = sum(self.reuse_value.get(a, 0.0) for a in ordered) - sum(
-            self.lost_by_agent[a] for a in sorted(self.running_agents - base)
+        fixed = sum((self.reuse_value.get(a, 0.0) for a in ordered), 0.0) - sum(
+            (self.lost_by_agent[a] for a in sorted(self.running_agents - base)), 0.0
         ) + per_set(per_agent(
             lambda a: self.reuse_value.get(a, 0.0) + self.lost_by_agent.get(a, 0.0)))
         t_move = self._t_move(base) + per_set(per_agent(
@@ -431,7 +446,8 @@ class SearchBounds:
         covered = arrays.member[:, base_cols].any(axis=1)
         member = np.zeros((len(values), len(rest)))
         has = [j for j, a in enumerate(rest) if a in arrays.col]
-        member[:, has] = arrays.member[:, [arrays.col[rest[j]] for j in has]] & ~covered[:, None]
+        member[:, has] = arrays.member[:, [arrays.col[rest[j]] for j in has]] & ~np.asarray(
+            covered)[:, None]
         return gain[covered].sum(axis=0), member.T @ gain, arrays.lam
 
 

@@ -16,7 +16,7 @@ rows for every candidate of a decision), so decisions are reproducible.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -205,9 +205,9 @@ class TaskPaths:
             wf = self.workflows[task.workflow]
             if wf.is_chain:  # LP is a sum: E[LP] = sum of E[Z_v], exactly
                 res = self._residuals(task, wf, running)
-                base = sum(r.mean for r in res)
-                values = [base + sum(res[row].cut_mean(d) - res[row].mean
-                                     for row, d in cuts[i]) for i in todo]
+                base = sum((r.mean for r in res), 0.0)
+                values = [base + sum((res[row].cut_mean(d) - res[row].mean
+                                      for row, d in cuts[i]), 0.0) for i in todo]
                 for i, v in zip(todo, values, strict=True):
                     self._lhat[(task.id, cuts[i])] = v
             else:
@@ -216,7 +216,7 @@ class TaskPaths:
                 out[i] = self._lhat[(task.id, cuts[i])]
         return out  # type: ignore[return-value]
 
-    def lhat_batch(self, jobs: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
+    def lhat_batch(self, jobs: Sequence[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
         """Eq. 5 for many tasks' cuts at once, into the cache `lhat` reads:
         one vectorized longest-path pass per DAG workflow (chains are sums)."""
         by_wf: dict[str, list[tuple[TaskView, Mapping[str, Request], list[Cut]]]] = {}

@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,102 +36,13 @@ from topasd.model import (
     StageProgress,
     StageStatus,
     TaskView,
-    TopasError,
     Workflow,
-    replace_known,
 )
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
+from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 
-
-@dataclass(frozen=True, slots=True)
-class TopasParams:
-    """TOPAS parameters; every one may change between decisions."""
-
-    beta: float = 20.0  # V_reuse pressure (Eq. 11)
-    rho: float = 1.0  # aging strength (Eq. 12)
-    h_age: float | None = None  # age scale H_age in s; None: observed (see `age_scale`)
-    m: int = 6  # enumerate every prefix set when |A_t| <= M
-    k: int = 0  # cap on admissions and on preemptions per decision; 0: no cap
-    b_swap: float | None = None  # host link B_swap in bytes/s; None: the backend's
-    mu: float | None = None  # KV bytes per prefix token; None: the backend's
-    samples: int = 64  # E[LP] samples on non-chain DAGs (common random numbers)
-    seed: int = 0  # seed of the sample quantiles
-    reuse: bool = True  # V_reuse term (off in topas-base / topas-noreuse)
-    aging: bool = True  # task aging (off in topas-base / topas-noaging)
-    # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
-    preempt: bool = True  # False: every candidate keeps every running request
-    hol_age: float | None = None  # reserve KV for the oldest waiting request once its
-    # task has waited this long (s), as EASY backfilling does; None: off
-    # d_r's decode reservation (Eq. 2): "optimistic" uses the engine's estimate
-    # (SGLang's new_token_ratio, the paper's implementation base; the engine may
-    # retract), "full" reserves every remaining output token (never retracted).
-    reservation: str = "optimistic"
-    # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
-    # token) or "arrival" (task arrival first, ratio among a task's requests)
-    pack_order: str = "ratio"
-
-    def __post_init__(self) -> None:
-        for name, (lo, hi) in PARAM_RANGES.items():
-            value = getattr(self, name)
-            if value is None and name in ("h_age", "b_swap", "mu", "hol_age"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
-                                 f"use a number in [{lo}, {hi}]")
-            if not lo <= value <= hi:
-                raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
-                                 f"use a number in [{lo}, {hi}]")
-        for name in ("reuse", "aging", "preempt"):
-            if not isinstance(getattr(self, name), bool):
-                raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
-                                 "true or false")
-        if self.reservation not in ("full", "optimistic"):
-            raise TopasError("TOPAS parameter reservation must be 'full' or 'optimistic'")
-        if self.pack_order not in ("ratio", "arrival"):
-            raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
-        for name in ("m", "k", "samples", "seed"):
-            value = getattr(self, name)
-            if not float(value).is_integer():
-                raise TopasError(f"TOPAS parameter {name} must be an integer")
-            object.__setattr__(self, name, int(value))  # 2.0 (JSON, --param) -> 2
-
-    def changed(self, **changes: Any) -> TopasParams:
-        """A validated copy with `changes` applied (unknown names are errors)."""
-        return replace_known(self, "TOPAS parameter(s)", **changes)
-
-
-PARAM_RANGES: dict[str, tuple[float, float]] = {
-    "beta": (0.0, 1000.0),
-    "rho": (0.0, 1000.0),
-    "h_age": (1e-3, 1e7),
-    "hol_age": (0.0, 1e7),
-    "m": (0, 16),
-    "k": (0, 100_000),
-    "b_swap": (1e3, 1e13),
-    "mu": (1.0, 1e9),
-    "samples": (1, 4096),
-    "seed": (0, 2**31 - 1),
-}
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
-VARIANTS: dict[str, dict[str, bool]] = {
-    "topas": {},
-    "topas-base": {"reuse": False, "aging": False},
-    "topas-noreuse": {"reuse": False},
-    "topas-noaging": {"aging": False},
-}
-
-
-def check_variant(name: str, params: Mapping[str, Any]) -> None:
-    """TopasError if `params` undo what defines the ablation variant `name`
-    (topas-base with reuse=true would run as another variant under its name)."""
-    fixed = VARIANTS.get(name, {})
-    undone = sorted(k for k, v in fixed.items() if k in params and params[k] != v)
-    if undone:
-        raise TopasError(f"{name} runs with {', '.join(f'{k}={fixed[k]}' for k in undone)}; "
-                         f"{', '.join(f'{k}={params[k]}' for k in undone)} would make it "
-                         "another variant: choose that policy (topas, topas-base, "
-                         "topas-noreuse, topas-noaging) instead")
 
 
 class TopasPolicy:
@@ -139,7 +50,7 @@ class TopasPolicy:
 
     def __init__(self, params: TopasParams | None = None, name: str = "topas") -> None:
         self.name = name
-        self.params = params or TopasParams(**VARIANTS.get(name, {}))
+        self.params = params or TopasParams(**VARIANTS.get(name, {}))  # type: ignore[arg-type]
         self.model = ServiceModel()
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
@@ -351,6 +262,17 @@ class CandidateLog(Sequence[Candidate]):
     def __repr__(self) -> str:
         return f"CandidateLog({len(self)} states)"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its `Candidate` rows (a compiled search's states do not pickle)."""
+        return (_built_log, (self._all(),))
+
+
+def _built_log(built: tuple[Candidate, ...]) -> CandidateLog:
+    """A `CandidateLog` of rows already built (unpickling)."""
+    log = CandidateLog([])
+    log._states, log._built = None, built
+    return log
+
 
 # --------------------------------------------------------------------------
 # One decision: hierarchical state search (Algorithm 1)
@@ -363,7 +285,7 @@ class _Search(SearchBounds):
     def __init__(self, policy: TopasPolicy, view: EngineView) -> None:
         p = policy.params
         self.policy, self.view, self.params = policy, view, p
-        self.budget = view.budget_tokens
+        self.budget = float(view.budget_tokens)
         mu = p.mu if p.mu is not None else view.costs.kv_bytes_per_token
         b_swap = p.b_swap if p.b_swap is not None else view.costs.swap_bytes_per_s
         self.sec_per_token = mu / b_swap
@@ -455,7 +377,7 @@ class _Search(SearchBounds):
         self.running_agents = frozenset(self.run_ids)
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
-        self.lost_all = sum(self.lost_by_agent.values())  # J_redo + J_revoke if all leave
+        self.lost_all = sum(self.lost_by_agent.values(), 0.0)  # J_redo + J_revoke if all leave
         self.agent_terms = {a: (self.hold[a], self.lost_by_agent.get(a),
                                 self.min_d.get(a, math.inf)) for a in self.ell}
         self.move_out = {a: self.sec_per_token * self.ell[a] for a in self.gpu}
@@ -555,7 +477,8 @@ class _Search(SearchBounds):
         Sets are visited by `coarse` (cheaper upper bounds on `bound`, large
         pools) or by `quick` (small pools, `_visit_order`) and priced by
         `refined` only when that leaves them a chance."""
-        best, best_i, best_phi = None, -1, floor
+        best: frozenset[str] | None = None
+        best_i, best_phi = -1, floor
 
         def hopeless(ub: float) -> bool:
             """Neither a better next R_g (beats `floor`) nor a state that could
@@ -713,7 +636,7 @@ class _Search(SearchBounds):
             if a not in self.min_d:
                 return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
-        used = sum(self.hold[a] for a in sorted(resident))
+        used = sum((self.hold[a] for a in sorted(resident)), 0.0)
         if used + reserved > self.budget:
             return []
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
@@ -822,14 +745,15 @@ class _Search(SearchBounds):
         """The per-R terms: T_move (Eq. 8), J_redo (9), J_revoke (10), V_reuse (11)."""
         out_running = self.running_agents - resident
         t_move = self._t_move(resident)
-        j_redo = sum(self.run_redo[a] for a in sorted(out_running))
-        j_revoke = sum(self.run_revoke[a] for a in sorted(out_running))
+        j_redo = sum((self.run_redo[a] for a in sorted(out_running)), 0.0)
+        j_revoke = sum((self.run_revoke[a] for a in sorted(out_running)), 0.0)
         return _Pack(resident, preempt, t_move, j_redo, j_revoke, self.v_reuse(resident), [], [])
 
     def v_reuse(self, resident: frozenset[str]) -> float:
         """V_reuse(R') (Eq. 11): a downstream stage counts when its agent and
         its running predecessor's agent both stay in R' (`reuse_pairs`)."""
-        return sum(v for (u, a), v in self.reuse_pairs.items() if a in resident and u in resident)
+        return sum((v for (u, a), v in self.reuse_pairs.items() if a in resident and u in resident),
+                   0.0)
 
     def _t_move(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t): the serialized prefix transfers to reach R (Eq. 8),
@@ -980,7 +904,7 @@ class _Filler:
         self.tasks_in: set[int] = set()
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
         hol = search.hol  # the head-of-line request keeps its room until admitted
-        self.hol_pending = hol is not None and hol.agent in pack.resident
+        self.hol_pending: bool = hol is not None and hol.agent in pack.resident
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's

@@ -1,0 +1,186 @@
+"""TOPAS's search compiled with mypyc (optional): build, find and load it.
+
+The scheduler is pure Python. `topasd native build` compiles its three hot
+modules (`residual`, `bounds`, `topas`) with mypyc into a per-user cache,
+under a key made of those modules' and `topasd/model.py`'s source and the
+interpreter. When `topasd.scheduler` is imported, it loads the build for
+exactly the installed sources if there is one. An edited source therefore
+falls back to pure Python; it never runs a stale build. The compiled search
+makes the same decisions as the pure one, float for float
+(tests/test_native.py). It only makes them faster (docs/RESULTS.md,
+"TOPAS decision latency").
+
+`TOPASD_NATIVE=0` forces pure Python. `TOPASD_NATIVE_CACHE` moves the cache,
+which is `$XDG_CACHE_HOME/topasd/native` (`~/.cache/topasd/native`) by
+default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from topasd.model import TopasError
+
+MODULES = ("residual", "bounds", "topas")  # each after the modules it imports
+PACKAGE = "topasd.scheduler"
+KEYED = ("../model.py", "params.py", *(f"{m}.py" for m in MODULES))  # what they depend on
+MANIFEST = "manifest.json"
+INSTALL_HINT = "pip install 'topasd[native]'"
+
+
+class NativeError(TopasError):
+    """The compiled scheduler cannot be built."""
+
+
+@dataclass(frozen=True)
+class NativeStatus:
+    """Whether this process runs the compiled search, and why (not)."""
+
+    active: bool
+    reason: str
+    build_dir: Path
+
+
+def cache_root() -> Path:
+    """Where builds live: `TOPASD_NATIVE_CACHE`, else the user's cache dir."""
+    given = os.environ.get("TOPASD_NATIVE_CACHE")
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "topasd" / "native"
+
+
+def build_key(source_dir: Path | None = None) -> str:
+    """The sources the compiled modules depend on, and the interpreter's ABI."""
+    src = source_dir or Path(__file__).parent
+    h = hashlib.sha256()
+    for name in KEYED:
+        h.update(name.encode() + b"\0" + (src / name).read_bytes() + b"\0")
+    h.update(sys.version.encode() + str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
+    return h.hexdigest()[:24]
+
+
+def build_dir() -> Path:
+    return cache_root() / build_key()
+
+
+def _enabled() -> bool:
+    return os.environ.get("TOPASD_NATIVE", "1").strip().lower() not in ("0", "no", "false", "off")
+
+
+_STATUS: NativeStatus | None = None
+
+
+def status() -> NativeStatus:
+    """This process's choice (made once, when `topasd.scheduler` was imported)."""
+    return _STATUS or NativeStatus(False, "not loaded yet", build_dir())
+
+
+def load() -> NativeStatus:
+    """Put the compiled modules into `sys.modules` if a build for exactly
+    these sources exists (called by `topasd.scheduler` before it imports them)."""
+    global _STATUS
+    if _STATUS is not None:
+        return _STATUS
+    where = build_dir()
+    if not _enabled():
+        _STATUS = NativeStatus(False, "pure Python: TOPASD_NATIVE=0", where)
+    elif not (where / MANIFEST).is_file():
+        _STATUS = NativeStatus(False, "pure Python: no compiled build for these sources "
+                               "(topasd native build)", where)
+    else:
+        _STATUS = _load_from(where)
+    return _STATUS
+
+
+def _load_from(where: Path) -> NativeStatus:
+    added: list[str] = []
+    try:
+        manifest = json.loads((where / MANIFEST).read_text())
+        for name, file in [*manifest["shared"].items(),
+                           *((f"{PACKAGE}.{m}", manifest["modules"][m]) for m in MODULES)]:
+            if name in sys.modules:
+                raise ImportError(f"{name} was imported before the compiled build could load")
+            loader = importlib.machinery.ExtensionFileLoader(name, str(where / file))
+            spec = importlib.util.spec_from_file_location(name, where / file, loader=loader)
+            assert spec is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            added.append(name)
+            loader.exec_module(module)
+    except (OSError, ImportError, KeyError, ValueError, AssertionError) as exc:
+        for name in added:  # leave nothing half-loaded: the pure modules import cleanly
+            sys.modules.pop(name, None)
+        return NativeStatus(False, f"pure Python: the compiled build at {where} did not "
+                            f"load ({exc}); rebuild it with `topasd native build`", where)
+    return NativeStatus(True, f"compiled (mypyc {manifest.get('mypyc', '?')})", where)
+
+
+def build(log: bool = False) -> Path:
+    """Compile the modules with mypyc into `build_dir()` and return it (about
+    half a minute; needs mypy and a C compiler)."""
+    try:
+        import mypy.version
+    except ImportError as exc:
+        raise NativeError(f"building the compiled scheduler needs mypy: {INSTALL_HINT}") from exc
+    src = Path(__file__).parent
+    target = build_dir()
+    try:  # before half a minute of compiling
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NativeError(f"cannot create the build cache {target.parent} ({exc}); point "
+                          "TOPASD_NATIVE_CACHE at a writable directory") from None
+    with tempfile.TemporaryDirectory(prefix="topasd-native-") as tmp:
+        work = Path(tmp) / "src"
+        shutil.copytree(src.parent, work / "topasd",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
+        cmd = [sys.executable, "-m", "mypyc", *(f"topasd/scheduler/{m}.py" for m in MODULES)]
+        done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+        if log or done.returncode:
+            sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+        if done.returncode:
+            raise NativeError(f"mypyc failed (exit {done.returncode}; its output is above). "
+                              "It needs a C compiler (gcc or clang) and Python's headers.")
+        try:
+            _install(work, target, mypy.version.__version__)
+        except OSError as exc:
+            raise NativeError(f"cannot write the build to {target.parent} ({exc}); point "
+                              "TOPASD_NATIVE_CACHE at a writable directory") from None
+    return target
+
+
+def _install(work: Path, target: Path, mypyc_version: str) -> None:
+    """Move the compiled files into `target` whole: a reader never sees half
+    a build, and of two concurrent builds of the same sources one wins."""
+    suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
+    shared = {p.name[: -len(suffix)]: p.name for p in work.glob(f"*__mypyc{suffix}")}
+    modules = {m: f"{m}{suffix}" for m in MODULES}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
+    try:
+        for name in shared.values():
+            shutil.copy2(work / name, staged / name)
+        for name in modules.values():
+            shutil.copy2(work / "topasd" / "scheduler" / name, staged / name)
+        (staged / MANIFEST).write_text(json.dumps(
+            {"shared": shared, "modules": modules, "mypyc": mypyc_version,
+             "python": sys.version}, indent=2))
+        shutil.rmtree(target, ignore_errors=True)
+        try:
+            staged.rename(target)
+        except OSError:
+            if not (target / MANIFEST).is_file():  # not another build's: a real failure
+                raise
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)

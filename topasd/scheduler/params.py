@@ -1,0 +1,103 @@
+"""TOPAS's parameters (paper sections IV-B to IV-E, and the extensions of
+docs/topas.md): defaults, validated ranges and the ablation variants.
+
+Kept apart from the search (`topas.py`), which `topasd native build` may
+compile: parameters stay plain Python objects either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from topasd.model import TopasError, replace_known
+
+
+@dataclass(frozen=True, slots=True)
+class TopasParams:
+    """TOPAS parameters; every one may change between decisions."""
+
+    beta: float = 20.0  # V_reuse pressure (Eq. 11)
+    rho: float = 1.0  # aging strength (Eq. 12)
+    h_age: float | None = None  # age scale H_age in s; None: observed (see `age_scale`)
+    m: int = 6  # enumerate every prefix set when |A_t| <= M
+    k: int = 0  # cap on admissions and on preemptions per decision; 0: no cap
+    b_swap: float | None = None  # host link B_swap in bytes/s; None: the backend's
+    mu: float | None = None  # KV bytes per prefix token; None: the backend's
+    samples: int = 64  # E[LP] samples on non-chain DAGs (common random numbers)
+    seed: int = 0  # seed of the sample quantiles
+    reuse: bool = True  # V_reuse term (off in topas-base / topas-noreuse)
+    aging: bool = True  # task aging (off in topas-base / topas-noaging)
+    # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
+    preempt: bool = True  # False: every candidate keeps every running request
+    hol_age: float | None = None  # reserve KV for the oldest waiting request once its
+    # task has waited this long (s), as EASY backfilling does; None: off
+    # d_r's decode reservation (Eq. 2): "optimistic" uses the engine's estimate
+    # (SGLang's new_token_ratio, the paper's implementation base; the engine may
+    # retract), "full" reserves every remaining output token (never retracted).
+    reservation: str = "optimistic"
+    # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
+    # token) or "arrival" (task arrival first, ratio among a task's requests)
+    pack_order: str = "ratio"
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in PARAM_RANGES.items():
+            value = getattr(self, name)
+            if value is None and name in ("h_age", "b_swap", "mu", "hol_age"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
+                                 f"use a number in [{lo}, {hi}]")
+            if not lo <= value <= hi:
+                raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
+                                 f"use a number in [{lo}, {hi}]")
+        for name in ("reuse", "aging", "preempt"):
+            if not isinstance(getattr(self, name), bool):
+                raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
+                                 "true or false")
+        if self.reservation not in ("full", "optimistic"):
+            raise TopasError("TOPAS parameter reservation must be 'full' or 'optimistic'")
+        if self.pack_order not in ("ratio", "arrival"):
+            raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
+        for name in ("m", "k", "samples", "seed"):
+            value = getattr(self, name)
+            if not float(value).is_integer():
+                raise TopasError(f"TOPAS parameter {name} must be an integer")
+            object.__setattr__(self, name, int(value))  # 2.0 (JSON, --param) -> 2
+
+    def changed(self, **changes: Any) -> TopasParams:
+        """A validated copy with `changes` applied (unknown names are errors)."""
+        return replace_known(self, "TOPAS parameter(s)", **changes)
+
+
+PARAM_RANGES: dict[str, tuple[float, float]] = {
+    "beta": (0.0, 1000.0),
+    "rho": (0.0, 1000.0),
+    "h_age": (1e-3, 1e7),
+    "hol_age": (0.0, 1e7),
+    "m": (0, 16),
+    "k": (0, 100_000),
+    "b_swap": (1e3, 1e13),
+    "mu": (1.0, 1e9),
+    "samples": (1, 4096),
+    "seed": (0, 2**31 - 1),
+}
+VARIANTS: dict[str, dict[str, bool]] = {
+    "topas": {},
+    "topas-base": {"reuse": False, "aging": False},
+    "topas-noreuse": {"reuse": False},
+    "topas-noaging": {"aging": False},
+}
+
+
+def check_variant(name: str, params: Mapping[str, Any]) -> None:
+    """TopasError if `params` undo what defines the ablation variant `name`
+    (topas-base with reuse=true would run as another variant under its name)."""
+    fixed = VARIANTS.get(name, {})
+    undone = sorted(k for k, v in fixed.items() if k in params and params[k] != v)
+    if undone:
+        raise TopasError(f"{name} runs with {', '.join(f'{k}={fixed[k]}' for k in undone)}; "
+                         f"{', '.join(f'{k}={params[k]}' for k in undone)} would make it "
+                         "another variant: choose that policy (topas, topas-base, "
+                         "topas-noreuse, topas-noaging) instead")
