@@ -40,3 +40,8 @@ def test_parameters(snap_compare: Any, app: ConsoleApp) -> None:
 
 def test_help(snap_compare: Any, app: ConsoleApp) -> None:
     assert snap_compare(app, press=["question_mark"], terminal_size=SIZE)
+
+
+def test_dashboard_on_a_small_terminal(snap_compare: Any, app: ConsoleApp) -> None:
+    """80x24: no trend lines, the KV line on one line, every agent's row."""
+    assert snap_compare(app, terminal_size=(80, 24))

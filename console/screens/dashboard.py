@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -21,6 +22,7 @@ from console.widgets.tasks import TaskList
 if TYPE_CHECKING:
     from console.app import ConsoleApp
 
+SHORT = 32  # terminal rows below which the headline has no trend lines
 LIVE_ACTIONS = {"pause", "follow"}
 REPLAY_ACTIONS = {"step", "jump", "to_start", "to_end", "goto"}
 
@@ -55,6 +57,11 @@ class Dashboard(Screen[None]):
     def on_mount(self) -> None:
         self.query_one("#decisions", DecisionFeed).focus()
         self.console.start()
+
+    def on_resize(self, event: events.Resize) -> None:
+        """A short terminal drops the headline's trend lines: the rows go to
+        the residency, tasks and decisions panels."""
+        self.set_class(event.size.height < SHORT, "-short")
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in LIVE_ACTIONS:

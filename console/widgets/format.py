@@ -36,6 +36,17 @@ def tokens(n: int | None) -> str:
     return f"{n:,}"
 
 
+def short_tokens(n: int | None) -> str:
+    """Token counts in at most five cells: 950, 3.6k, 15.3k, 1.2M."""
+    if n is None:
+        return "—"
+    if abs(n) >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if abs(n) >= 1_000:
+        return f"{n / 1e3:.1f}k"
+    return str(n)
+
+
 def ids(values: Sequence[object], limit: int = 6) -> str:
     """A short list: 'r1 r2 r3 +4'."""
     if not values:

@@ -8,10 +8,11 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.snapshot import Snapshot
-from console.widgets.format import agent_colour, secs, split_cells, tokens
+from console.widgets.format import agent_colour, secs, short_tokens, split_cells, tokens
 
 REQUESTS_STYLE = "#d4a017"
 FREE_STYLE = "grey35"
+NARROW = 56  # content cells below which the table drops a column and counts in k
 LOCATION = {"gpu": ("GPU", "bold green"), "host": ("host", "cyan"), "none": ("none", "grey50")}
 
 
@@ -35,7 +36,9 @@ class Residency(Static):
     def _render_snapshot(self, s: Snapshot) -> RenderableType:
         width = max(10, self.content_size.width or 60)
         colours = {a.agent: agent_colour(i) for i, a in enumerate(s.agents)}
-        return Group(self._bar(s, width, colours), self._legend(s), self._table(s, colours))
+        narrow = width < NARROW
+        return Group(self._bar(s, width, colours), self._legend(s, width),
+                     self._table(s, colours, narrow))
 
     def _bar(self, s: Snapshot, width: int, colours: dict[str, str]) -> Text:
         on_gpu = [a for a in s.agents if a.location == "gpu"]
@@ -54,37 +57,59 @@ class Residency(Static):
         bar.append("░" * cells[-1], style=FREE_STYLE)
         return bar
 
-    def _legend(self, s: Snapshot) -> Text:
-        budget = "?" if s.budget is None else tokens(s.budget)
-        text = Text(f"KV {tokens(s.kv_prefixes + s.kv_requests)} / {budget}: ")
-        text.append("prefixes ", style="bold")
-        text.append(tokens(s.kv_prefixes))
-        text.append(" · ")
-        text.append("requests ", style=f"bold {REQUESTS_STYLE}")
-        text.append(tokens(s.kv_requests))
-        text.append(" · ")
-        text.append("free ", style="bold")
-        text.append(tokens(s.kv_free))
+    def _legend(self, s: Snapshot, width: int) -> Text:
+        """The KV line, in the first form that fits on one line: whole words,
+        then short labels with thousands as k, then without separators."""
+        forms = ((("prefixes", "requests", "free"), tokens, "KV {} / {}: ", " · "),
+                 (("pre", "req", "free"), short_tokens, "KV {} / {}: ", " · "),
+                 (("pre", "req", "free"), short_tokens, "{}/{}: ", " "))
+        for labels, count, head, sep in forms:
+            budget = "?" if s.budget is None else count(s.budget)
+            text = Text(head.format(count(s.kv_prefixes + s.kv_requests), budget))
+            for i, (label, style, n) in enumerate(zip(
+                    labels, ("bold", f"bold {REQUESTS_STYLE}", "bold"),
+                    (s.kv_prefixes, s.kv_requests, s.kv_free), strict=True)):
+                text.append(sep if i else "")
+                text.append(f"{label} ", style=style)
+                text.append(count(n))
+            if text.cell_len <= width:
+                break
         return text
 
-    def _table(self, s: Snapshot, colours: dict[str, str]) -> Table:
+    def _table(self, s: Snapshot, colours: dict[str, str], narrow: bool) -> Table:
+        """A row per agent. Narrow, a move under way replaces the place (one
+        column less) and thousands of tokens show as k."""
         table = Table(box=None, expand=True, pad_edge=False, padding=(0, 1))
-        for name, justify in (("agent", "left"), ("prefix", "right"), ("where", "left"),
-                              ("moving", "left"), ("run", "right"), ("wait", "right"),
-                              ("KV", "right")):
+        columns = [("agent", "left"), ("prefix", "right"), ("where", "left"),
+                   ("moving", "left"), ("run", "right"), ("wait", "right"), ("KV", "right")]
+        if narrow:
+            columns.remove(("moving", "left"))
+        for name, justify in columns:
             table.add_column(name, justify=justify, header_style="bold", no_wrap=True)  # type: ignore[arg-type]
+        count = short_tokens if narrow else tokens
         for a in s.agents:
             where, style = LOCATION.get(a.location, (a.location, ""))
             if a.location == "gpu" and not a.ready:
                 where, style = "GPU…", "yellow"
-            moving = "—"
-            if a.transfer is not None:
-                arrow = {"load": "host→GPU", "offload": "GPU→host", "compute": "prefill"}
-                moving = arrow.get(a.transfer, a.transfer)
-                if a.transfer_until is not None:
-                    moving += f" {secs(max(0.0, a.transfer_until - s.t), 2)}"
-            table.add_row(Text("■ ", style=colours[a.agent]) + Text(a.agent),
-                          tokens(a.tokens), Text(where, style=style),
-                          Text(moving, style="magenta" if a.transfer else "grey50"),
-                          str(a.running), str(a.waiting), tokens(a.kv_running))
+            moving = _moving(s, a.transfer, a.transfer_until, narrow)
+            cells = [Text("■ ", style=colours[a.agent]) + Text(a.agent), count(a.tokens)]
+            if narrow:
+                cells.append(Text(moving, style="magenta") if a.transfer else
+                             Text(where, style=style))
+            else:
+                cells += [Text(where, style=style),
+                          Text(moving, style="magenta" if a.transfer else "grey50")]
+            table.add_row(*cells, str(a.running), str(a.waiting), count(a.kv_running))
         return table
+
+
+def _moving(s: Snapshot, transfer: str | None, until: float | None, narrow: bool) -> str:
+    """A prefix move under way and the time it has left ('—' when none)."""
+    if transfer is None:
+        return "—"
+    arrows = ({"load": "→GPU", "offload": "→host", "compute": "prefill"} if narrow else
+              {"load": "host→GPU", "offload": "GPU→host", "compute": "prefill"})
+    moving = arrows.get(transfer, transfer)
+    if until is not None:
+        moving += f" {secs(max(0.0, until - s.t), 2)}"
+    return moving
