@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -75,7 +76,8 @@ class _Timed:
 
 
 def measure(trace: Trace, label: str, max_decisions: int | None = None) -> dict[str, Any]:
-    policy = _Timed(max_decisions)
+    gc.collect()  # each case starts without the garbage of the one before (as in its own
+    policy = _Timed(max_decisions)  # process): its decisions pay for their own collections
     backend = SimBackend(get_profile(DEFAULT_PROFILE))
     with contextlib.suppress(_Enough):
         Run(trace, policy, backend).execute()  # type: ignore[arg-type]
