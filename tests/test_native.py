@@ -28,15 +28,34 @@ def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
+def _fake_build(where: Path, source: str, python: str) -> None:
+    where.mkdir(parents=True)
+    (where / native.MANIFEST).write_text(json.dumps(
+        {"shared": {}, "modules": {}, "source": source, "python": python}))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh build in a private cache, through the CLI (mypyc and gcc: ~30 s)."""
+    """A fresh build in a private cache, through the CLI (mypyc and gcc: ~30 s),
+    under a user mypy config that would fail it if the build read it, beside
+    an earlier build of these sources (which it replaces) and one of another
+    checkout (which it keeps)."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")
     cache = tmp_path_factory.mktemp("native-cache")
-    done = _run([*CLI, "native", "build"], _env(cache))
+    config = tmp_path_factory.mktemp("xdg")
+    (config / "mypy").mkdir()
+    (config / "mypy" / "config").write_text("[mypy]\nstrict = True\n")
+    source = str(Path(native.__file__).parent.resolve())
+    _fake_build(cache / "0ld", source, sys.version)
+    _fake_build(cache / "elsewhere", "/another/checkout/topasd/scheduler", sys.version)
+    env = _env(cache)
+    stale = _run([*CLI, "native", "status"], env)
+    assert "; the cache holds one built before they were edited" in stale.stdout
+    done = _run([*CLI, "native", "build"], {**env, "XDG_CONFIG_HOME": str(config)})
     assert done.returncode == 0, done.stderr
     assert "built " in done.stdout
+    assert not (cache / "0ld").exists() and (cache / "elsewhere").exists()
     return cache
 
 
@@ -116,3 +135,28 @@ def test_an_unwritable_cache_is_named_before_compiling(monkeypatch: pytest.Monke
     monkeypatch.setenv("TOPASD_NATIVE_CACHE", str(blocker / "native"))
     with pytest.raises(native.NativeError, match="TOPASD_NATIVE_CACHE at a writable"):
         native.build()
+
+
+def test_a_damaged_library_is_not_loaded(built: Path, tmp_path: Path) -> None:
+    """A truncated extension crashes the process that maps it (SIGBUS), even
+    `topasd --help`: its checksum keeps it from being loaded."""
+    cache = tmp_path / "cache"
+    shutil.copytree(built, cache)
+    key = next(p for p in cache.iterdir() if (p / native.MANIFEST).is_file()
+               and json.loads((p / native.MANIFEST).read_text()).get("modules"))
+    shared = next(key.glob("*__mypyc*"))
+    shared.write_bytes(shared.read_bytes()[: shared.stat().st_size // 2])
+    done = _run([*CLI, "native", "status"], _env(cache))
+    assert done.returncode == 0, done.stderr
+    assert f"{shared.name} does not match its checksum (damaged" in done.stdout
+    replay = _run([*CLI, "replay", "-w", "chain3", "-r", "0.3", "-n", "5", "-p", "topas",
+                   "-q", "--json"], _env(cache))
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads(replay.stdout)["search"].startswith("pure Python")
+
+
+def test_a_failed_build_says_whether_types_or_the_compiler_failed() -> None:
+    typed = native._failure(1, "topasd/scheduler/bounds.py:3: error: Incompatible types")
+    assert "type errors" in typed and "Pure Python runs as before" in typed
+    compiler = native._failure(1, "build/__native.c:12:10: error: Python.h: No such file")
+    assert "C compiler" in compiler and "headers" in compiler

@@ -15,6 +15,7 @@ import click
 from topasd.model import INT64_MAX, TopasError
 from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 from topasd.scheduler import POLICY_NAMES
+from topasd.scheduler import native as compiled_search
 
 BACKENDS = ("sim", "vllm", "sglang")
 REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
@@ -187,7 +188,8 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     if as_json:
         engine = {"backend": backend} | ({} if clock_used is None else {"clock": clock_used})
         click.echo(json.dumps({"trace": dict(tr.meta), "profile": prof.name, **engine,
-                               "runs": rows}, indent=2))
+                               "search": compiled_search.status().reason, "runs": rows},
+                              indent=2))
     else:
         click.echo(_table(rows, tr.meta, prof, None if clock_used is None
                           else f"vLLM engine, clock {clock_used}"))
@@ -397,11 +399,14 @@ def native() -> None:
     """The compiled TOPAS search (mypyc): same decisions, about 1.4x faster.
 
     \b
-    Build it once after installing or editing topasd (needs mypy and a C
-    compiler: pip install 'topasd[native]'):
+    Build it once after installing topasd, and again after editing the
+    search (topasd/scheduler/residual.py, bounds.py, topas.py, params.py),
+    topasd/model.py or changing Python; it needs mypy and a C compiler
+    (pip install -e '.[native]'):
       topasd native build
-    Every later topasd process loads it while the scheduler's sources are
-    unchanged; TOPASD_NATIVE=0 runs pure Python.
+    Until then topasd runs the pure-Python search, which decides the same.
+    Builds live in $TOPASD_NATIVE_CACHE, else ~/.cache/topasd/native;
+    TOPASD_NATIVE=0 runs pure Python.
     """
 
 
@@ -409,19 +414,17 @@ def native() -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show mypyc's and the compiler's output.")
 def native_build(verbose: bool) -> None:
     """Compile topasd/scheduler's search into the per-user cache (~30 s)."""
-    from topasd.scheduler import native as compiled
-
     click.echo("compiling topasd.scheduler (residual, bounds, topas) with mypyc ...", err=True)
-    where = compiled.build(log=verbose)
-    click.echo(f"built {where}; topasd processes started from now on use it")
+    where = compiled_search.build(log=verbose)
+    click.echo(f"built {where}; topasd processes started from now on use it"
+               + ("" if compiled_search.enabled() else " (not with TOPASD_NATIVE=0, as now)"))
 
 
 @native.command("status")
 def native_status() -> None:
-    """Say whether this installation runs the compiled search, and why (not)."""
-    from topasd.scheduler import native as compiled
-
-    st = compiled.status()
+    """Say whether topasd started here (this environment) runs the compiled
+    search, and why (not); `topasd status` says it of a running daemon."""
+    st = compiled_search.status()
     click.echo(f"{st.reason}\nbuild for these sources: {st.build_dir}")
 
 

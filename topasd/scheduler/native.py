@@ -2,13 +2,13 @@
 
 The scheduler is pure Python. `topasd native build` compiles its three hot
 modules (`residual`, `bounds`, `topas`) with mypyc into a per-user cache,
-under a key made of those modules' and `topasd/model.py`'s source and the
-interpreter. When `topasd.scheduler` is imported, it loads the build for
-exactly the installed sources if there is one. An edited source therefore
-falls back to pure Python; it never runs a stale build. The compiled search
-makes the same decisions as the pure one, float for float
-(tests/test_native.py). It only makes them faster (docs/RESULTS.md,
-"TOPAS decision latency").
+under a key made of the source of those modules, `params.py` and
+`topasd/model.py` (whose types they rely on) and the interpreter. When
+`topasd.scheduler` is imported, it loads the build for exactly these sources
+if there is one and its files match their checksums; anything else runs pure
+Python, never a stale or damaged build. The compiled search makes the same
+decisions as the pure one, float for float (tests/test_native.py); it only
+makes them faster (docs/RESULTS.md, "TOPAS decision latency").
 
 `TOPASD_NATIVE=0` forces pure Python. `TOPASD_NATIVE_CACHE` moves the cache,
 which is `$XDG_CACHE_HOME/topasd/native` (`~/.cache/topasd/native`) by
@@ -22,6 +22,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from topasd.model import TopasError
 
@@ -36,7 +38,7 @@ MODULES = ("residual", "bounds", "topas")  # each after the modules it imports
 PACKAGE = "topasd.scheduler"
 KEYED = ("../model.py", "params.py", *(f"{m}.py" for m in MODULES))  # what they depend on
 MANIFEST = "manifest.json"
-INSTALL_HINT = "pip install 'topasd[native]'"
+INSTALL_HINT = "pip install -e '.[native]' in a checkout, or pip install 'topasd[native]'"
 
 
 class NativeError(TopasError):
@@ -56,7 +58,7 @@ def cache_root() -> Path:
     """Where builds live: `TOPASD_NATIVE_CACHE`, else the user's cache dir."""
     given = os.environ.get("TOPASD_NATIVE_CACHE")
     if given:
-        return Path(given)
+        return Path(given).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "topasd" / "native"
 
@@ -75,7 +77,7 @@ def build_dir() -> Path:
     return cache_root() / build_key()
 
 
-def _enabled() -> bool:
+def enabled() -> bool:
     return os.environ.get("TOPASD_NATIVE", "1").strip().lower() not in ("0", "no", "false", "off")
 
 
@@ -94,22 +96,61 @@ def load() -> NativeStatus:
     if _STATUS is not None:
         return _STATUS
     where = build_dir()
-    if not _enabled():
+    if not enabled():
         _STATUS = NativeStatus(False, "pure Python: TOPASD_NATIVE=0", where)
     elif not (where / MANIFEST).is_file():
-        _STATUS = NativeStatus(False, "pure Python: no compiled build for these sources "
-                               "(topasd native build)", where)
+        stale = "; the cache holds one built before they were edited" if _others(where) else ""
+        _STATUS = NativeStatus(False, f"pure Python: no compiled build for these sources"
+                               f"{stale} (topasd native build)", where)
     else:
         _STATUS = _load_from(where)
     return _STATUS
+
+
+def _source_dir() -> str:
+    return str(Path(__file__).parent.resolve())
+
+
+def _others(where: Path) -> list[Path]:
+    """Builds in the cache of this source directory and interpreter, for other
+    versions of the sources."""
+    found = []
+    for manifest in where.parent.glob(f"*/{MANIFEST}"):
+        if manifest.parent == where:
+            continue
+        try:
+            meta = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if meta.get("source") == _source_dir() and meta.get("python") == sys.version:
+            found.append(manifest.parent)
+    return found
+
+
+def _files(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """(module name, file) of every extension, in the order they load."""
+    modules = manifest["modules"]
+    missing = [m for m in MODULES if m not in modules]
+    if missing:
+        raise ValueError(f"its manifest names no file for {', '.join(missing)}")
+    return [*manifest["shared"].items(), *((f"{PACKAGE}.{m}", modules[m]) for m in MODULES)]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _load_from(where: Path) -> NativeStatus:
     added: list[str] = []
     try:
         manifest = json.loads((where / MANIFEST).read_text())
-        for name, file in [*manifest["shared"].items(),
-                           *((f"{PACKAGE}.{m}", manifest["modules"][m]) for m in MODULES)]:
+        files = _files(manifest)
+        sums = manifest.get("sha256", {})
+        for _, file in files:  # a damaged library can crash the process that maps it
+            if sums.get(file) != _digest(where / file):
+                raise ValueError(f"{file} does not match its checksum (damaged, or built by an "
+                                 "older topasd)")
+        for name, file in files:
             if name in sys.modules:
                 raise ImportError(f"{name} was imported before the compiled build could load")
             loader = importlib.machinery.ExtensionFileLoader(name, str(where / file))
@@ -136,28 +177,47 @@ def build(log: bool = False) -> Path:
         raise NativeError(f"building the compiled scheduler needs mypy: {INSTALL_HINT}") from exc
     src = Path(__file__).parent
     target = build_dir()
-    try:  # before half a minute of compiling
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise NativeError(f"cannot create the build cache {target.parent} ({exc}); point "
-                          "TOPASD_NATIVE_CACHE at a writable directory") from None
+    _check_writable(target.parent)  # before half a minute of compiling
     with tempfile.TemporaryDirectory(prefix="topasd-native-") as tmp:
         work = Path(tmp) / "src"
         shutil.copytree(src.parent, work / "topasd",
                         ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
-        cmd = [sys.executable, "-m", "mypyc", *(f"topasd/scheduler/{m}.py" for m in MODULES)]
+        config = Path(tmp) / "mypy.ini"  # this one only: not the user's own mypy settings
+        config.write_text("[mypy]\n")
+        cmd = [sys.executable, "-m", "mypyc", "--config-file", str(config),
+               *(f"topasd/scheduler/{m}.py" for m in MODULES)]
         done = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
         if log or done.returncode:
-            sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
+            sys.stderr.write(done.stdout + done.stderr)
         if done.returncode:
-            raise NativeError(f"mypyc failed (exit {done.returncode}; its output is above). "
-                              "It needs a C compiler (gcc or clang) and Python's headers.")
+            raise NativeError(_failure(done.returncode, done.stdout + done.stderr))
         try:
             _install(work, target, mypy.version.__version__)
         except OSError as exc:
             raise NativeError(f"cannot write the build to {target.parent} ({exc}); point "
                               "TOPASD_NATIVE_CACHE at a writable directory") from None
+    for old in _others(target):  # this checkout's earlier builds: never loaded again
+        shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _check_writable(cache: Path) -> None:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            pass
+    except OSError as exc:
+        raise NativeError(f"cannot write to the build cache {cache} ({exc}); point "
+                          "TOPASD_NATIVE_CACHE at a writable directory") from None
+
+
+def _failure(code: int, output: str) -> str:
+    """Why mypyc failed, from its output (printed above the message)."""
+    if re.search(r"^\S+\.py:\d+: error:", output, re.MULTILINE):  # mypy's, not the C compiler's
+        return ("mypyc found type errors in topasd's scheduler (above): the compiled "
+                "search needs the declared types to hold. Pure Python runs as before.")
+    return (f"mypyc failed (exit {code}; its output is above). It needs a C compiler "
+            "(gcc or clang) and Python's headers.")
 
 
 def _install(work: Path, target: Path, mypyc_version: str) -> None:
@@ -173,9 +233,14 @@ def _install(work: Path, target: Path, mypyc_version: str) -> None:
             shutil.copy2(work / name, staged / name)
         for name in modules.values():
             shutil.copy2(work / "topasd" / "scheduler" / name, staged / name)
+        files = [*shared.values(), *modules.values()]
         (staged / MANIFEST).write_text(json.dumps(
             {"shared": shared, "modules": modules, "mypyc": mypyc_version,
-             "python": sys.version}, indent=2))
+             "python": sys.version, "source": _source_dir(),
+             "sha256": {f: _digest(staged / f) for f in files}}, indent=2))
+        for name in [*files, MANIFEST]:  # on disk before the rename publishes them
+            with open(staged / name, "rb") as fh:
+                os.fsync(fh.fileno())
         shutil.rmtree(target, ignore_errors=True)
         try:
             staged.rename(target)
