@@ -142,7 +142,7 @@ def test_selecting_a_decision_shows_its_candidates(daemon: Daemon) -> None:
             row_won = next(i for i in range(table.row_count)
                            if table.get_row_at(i)[1].plain == "★")
             assert table.get_row_at(row_won)[0].plain == str(won[0]["idx"])
-            assert float(table.get_row_at(row_won)[10].plain) == pytest.approx(
+            assert float(table.get_row_at(row_won)[2].plain) == pytest.approx(  # total
                 won[0]["total"], abs=1e-3)
         summary = str(dash.query_one("#detail-summary", Static).render())
         assert f"#{seq}" in summary

@@ -59,9 +59,14 @@ class Dashboard(Screen[None]):
         self.console.start()
 
     def on_resize(self, event: events.Resize) -> None:
-        """A short terminal drops the headline's trend lines: the rows go to
-        the residency, tasks and decisions panels."""
-        self.set_class(event.size.height < SHORT, "-short")
+        """A short terminal drops the headline's trend lines and the decision
+        summary's first line: the rows go to the panels and the candidates."""
+        short = event.size.height < SHORT
+        if short != self.has_class("-short"):
+            self.set_class(short, "-short")
+            view = self.query_one(DecisionDetailView)
+            if view.detail is not None:
+                view.show(view.detail)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in LIVE_ACTIONS:

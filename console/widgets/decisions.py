@@ -7,14 +7,16 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from console.snapshot import DecisionDetail, DecisionRow
 from console.widgets.format import ids
+from console.widgets.phrases import Phrases
 
 FEED_ROWS = 300  # decisions the live feed keeps
-CANDIDATE_COLUMNS = ("#", "won", "resident", "admit", "preempt", "J_admit", "J_move", "J_redo",
-                     "J_revoke", "V_reuse", "total")
+# the score first: a narrow panel cuts the last columns
+CANDIDATE_COLUMNS = ("#", "won", "total", "resident", "admit", "preempt", "J_admit", "J_move",
+                     "J_redo", "J_revoke", "V_reuse")
 
 
 def actions(d: DecisionRow) -> Text:
@@ -119,7 +121,7 @@ class DecisionDetailView(Vertical):
         self.detail: DecisionDetail | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("select a decision", id="detail-summary")
+        yield Phrases("select a decision", id="detail-summary")
         table: DataTable[Text | str] = DataTable(id="candidates", cursor_type="row",
                                                  zebra_stripes=True)
         yield table
@@ -136,28 +138,29 @@ class DecisionDetailView(Vertical):
 
     def show_message(self, text: str) -> None:
         self.detail = None
-        self.query_one("#detail-summary", Static).update(text)
+        self.query_one("#detail-summary", Phrases).set_phrases([Text(text)])
         self.query_one("#candidates", DataTable).clear()
 
     def show(self, detail: DecisionDetail) -> None:
         self.detail = detail
         d = detail.row
-        summary = Text()
-        summary.append(f"#{d.seq}", style="bold")
-        summary.append(f" at t={d.t:.3f}s · {detail.policy} · {d.wall_ms:.2f} ms · "
-                       f"{detail.note}\n")
-        for label, values, style in (("admitted", d.admit, "green"),
-                                     ("preempted", d.preempt, "red"),
-                                     ("loaded", d.load, "cyan"), ("evicted", d.evict, "magenta")):
-            summary.append(f"{label} ", style=f"bold {style}")
-            summary.append(ids(list(values), 8) + "  ")
-        self.query_one("#detail-summary", Static).update(summary)
+        phrases = [Text(f"#{d.seq}", style="bold") + Text(f" at t={d.t:.3f}s"),
+                   Text(f" · {detail.policy}"), Text(f" · {d.wall_ms:.2f} ms"),
+                   Text(f" · {detail.note}\n")]
+        if self.screen.has_class("-short"):  # the feed's row has the rest: rows for the table
+            phrases = [Text(f"#{d.seq}  ", style="bold")]
+        for i, (label, values, style) in enumerate((
+                ("admitted", d.admit, "green"), ("preempted", d.preempt, "red"),
+                ("loaded", d.load, "cyan"), ("evicted", d.evict, "magenta"))):
+            phrases.append(Text("  " if i else "") + Text(f"{label} ", style=f"bold {style}")
+                           + Text(ids(list(values), 8)))
+        self.query_one("#detail-summary", Phrases).set_phrases(phrases)
         self._columns()
         table = self.query_one("#candidates", DataTable)
         for c in detail.candidates:
             style = "bold green" if c.won else ""
             table.add_row(Text(str(c.idx), style=style), Text("★" if c.won else "", style=style),
-                          ",".join(c.resident) or "∅", ids(list(c.admit)),
-                          ids(list(c.preempt)), num(c.j_admit), num(c.j_move), num(c.j_redo),
-                          num(c.j_revoke), num(c.v_reuse), Text(num(c.total), style=style),
+                          Text(num(c.total), style=style), ",".join(c.resident) or "∅",
+                          ids(list(c.admit)), ids(list(c.preempt)), num(c.j_admit),
+                          num(c.j_move), num(c.j_redo), num(c.j_revoke), num(c.v_reuse),
                           key=str(c.idx))

@@ -8,11 +8,11 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.snapshot import Snapshot
-from console.widgets.format import agent_colour, secs, short_tokens, split_cells, tokens
+from console.widgets.format import agent_colour, secs, short_tokens, split_cells
 
 REQUESTS_STYLE = "#d4a017"
 FREE_STYLE = "grey35"
-NARROW = 56  # content cells below which the table drops a column and counts in k
+NARROW = 56  # content cells below which the table drops a column
 LOCATION = {"gpu": ("GPU", "bold green"), "host": ("host", "cyan"), "none": ("none", "grey50")}
 
 
@@ -59,11 +59,13 @@ class Residency(Static):
 
     def _legend(self, s: Snapshot, width: int) -> Text:
         """The KV line, in the first form that fits on one line: whole words,
-        then short labels with thousands as k, then without separators."""
-        forms = ((("prefixes", "requests", "free"), tokens, "KV {} / {}: ", " · "),
-                 (("pre", "req", "free"), short_tokens, "KV {} / {}: ", " · "),
-                 (("pre", "req", "free"), short_tokens, "{}/{}: ", " "))
-        for labels, count, head, sep in forms:
+        then short labels, then without separators (thousands as k, as in the
+        table)."""
+        forms = ((("prefixes", "requests", "free"), "KV {} / {}: ", " · "),
+                 (("pre", "req", "free"), "KV {} / {}: ", " · "),
+                 (("pre", "req", "free"), "KV {}/{}: ", " "))
+        count = short_tokens
+        for labels, head, sep in forms:
             budget = "?" if s.budget is None else count(s.budget)
             text = Text(head.format(count(s.kv_prefixes + s.kv_requests), budget))
             for i, (label, style, n) in enumerate(zip(
@@ -77,8 +79,8 @@ class Residency(Static):
         return text
 
     def _table(self, s: Snapshot, colours: dict[str, str], narrow: bool) -> Table:
-        """A row per agent. Narrow, a move under way replaces the place (one
-        column less) and thousands of tokens show as k."""
+        """A row per agent (thousands of tokens as k). Narrow, a move under way
+        replaces the place: one column less."""
         table = Table(box=None, expand=True, pad_edge=False, padding=(0, 1))
         columns = [("agent", "left"), ("prefix", "right"), ("where", "left"),
                    ("moving", "left"), ("run", "right"), ("wait", "right"), ("KV", "right")]
@@ -86,7 +88,7 @@ class Residency(Static):
             columns.remove(("moving", "left"))
         for name, justify in columns:
             table.add_column(name, justify=justify, header_style="bold", no_wrap=True)  # type: ignore[arg-type]
-        count = short_tokens if narrow else tokens
+        count = short_tokens
         for a in s.agents:
             where, style = LOCATION.get(a.location, (a.location, ""))
             if a.location == "gpu" and not a.ready:
@@ -111,5 +113,6 @@ def _moving(s: Snapshot, transfer: str | None, until: float | None, narrow: bool
               {"load": "host→GPU", "offload": "GPU→host", "compute": "prefill"})
     moving = arrows.get(transfer, transfer)
     if until is not None:
-        moving += f" {secs(max(0.0, until - s.t), 2)}"
+        left = until - s.t
+        moving += " <0.01s" if left < 0.005 else f" {secs(left, 2)}"  # not "0.00s": not done
     return moving

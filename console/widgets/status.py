@@ -7,14 +7,15 @@ from textual.widgets import Static
 
 from console.snapshot import Snapshot
 from console.widgets.format import secs
+from console.widgets.phrases import Phrases
 
 
-class StatusLine(Static):
+class StatusLine(Phrases):
     """Live: connected or not (and retrying), engine time, speed, counts.
     Replay: the file and run."""
 
     def __init__(self, id: str | None = None) -> None:
-        super().__init__("", id=id)
+        super().__init__(id=id)
         self.connected: bool | None = None
         self.error: str | None = None
         self.attempt = 0
@@ -51,19 +52,21 @@ class StatusLine(Static):
             if self.attempt > 1:
                 text.append(f" (attempt {self.attempt})")
             text.append(" · showing the last state", style="italic")
+        phrases = [text]
         s = self.snapshot
         if s is not None:
-            text.append(f"   t={s.t:.1f}s", style="bold")
+            phrases.append(Text(f"   t={s.t:.1f}s", style="bold"))
             if s.speed:
-                text.append(f" · speed {s.speed}")
-            text.append(f" · policy {s.policy}")
-            if s.params_version is not None:
-                text.append(f" v{s.params_version}")
-            text.append(f" · {s.tasks_in_flight} tasks · {s.requests_running} running · "
-                        f"{s.requests_waiting} waiting · {s.decisions} decisions")
+                phrases.append(Text(f" · speed {s.speed}"))
+            version = "" if s.params_version is None else f" v{s.params_version}"
+            phrases.append(Text(f" · policy {s.policy}{version}"))
+            phrases += [Text(f" · {s.tasks_in_flight} tasks"),
+                        Text(f" · {s.requests_running} running"),
+                        Text(f" · {s.requests_waiting} waiting"),
+                        Text(f" · {s.decisions} decisions")]
             if s.draining:
-                text.append(" · draining", style="yellow")
-        self.update(text)
+                phrases.append(Text(" · draining", style="yellow"))
+        self.set_phrases(phrases)
 
 
 class CursorBar(Static):
