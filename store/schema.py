@@ -7,7 +7,9 @@ topasd and is refused rather than guessed at.
 
 Tables (times `t` are seconds on the backend's clock, `*_ts` unix wall time):
 
-- `runs`: one row per run: policy, backend, profile, params (JSON), workload,
+- `runs`: one row per run: policy, backend, profile, params (JSON: the
+  profile's, the policy's and the backend's settings, and for TOPAS which
+  search ran, compiled or pure Python), workload,
   seed, trace meta (JSON), topasd version, `log_candidates`, status
   (running | done | failed | interrupted), pid/host, summary (JSON: the
   replay table's row), row counts.

@@ -552,3 +552,18 @@ def test_spec_errors_in_a_trace_read_file_line_colon(trace_file: Path) -> None:
     line = assert_clean_error(res.exit_code, res.stdout, res.stderr)
     assert line.startswith(f"error: {trace_file}:2: workflow 'clitest', stage 'code', "
                            "rounds: values must lie in [1, 10000]"), line
+
+
+def test_the_decision_log_names_the_search_behind_topas_decision_times(tmp_path: Path) -> None:
+    """Decision times depend on the search that made them (compiled or pure
+    Python): a TOPAS run's row says which; a baseline's has no search."""
+    import sqlite3
+
+    db = tmp_path / "d.db"
+    res = invoke("replay", "-w", "chain3", "-r", "0.3", "-n", "3", "-p", "topas", "-p", "fcfs",
+                 "-q", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    with sqlite3.connect(db) as conn:
+        rows = dict(conn.execute("SELECT policy, params FROM runs").fetchall())
+    assert json.loads(rows["topas"])["search"] == "pure Python: TOPASD_NATIVE=0"
+    assert "search" not in json.loads(rows["fcfs"])

@@ -22,7 +22,9 @@ from topasd.model import (
     Workflow,
     is_int64,
 )
+from topasd.scheduler import native
 from topasd.scheduler.base import Policy
+from topasd.scheduler.topas import TopasPolicy
 from topasd.tasks import TaskBook
 from workflows.driver import DriverStep, TaskDriver
 from workflows.trace import TaskRecord, Trace
@@ -50,7 +52,8 @@ class RunInfo:
     policy: str
     backend: str
     profile: str | None
-    params: Mapping[str, Any]  # {"profile": {...}, "policy": {...}, "backend": {...}}
+    # {"profile": {...}, "policy": {...}, "backend": {...}} (+ "search" under TOPAS)
+    params: Mapping[str, Any]
     workload: str | None
     seed: int | None
     trace_meta: Mapping[str, Any]
@@ -311,6 +314,8 @@ def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunIn
         "policy": _plain(getattr(policy, "params", None)),
         "backend": {k: getattr(backend, k) for k in _BACKEND_FLAGS if hasattr(backend, k)},
     }
+    if isinstance(policy, TopasPolicy):  # which search its logged decision times are of
+        params["search"] = native.status().reason
     meta = dict(meta)
     seed = meta.get("seed")
     return RunInfo(
