@@ -49,11 +49,11 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("what")
         for section, key, what in keys.help_rows(self.keymap):
             table.add_row(section, key, what)
-        with VerticalScroll(id="help-body"):
-            yield Static(Text.from_markup(PANELS), id="help-panels")
+        with VerticalScroll(id="help-body"):  # the keys first: a short terminal shows them
             yield Static(table, id="help-keys")
-            yield Static("escape closes · keys can be rebound with --keymap FILE",
-                         id="help-hint")
+            yield Static(Text.from_markup(PANELS), id="help-panels")
 
     def on_mount(self) -> None:
-        self.query_one("#help-body").border_title = "topasd console · help"
+        body = self.query_one("#help-body")
+        body.border_title = "topasd console · help"
+        body.border_subtitle = "escape closes · keys can be rebound with --keymap FILE"
