@@ -86,7 +86,7 @@ _STATUS: NativeStatus | None = None
 
 def status() -> NativeStatus:
     """This process's choice (made once, when `topasd.scheduler` was imported)."""
-    return _STATUS or NativeStatus(False, "not loaded yet", build_dir())
+    return _STATUS or load()
 
 
 def load() -> NativeStatus:
@@ -95,7 +95,12 @@ def load() -> NativeStatus:
     global _STATUS
     if _STATUS is not None:
         return _STATUS
-    where = build_dir()
+    try:
+        where = build_dir()
+    except OSError as exc:  # sources unreadable: nothing to key a build by
+        _STATUS = NativeStatus(False, f"pure Python: cannot read the sources ({exc})",
+                               cache_root())
+        return _STATUS
     if not enabled():
         _STATUS = NativeStatus(False, "pure Python: TOPASD_NATIVE=0", where)
     elif not (where / MANIFEST).is_file():
