@@ -27,7 +27,8 @@ from backends.sim.engine import SimBackend
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
-from topasd.scheduler.topas import TopasParams, TopasPolicy
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy
 from workflows.builtin import load_workload
 
 VARIANTS: dict[str, dict[str, Any]] = {

@@ -25,7 +25,8 @@ from backends.sim.engine import SimBackend
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
-from topasd.scheduler.topas import TopasParams, TopasPolicy
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy
 from workflows.fig2 import MAX_BATCH, fig2_profile, fig2_trace
 
 POLICIES = ("topas", "topas arrival order", *BASELINES)

@@ -32,7 +32,7 @@ from console.gantt import dump_dom, find_chromium
 from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon, clean_env
-from topasd.scheduler.topas import TopasParams
+from topasd.scheduler.params import TopasParams
 from topasd.service import agent_key, count_tokens
 from workflows.builtin import load_workload
 from workflows.trace import generate_trace

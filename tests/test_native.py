@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     checkout (which it keeps)."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine")
+    if not Path(sysconfig.get_paths()["include"], "Python.h").is_file():
+        pytest.skip("no Python headers on this machine (python3-dev)")
     cache = tmp_path_factory.mktemp("native-cache")
     config = tmp_path_factory.mktemp("xdg")
     (config / "mypy").mkdir()

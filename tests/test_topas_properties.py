@@ -26,7 +26,8 @@ from topasd.model import (
 )
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
-from topasd.scheduler.topas import TopasParams, TopasPolicy
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
 
@@ -386,7 +387,8 @@ import hashlib, sys
 from backends.sim.engine import SimBackend
 from topasd.profiles import get_profile
 from topasd.runner import Run
-from topasd.scheduler.topas import TopasParams, TopasPolicy
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy
 from workflows.builtin import load_workload
 from workflows.trace import generate_trace
 h = hashlib.sha256()

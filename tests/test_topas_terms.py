@@ -9,7 +9,8 @@ import pytest
 
 from tests.topas_views import CHAIN, COSTS, FORK, exhaustive_search, request, task, view
 from topasd.model import EngineEvent, EventKind, Request, TopasError
-from topasd.scheduler.topas import TopasParams, TopasPolicy, _Search
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy, _Search
 
 
 def policy(**params: object) -> TopasPolicy:

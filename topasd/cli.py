@@ -396,16 +396,17 @@ def model_tiny(output: str, layers: int, hidden: int, vocab: int) -> None:
 
 @main.group()
 def native() -> None:
-    """The compiled TOPAS search (mypyc): same decisions, about 1.4x faster.
+    """The compiled TOPAS search (mypyc): same decisions, ~1.4x faster at paper scale.
 
     \b
     Build it once after installing topasd, and again after editing the
     search (topasd/scheduler/residual.py, bounds.py, topas.py, params.py),
-    topasd/model.py or changing Python; it needs mypy and a C compiler
-    (pip install -e '.[native]'):
+    topasd/model.py or changing Python; it needs mypy, a C compiler and
+    Python's headers (pip install -e '.[native]'; python3-dev):
       topasd native build
     Until then topasd runs the pure-Python search, which decides the same.
-    Builds live in $TOPASD_NATIVE_CACHE, else ~/.cache/topasd/native;
+    Builds live in $TOPASD_NATIVE_CACHE, else $XDG_CACHE_HOME/topasd/native
+    (~/.cache/topasd/native);
     TOPASD_NATIVE=0 runs pure Python.
     """
 

@@ -17,8 +17,9 @@ from console import keys
 
 PANELS = """\
 [b]Residency[/b]  the KV budget as one bar: each agent's prefix on the GPU (▒ while it \
-loads or is recomputed), running requests' KV (▓) and free space (░); per agent: where \
-its prefix lives, the move under way, running and waiting requests.
+loads or is recomputed), running requests' KV (▓) and free space (░); per agent: its \
+prefix's size, where it lives and the move under way (a narrow panel shows the move in \
+place of where), running and waiting requests and their KV (tokens in k).
 [b]Tasks[/b]  tasks in flight: DAG progress (█ done, ▶ running, · waiting), age, expected \
 remaining longest path (Eq. 5; live only) and expected JCT. ⚠ late: age + remaining \
 passes the p99 JCT so far. Sort with s or by clicking a header.

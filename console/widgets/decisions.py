@@ -14,7 +14,7 @@ from console.widgets.format import ids
 from console.widgets.phrases import Phrases
 
 FEED_ROWS = 300  # decisions the live feed keeps
-# the score first: a narrow panel cuts the last columns
+# the total right after # and won: a narrow panel cuts the last columns
 CANDIDATE_COLUMNS = ("#", "won", "total", "resident", "admit", "preempt", "J_admit", "J_move",
                      "J_redo", "J_revoke", "V_reuse")
 
