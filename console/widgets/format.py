@@ -26,17 +26,6 @@ def ms(x: float | None) -> str:
 
 
 def tokens(n: int | None) -> str:
-    """Token counts compactly: 950, 15.3k, 1.2M."""
-    if n is None:
-        return "—"
-    if abs(n) >= 1_000_000:
-        return f"{n / 1e6:.1f}M"
-    if abs(n) >= 10_000:
-        return f"{n / 1e3:.1f}k"
-    return f"{n:,}"
-
-
-def short_tokens(n: int | None) -> str:
     """Token counts in at most five cells: 950, 3.6k, 15.3k, 1.2M."""
     if n is None:
         return "—"

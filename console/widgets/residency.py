@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from console.snapshot import Snapshot
-from console.widgets.format import agent_colour, secs, short_tokens, split_cells
+from console.widgets.format import agent_colour, secs, split_cells, tokens
 
 REQUESTS_STYLE = "#d4a017"
 FREE_STYLE = "grey35"
@@ -64,16 +64,16 @@ class Residency(Static):
         forms = ((("prefixes", "requests", "free"), "KV {} / {}: ", " · "),
                  (("pre", "req", "free"), "KV {} / {}: ", " · "),
                  (("pre", "req", "free"), "KV {}/{}: ", " "))
-        count = short_tokens
+        used = tokens(s.kv_prefixes + s.kv_requests)
+        budget = "?" if s.budget is None else tokens(s.budget)
         for labels, head, sep in forms:
-            budget = "?" if s.budget is None else count(s.budget)
-            text = Text(head.format(count(s.kv_prefixes + s.kv_requests), budget))
+            text = Text(head.format(used, budget))
             for i, (label, style, n) in enumerate(zip(
                     labels, ("bold", f"bold {REQUESTS_STYLE}", "bold"),
                     (s.kv_prefixes, s.kv_requests, s.kv_free), strict=True)):
                 text.append(sep if i else "")
                 text.append(f"{label} ", style=style)
-                text.append(count(n))
+                text.append(tokens(n))
             if text.cell_len <= width:
                 break
         return text
@@ -88,20 +88,19 @@ class Residency(Static):
             columns.remove(("moving", "left"))
         for name, justify in columns:
             table.add_column(name, justify=justify, header_style="bold", no_wrap=True)  # type: ignore[arg-type]
-        count = short_tokens
         for a in s.agents:
             where, style = LOCATION.get(a.location, (a.location, ""))
             if a.location == "gpu" and not a.ready:
                 where, style = "GPU…", "yellow"
             moving = _moving(s, a.transfer, a.transfer_until, narrow)
-            cells = [Text("■ ", style=colours[a.agent]) + Text(a.agent), count(a.tokens)]
+            cells = [Text("■ ", style=colours[a.agent]) + Text(a.agent), tokens(a.tokens)]
             if narrow:
                 cells.append(Text(moving, style="magenta") if a.transfer else
                              Text(where, style=style))
             else:
                 cells += [Text(where, style=style),
                           Text(moving, style="magenta" if a.transfer else "grey50")]
-            table.add_row(*cells, str(a.running), str(a.waiting), count(a.kv_running))
+            table.add_row(*cells, str(a.running), str(a.waiting), tokens(a.kv_running))
         return table
 
 
