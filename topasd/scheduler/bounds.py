@@ -25,6 +25,7 @@ fills, never the chosen state.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ Cut = tuple[tuple[int, float], ...]
 QuickTerms = dict[str, tuple[float, float, float, float, int, int]]
 
 
-class SearchBounds:
+class SearchBounds(ABC):
     """Bounds of one decision's search; `_Search` provides the state below."""
 
     budget: float
@@ -78,30 +79,38 @@ class SearchBounds:
     _cover_cuts: dict[tuple[int, frozenset[str]], Cut]
     _item_arrays: ItemArrays | None
 
-    # provided by `_Search` (methods, not attributes: mypyc compiles both classes)
+    # provided by `_Search`: abstract methods, not callable attributes (mypyc compiles both)
+    @abstractmethod
     def _items(self) -> list[tuple[float, float, frozenset[str]]]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def base_gain(self, r: Request) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _joint_cut(self, reqs: list[Request]) -> Cut:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _task_table(self, task_id: int) -> list[tuple[str, int, float, float, bool]]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _t_move(self, resident: frozenset[str]) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def v_reuse(self, resident: frozenset[str]) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def partial_cap(self, task_id: int) -> float:
-        raise NotImplementedError
+        ...
 
     def bound(self, resident: frozenset[str]) -> float:
         """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
