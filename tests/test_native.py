@@ -17,7 +17,7 @@ import pytest
 from topasd.scheduler import native
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-c", "from topasd.cli import main; main()"]
+CLI = [sys.executable, "-m", "topasd.cli"]
 
 
 def _env(cache: Path, enabled: bool = True) -> dict[str, str]:
