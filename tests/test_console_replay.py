@@ -419,3 +419,32 @@ def test_the_task_sort_title_keeps_its_brackets(db: Path) -> None:
         assert Content.from_markup(str(tasks.border_title)).plain.endswith("by E[remaining] ▼")
 
     run_app(db, scenario, at=60.0)
+
+
+@pytest.mark.parametrize("keymap", [{}, {"console.help": "h"}])
+def test_help_and_quit_stay_in_the_footer_of_a_narrow_terminal(
+        db: Path, keymap: dict[str, str]) -> None:
+    """The footer cuts what does not fit at the right: Help and Quit come first, as
+    rebound by a keymap, and work from the dashboard."""
+    from textual.widgets._footer import FooterKey
+
+    from console.screens.help import HelpScreen
+
+    async def main() -> None:
+        app = ConsoleApp(replay=ReplaySource(db), keymap=keymap)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause()
+            shown = {k.description: k for k in app.screen.query(FooterKey)
+                     if k.region.right <= 80}
+            assert {"Help", "Quit", "Params", "Next"} <= set(shown)
+            assert shown["Help"].key == keymap.get("console.help", "question_mark")
+            await pilot.press(keymap.get("console.help", "question_mark"))
+            await pilot.pause()
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.pause()
+            await pilot.press("q")
+            await pilot.pause()
+        assert app.return_code == 0
+
+    asyncio.run(main())

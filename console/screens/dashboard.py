@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.app import ComposeResult
+from textual.binding import ActiveBinding
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
@@ -37,6 +38,14 @@ class Dashboard(Screen[None]):
         self.replay = replay
 
     @property
+    def active_bindings(self) -> dict[str, ActiveBinding]:
+        """Textual's, with the app's Help and Quit first: the footer lists them
+        last and cuts the end of the line on a narrow terminal."""
+        bindings = super().active_bindings
+        first = {b.id for b in keys.APP}
+        return dict(sorted(bindings.items(), key=lambda kv: kv[1].binding.id not in first))
+
+    @property
     def console(self) -> ConsoleApp:
         return self.app  # type: ignore[return-value]
 
@@ -52,7 +61,7 @@ class Dashboard(Screen[None]):
             yield DecisionDetailView(id="detail")
         if self.replay:
             yield CursorBar(id="cursor")
-        yield Footer()
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#decisions", DecisionFeed).focus()
