@@ -201,6 +201,7 @@ class StoreSink:
         self._decisions: deque[tuple[Decision, float]] = deque()
         self._params: deque[_ParamChange] = deque()
         self._wake = threading.Event()
+        self._frames = threading.Lock()  # one sender at a time: frames stay in order
         self._stop = False
         self._thread: threading.Thread | None = None
         self._writer: WriterProcess | None = None
@@ -271,6 +272,21 @@ class StoreSink:
             self._fail()
         self._params.append(_ParamChange(t, time.time(), name, old, new, source))
 
+    def sync(self) -> None:
+        """Return once every decision, event and parameter change recorded before
+        the call is committed (e.g. a change the API is about to acknowledge)."""
+        writer = self._writer
+        if self._error is not None or self._thread is None or writer is None:
+            self._fail()
+        try:
+            with self._frames:  # rows pending now: the first frames sent from here on
+                for _ in range(1 + max(len(self._events), len(self._decisions)) // FRAME_ROWS):
+                    self._send_frame()
+            writer.barrier()
+        except BrokenPipeError:
+            self._error = "the writer process ended early"
+            self._fail()
+
     def close(self) -> None:
         """Send everything pending, wait for the writer to commit it (idempotent)."""
         if self._thread is not None:
@@ -303,8 +319,11 @@ class StoreSink:
                 self._wake.wait(self.flush_s)
                 self._wake.clear()
                 stopping = self._stop
-                while self._events or self._decisions or self._params:
-                    self._send_frame()
+                while True:
+                    with self._frames:
+                        if not (self._events or self._decisions or self._params):
+                            break
+                        self._send_frame()
                 if stopping:
                     return
         except BrokenPipeError:

@@ -82,6 +82,12 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"params": {"zeta": 1}}, {}, ["unknown TOPAS parameter(s) ['zeta']"]),
     ({"policy": "fcfs", "params": {"beta": 1}}, {}, ["takes no parameters"]),
     ({"host": "0.0.0.0"}, {}, ["not a loopback address", "token"]),
+    # one parameter under both its names: the last used to win without a word
+    ({"params": {"H_age": 30, "h_age": 40}}, {}, ["H_age and h_age name the same parameter"]),
+    ({}, {"TOPAS_PARAMS": "M=3,m=4"}, ["(from env TOPAS_PARAMS)", "M and m name the same"]),
+    # an HTTP header carries the token: a non-ASCII one could never authenticate
+    ({"token": "pässwörd"}, {}, ["setting token = '***'", "printable ASCII"]),
+    ({"token": "two words"}, {}, ["printable ASCII without spaces"]),
     ({"tasks": 5}, {}, ["tasks needs a workload"]),
     ({"log_candidates": "some"}, {}, ["top:N"]),
     ({}, {"TOPAS_PARAMS": "{oops"}, ["TOPAS_PARAMS: not valid JSON"]),

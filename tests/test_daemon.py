@@ -8,6 +8,7 @@ paced clock, so nothing depends on wall-clock timings.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -331,6 +332,24 @@ def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Pa
         assert cands[0] > 0 and cands[1] == 0
 
 
+def test_an_acknowledged_change_survives_kill_9_with_every_decision_before_it(
+        tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--workload", "dag10wide", "--rate", "3",
+                "--log-candidates", "all") as d:
+        d.wait_for(lambda s: s["counts"]["decisions"] >= 50)
+        r = d.http.patch("/v1/params", json={"beta": 7})
+        assert r.status_code == 200, r.text
+        made = r.json()["effective_from_decision"] - 1  # decisions made before the change
+        assert d.stop(signal.SIGKILL) == -signal.SIGKILL
+    with Store(d.db, create=False) as store:  # the writer committed what it held
+        run = q.get_run(store.db)
+        changes = [(c["name"], c["old"], c["new"]) for c in q.param_changes(store.db, run.id)]
+        assert changes == [("beta", 20.0, 7.0)]
+        seqs = [row[0] for row in store.db.execute(
+            "SELECT seq FROM decisions WHERE run_id = ? ORDER BY seq", [run.id])]
+        assert seqs[:made] == list(range(1, made + 1))
+
+
 def _spec(tmp_path: Path) -> Path:
     """A fan-out workflow: the planner's successors share agent W, so TOPAS sees
     upcoming reuse of W's prefix (V_reuse > 0) while plans are running."""
@@ -367,6 +386,11 @@ def test_react_rounds_early_task_end_and_abandoned_tasks(tmp_path: Path) -> None
         assert info["status"] == "done" and info["stages_done"] == 2
         assert info["stages"]["a"]["rounds_done"] == 2 and info["stages"]["c"]["status"] == \
             "pending"
+        late = d.http.post("/v1/chat/completions", json={  # c after the task ended
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "go"}],
+            "topasd": {"task_id": "react", "workflow": "chain3", "stage": "c"}})
+        assert late.status_code == 409 and "'react' of 'chain3' already ended (it finished " \
+            "at t=" in late.text and "starts at ['a']: use a new task_id" in late.text, late.text
         again = call("react", "a")  # the id is free again: a new task
         assert again["task_id"] != r0["task_id"]
         gone = call("left", "a")  # the application never sends b and c
@@ -387,6 +411,25 @@ def test_react_rounds_early_task_end_and_abandoned_tasks(tmp_path: Path) -> None
         d.wait_for(lambda s: s["counts"]["tasks_abandoned"] >= 3, timeout=30)
         for left in (gone, stray):
             assert d.http.get(f"/v1/tasks/{left['task_id']}").json()["status"] == "abandoned"
+        late = d.http.post("/v1/chat/completions", json={
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "go"}],
+            "topasd": {"task_id": "left", "workflow": "chain3", "stage": "b"}})
+        assert late.status_code == 409 and "already ended (it was abandoned at t=" in late.text
+        # dag4's A and B clash with chain3's (other sizes): renamed, and the new names
+        # the replies carry may be sent back
+        a = d.http.post("/v1/chat/completions", json={
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "go"}],
+            "topasd": {"task_id": "D1", "workflow": "dag4", "stage": "a", "agent": "A"}})
+        assert a.status_code == 200 and a.json()["topasd"]["agent"] == "dag4/A", a.text
+        for agent in ("dag4/B", "B"):
+            b = d.http.post("/v1/chat/completions", json={
+                "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "go"}],
+                "topasd": {"task_id": "D1", "workflow": "dag4", "stage": "b", "agent": agent,
+                           "last_in_stage": False}})
+            assert b.status_code == 200 and b.json()["topasd"]["agent"] == "dag4/B", b.text
+        d.http.post("/v1/chat/completions", json={
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "go"}],
+            "topasd": {"task_id": "D1", "workflow": "dag4", "stage": "b", "last_in_task": True}})
         assert d.state()["counts"]["tasks_in_flight"] == 0
         assert d.stop() == 0
 
@@ -405,6 +448,13 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         err(h.post("/v1/tasks", content=b'{"workflow": "chain3"',
                    headers={"content-type": "application/json"}), 400, "not valid JSON")
         err(h.post("/v1/tasks", content=b"workflow=chain3"), 400, "JSON")
+        err(h.post("/v1/tasks", content=b'{"workflow": "\xff"}',
+                   headers={"content-type": "application/json"}), 400, "not valid JSON",
+            "UTF-8")
+        err(h.post("/v1/tasks", content=b"[" * 5000 + b"]" * 5000,
+                   headers={"content-type": "application/json"}), 400, "nested too deeply")
+        err(h.post("/v1/tasks", content=b"", headers={"content-type": "application/json"}),
+            400, "the body is empty")
         err(h.post("/v1/tasks", json={"workflow": 3}), 422, "workflow")
         err(h.post("/v1/tasks", json={"workflow": "nope"}), 422, "nope", "chain3")
         err(h.post("/v1/tasks", json={"workflow": "chain3", "stages": {"zz": {}}}), 422, "zz")
@@ -412,6 +462,17 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
                                       "stages": {"a": {"output_tokens": 90_000}}}),
             422, "KV budget")
         err(h.get("/v1/tasks/424242"), 404, "no task 424242")
+        # a refused task takes no id: the next one gets it
+        before = h.post("/v1/tasks", json={"workflow": "chain3"}).json()["id"]
+        err(h.post("/v1/tasks", json={"workflow": "chain3",
+                                      "stages": {"a": {"output_tokens": 90_000}}}), 422, "KV")
+        assert h.post("/v1/tasks", json={"workflow": "chain3"}).json()["id"] == before + 1
+        # an invalid key is named, printably (its bad character escaped)
+        err(h.patch("/v1/params", content=b'{"\\ud800": 1}',
+                    headers={"content-type": "application/json"}), 422, "\\ud800",
+            "not valid Unicode")
+        err(h.post("/v1/tasks", content=b'{"workflow": "chain3", "stages": {"x\\udfff": {}}}',
+                   headers={"content-type": "application/json"}), 422, "stages.x\\udfff")
         err(h.get("/v1/tasks/abc"), 422, "task_id")
         err(h.get("/no/such/path"), 404, "/docs")
         err(h.get("/v1/events", params={"since": 10**12}), 422, "beyond the newest event id")
@@ -474,7 +535,8 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         r = h.post("/v1/completions", json={"model": "m", "prompt": "still here?", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         back = h.patch("/v1/params", json={"policy": "topas", "K": 2}).json()
-        assert (back["policy"], back["params"]["k"], back["changed"]) == ("topas", 2, ["k"])
+        assert (back["policy"], back["params"]["k"], back["changed"]) == ("topas", 2,
+                                                                          ["k", "policy"])
         assert d.stop() == 0
     with Store(d.db, create=False) as store:
         run = q.get_run(store.db)
@@ -573,7 +635,8 @@ def test_sigterm_lets_running_work_finish_and_exits_0_with_the_store_intact(
 
         def slow_call() -> None:
             done["r"] = httpx.post(f"{d.url}/v1/chat/completions", timeout=60, json={
-                "model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "x"}]})
+                "model": "m", "max_tokens": 2000,  # ~90 engine s: in sight of /v1/state
+                "messages": [{"role": "user", "content": "x"}]})
 
         th = threading.Thread(target=slow_call)
         th.start()
@@ -658,6 +721,10 @@ def test_event_stream_and_metrics(tmp_path: Path) -> None:
                           params={"since": 0, "max_events": 5, "kinds": "request_finish"}) as r:
             data = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
         assert len(data) == 5 and {e["kind"] for e in data} == {"request_finish"}
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,  # no kind named: all
+                          params={"since": 0, "max_events": 5, "kinds": ",,"}) as r:
+            data = [x for x in r.iter_lines() if x.startswith("data: ")]
+        assert len(data) == 5
 
         st = d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 30)
         text = d.http.get("/metrics").text
@@ -673,6 +740,42 @@ def test_event_stream_and_metrics(tmp_path: Path) -> None:
         assert "topasd_preemptions_total[('by', 'policy')]" in metrics
         assert any(k.startswith("topasd_prefix_resident[") for k in metrics)
         assert d.stop() == 0
+
+
+def test_pollers_share_one_state_snapshot_until_it_ages_or_a_change_comes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    from topasd.api import STATE_MAX_AGE_S, _States
+
+    class Loop:  # the service's state(): one engine-loop snapshot per call
+        snapshots = 0
+
+        def state(self, limit: int) -> Future[dict[str, Any]]:
+            self.snapshots += 1
+            fut: Future[dict[str, Any]] = Future()
+            fut.set_result({"limit": limit, "snapshot": self.snapshots})
+            return fut
+
+    wall = [100.0]
+    monkeypatch.setattr("topasd.api.time.monotonic", lambda: wall[0])
+    loop = Loop()
+    states = _States(loop)  # type: ignore[arg-type]
+
+    async def main() -> list[dict[str, Any]]:
+        many = await asyncio.gather(*(states.get(50) for _ in range(20)))
+        other = await states.get(7)
+        wall[0] += STATE_MAX_AGE_S / 2
+        again = await states.get(50)
+        wall[0] += STATE_MAX_AGE_S
+        aged = await states.get(50)
+        states.invalidate()  # a change through the API
+        fresh = await states.get(50)
+        return [json.loads(b) for b in (*many, other, again, aged, fresh)]
+
+    got = asyncio.run(main())
+    assert [g["snapshot"] for g in got] == [1] * 20 + [2, 1, 3, 4]
+    assert got[20]["limit"] == 7 and loop.snapshots == 4
 
 
 def test_the_paced_clock_is_wall_time_times_speed(monkeypatch: pytest.MonkeyPatch) -> None:

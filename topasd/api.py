@@ -52,7 +52,7 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from topasd.config import PARAM_ALIASES, Settings, canonical_param, read_runtime
+from topasd.config import PARAM_ALIASES, Settings, canonical_param, canonical_params, read_runtime
 from topasd.model import EventKind, TopasError
 from topasd.scheduler import ALL_POLICY_NAMES, native
 from topasd.scheduler.params import PARAM_RANGES, TopasParams
@@ -71,6 +71,7 @@ from topasd.service import (
 log = logging.getLogger("topasd")
 
 QUERY_TIMEOUT_S = 10.0  # state, params and task queries wait this long for the loop
+STATE_MAX_AGE_S = 0.2  # /v1/state serves one engine-loop snapshot this long (wall s)
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MAX_NAME = 256
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request body above this gets 413 before it is read
@@ -101,7 +102,8 @@ def unpaired_surrogate(value: Any, path: str = "") -> str | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            where = f"{path}.{key}" if path else str(key)
+            name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")
+            where = f"{path}.{name}" if path else name  # printable: the bad key itself isn't
             bad = unpaired_surrogate(key, where) or unpaired_surrogate(item, where)
             if bad:
                 return bad
@@ -426,9 +428,10 @@ def _one_name_per_param(cls: type, data: Any) -> Any:
     """A parameter given under both its names (`M` and `m`) is one error that
     says so, not "extra inputs are not permitted" on one of them."""
     if isinstance(data, dict):
-        for alias, name in PARAM_ALIASES.items():
-            if alias in data and name in data:
-                raise ValueError(f"{alias} and {name} name the same parameter; give one")
+        try:
+            canonical_params(data)
+        except TopasError as exc:
+            raise ValueError(str(exc)) from None
     return data
 
 
@@ -455,9 +458,39 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 # ---------------------------------------------------------------- the app
 
 
+class _States:
+    """/v1/state for any number of pollers: at most one engine-loop snapshot (and
+    one JSON encoding) per `limit` every STATE_MAX_AGE_S, so reads take little of
+    the loop's time from the scheduler. A change through the API starts afresh."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.lock = asyncio.Lock()
+        self.kept: dict[int, tuple[float, bytes]] = {}
+
+    def invalidate(self) -> None:
+        self.kept.clear()
+
+    async def get(self, limit: int) -> bytes:
+        async with self.lock:  # concurrent pollers wait for one snapshot
+            hit = self.kept.get(limit)
+            if hit is not None and time.monotonic() - hit[0] < STATE_MAX_AGE_S:
+                return hit[1]
+            state = await _wait(self.service.state(limit), QUERY_TIMEOUT_S)
+            # plain JSON types already: skip FastAPI's encoder (7x the cost of json.dumps on
+            # a state of hundreds of tasks); the encoding of Starlette's JSONResponse
+            body = json.dumps(state, ensure_ascii=False, allow_nan=False, indent=None,
+                              separators=(",", ":")).encode("utf-8")
+            if len(self.kept) >= 8:
+                self.kept.clear()
+            self.kept[limit] = (time.monotonic(), body)
+            return body
+
+
 def create_app(service: Service) -> FastAPI:
     """The FastAPI app over a started `Service`."""
     settings = service.settings
+    states = _States(service)
     app = FastAPIOffline(  # FastAPI serving the /docs assets itself: no CDN needed
         title="topasd",
         version=_version(),
@@ -492,9 +525,7 @@ def create_app(service: Service) -> FastAPI:
         """Engine time, KV budget, resident prefixes and where they live, running and
         waiting requests by agent, tasks in flight with their stage progress and
         expected remaining path, recent decisions, counters, headline statistics."""
-        # plain JSON types already: skip FastAPI's encoder (7x the cost of json.dumps on
-        # a state of hundreds of tasks)
-        return JSONResponse(await _wait(service.state(limit), QUERY_TIMEOUT_S))
+        return Response(await states.get(limit), media_type="application/json")
 
     @app.get("/v1/events", tags=["control"], responses={
         200: {"content": {"text/event-stream": {}},
@@ -541,6 +572,12 @@ def create_app(service: Service) -> FastAPI:
         `k`/`K`, ...): validated, effective at the next decision, recorded in the store."""
         changes = {name: getattr(body, name) for name in body.model_fields_set}
         result = await _wait(service.patch_params(changes), QUERY_TIMEOUT_S)
+        states.invalidate()
+        try:  # acknowledged only once the store holds it (and every decision before)
+            await asyncio.to_thread(service.store_sink.sync)
+        except TopasError as exc:
+            raise Unavailable(f"the change is applied but the decision log failed ({exc})"
+                              ) from None
         return ParamsChanged(**result, **_param_meta())
 
     @app.post("/v1/tasks", response_model=TaskInfo, status_code=201, tags=["tasks"],
@@ -550,6 +587,7 @@ def create_app(service: Service) -> FastAPI:
         optional per-stage token overrides)."""
         overrides = {v: o.model_dump(exclude_none=True) for v, o in body.stages.items()}
         info = await _wait(service.submit_task(body.workflow, overrides), QUERY_TIMEOUT_S)
+        states.invalidate()
         return JSONResponse(info, status_code=201, headers={"Location": f"/v1/tasks/{info['id']}"})
 
     @app.get("/v1/tasks/{task_id}", response_model=TaskInfo, tags=["tasks"],
@@ -566,6 +604,7 @@ def create_app(service: Service) -> FastAPI:
         finishes. Workflow metadata: the `topasd` field (docs/api.md)."""
         spec = _chat_spec(body, settings)
         result: CallResult = await _wait(service.submit_call(spec))
+        states.invalidate()
         reply = _chat_reply(result, body.model)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -580,6 +619,7 @@ def create_app(service: Service) -> FastAPI:
         """OpenAI-compatible (legacy) text completion, as chat completions."""
         spec = _completion_spec(body, settings)
         result: CallResult = await _wait(service.submit_call(spec))
+        states.invalidate()
         reply = _completion_reply(result, body.model)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -727,6 +767,8 @@ def _kinds(text: str | None) -> frozenset[str] | None:
         return None
     known = {"decision", *(k.value for k in EventKind)} - {EventKind.SCHEDULE.value}
     wanted = {k.strip() for k in text.split(",") if k.strip()}
+    if not wanted:  # ",,": like none given
+        return None
     unknown = sorted(wanted - known)
     if unknown:
         raise Invalid(f"kinds: unknown kind(s) {unknown}; use decision and/or "
@@ -984,6 +1026,9 @@ def _install_errors(app: FastAPI) -> None:
                 why = (e.get("ctx") or {}).get("error", "")
                 return _error(400, "invalid_request_error",
                               f"the body is not valid JSON ({why}); send a JSON object")
+            if tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing":
+                return _error(400, "invalid_request_error", "the body is empty; send a JSON "
+                              "object with Content-Type: application/json")
             if tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes):
                 return _error(400, "invalid_request_error", "the body is not JSON; send a JSON "
                               "object with Content-Type: application/json")
@@ -1004,6 +1049,9 @@ def _install_errors(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = (f"no endpoint {request.method} {request.url.path}; see /docs for the "
                        "API")
+        elif exc.status_code == 400 and message == "There was an error parsing the body":
+            message = ("the body is not valid JSON (not UTF-8 text, or nested too deeply); "
+                       "send a JSON object in UTF-8")
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}; see /docs"
         return _error(exc.status_code, "invalid_request_error", message,

@@ -46,13 +46,25 @@ def canonical_param(name: str) -> str:
     return PARAM_ALIASES.get(name, name)
 
 
+def canonical_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` under their field names; TopasError if two name one parameter."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, value in params.items():
+        name = canonical_param(key)
+        if given.setdefault(name, key) != key:
+            raise TopasError(f"{given[name]} and {key} name the same parameter; give one")
+        out[name] = value
+    return out
+
+
 def build_policy(name: str, params: Mapping[str, Any]) -> Any:
     """A fresh policy `name` with `params` (paper aliases accepted); TopasError if a
     parameter is unknown, out of range, or given to a baseline (which has none)."""
     from topasd.scheduler import make_policy
     from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 
-    params = {canonical_param(k): v for k, v in params.items()}
+    params = canonical_params(params)
     if name in VARIANTS and params:
         TopasParams(**VARIANTS[name]).changed(**params)  # names the unknown or bad one
         check_variant(name, params)
@@ -122,7 +134,19 @@ class Settings(BaseModel):
     @field_validator("params")
     @classmethod
     def _params(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return {canonical_param(k): val for k, val in v.items()}
+        try:
+            return canonical_params(v)
+        except TopasError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, v: str | None) -> str | None:
+        if v is not None and not (v.isascii() and v.isprintable() and " " not in v and v):
+            raise ValueError("use printable ASCII without spaces (an HTTP header carries "
+                             "it), e.g. the output of: python -c 'import secrets; "
+                             "print(secrets.token_urlsafe())'")
+        return v
 
     @field_validator("speed", mode="before")
     @classmethod

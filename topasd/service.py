@@ -70,6 +70,7 @@ IDLE_WAIT_S = 0.5  # wait for a command at most this long while idle
 UNPACED_SLICE = 1.0  # unpaced: virtual seconds advanced between command checks
 PACED_SLICE_WALL = 0.1  # paced: at most this much wall time's worth per pump
 KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id} and the run summary
+KEEP_CLOSED_KEYS = 100_000  # ended client task ids remembered for a late call's message
 KEEP_DECISION_MS = 200_000  # decision wall times kept for the run summary
 RECENT_DECISIONS = 50
 DETAIL_DECISIONS = 1024  # decisions kept with their candidates for GET /v1/decisions/{seq}
@@ -545,6 +546,18 @@ class _Calls:
     def __init__(self) -> None:
         self.open: dict[tuple[str, str], _OpenTask] = {}
         self.by_request: dict[int, _Call] = {}
+        self.closed: dict[tuple[str, str], str] = {}  # recently ended keys: how they ended
+
+    def close(self, task: _OpenTask, how: str) -> None:
+        """`task` ended (`how`: for the message of a late call with its key)."""
+        if task.key is None:
+            return
+        self.open.pop(task.key, None)
+        self.closed.pop(task.key, None)
+        self.closed[task.key] = how
+        if len(self.closed) > KEEP_CLOSED_KEYS:
+            for key in list(self.closed)[:KEEP_CLOSED_KEYS // 2]:
+                del self.closed[key]
 
     def on_finish(self, request_id: int, t: float) -> DriverStep:
         call = self.by_request.pop(request_id)
@@ -559,8 +572,7 @@ class _Calls:
             task.closing = True
         if task.in_flight == 0 and (task.closing or len(task.done) == len(task.workflow.stages)):
             step.task_done = True
-            if task.key is not None:
-                self.open.pop(task.key, None)
+            self.close(task, f"finished at t={t:.3f}s")
         result = CallResult(req.id, req.task_id, req.workflow, req.stage, req.agent, req.round,
                             req.prefix_tokens + req.input_tokens, req.output_tokens,
                             req.ready_at, t, step.task_done, spec.task_key)
@@ -742,6 +754,7 @@ class Service:
         self.tasks: OrderedDict[int, _TaskEntry] = OrderedDict()
         self.rejected = 0
         self._next_task = 0
+        self._refused: dict[int, None] = {}  # driver task ids refused (cannot fit)
         self._cmds: deque[Command] = deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -963,6 +976,10 @@ class Service:
             record = self.feeder.pop(self._new_task_id(), self.active)
             if not self._fits(record):
                 self.rejected += 1
+                self._refused[record.id] = None
+                if len(self._refused) > KEEP_FINISHED:
+                    for tid in list(self._refused)[:KEEP_FINISHED // 2]:
+                        del self._refused[tid]
                 log.warning("driver task %d of %s does not fit the KV budget; skipped",
                             record.id, record.workflow)
                 continue
@@ -994,8 +1011,7 @@ class Service:
 
     def _abandon(self, task: _OpenTask, why: str) -> None:
         """Drop an application-driven task that will see no more calls."""
-        if task.key is not None:
-            self.calls.open.pop(task.key, None)
+        self.calls.close(task, f"was abandoned at t={self.backend.t:.3f}s ({why})")
         view = self.loop.book.drop(task.id)
         self.loop.record(EngineEvent(self.backend.t, EventKind.TASK_ABANDON, task_id=task.id,
                                      note=why))
@@ -1058,7 +1074,7 @@ class Service:
             raise Invalid(f"stages: workflow {workflow!r} has no stage(s) {unknown}; its "
                           f"stages are {list(wf.topo_order)}")
         active = self._activate(workflow)
-        task_id = self._new_task_id()
+        task_id = self._next_task  # taken only once the task fits
         record = sample_task(active, task_id, self.backend.t, self.rng)
         if overrides:
             stages = {v: tuple(replace(r, input_tokens=o.get("input_tokens", r.input_tokens),
@@ -1069,6 +1085,7 @@ class Service:
         problem = self._fit_problem(record)
         if problem:
             raise Invalid(problem)
+        self._new_task_id()
         entry = self._arrive(record, "api", self.backend.t)
         return entry.as_dict(self.loop.book.tasks.get(task_id))
 
@@ -1128,7 +1145,8 @@ class Service:
         if stage not in wf.stages:
             raise Invalid(f"topasd.stage: workflow {wf.name!r} has no stage {stage!r}; its "
                           f"stages are {list(wf.topo_order)}")
-        if spec.agent is not None and spec.agent != wf.stages[stage].agent:
+        runs_it = {wf.stages[stage].agent, self.active.get(wf.name, wf).stages[stage].agent}
+        if spec.agent is not None and spec.agent not in runs_it:
             raise Invalid(f"topasd.agent: stage {stage!r} of {wf.name!r} is run by agent "
                           f"{wf.stages[stage].agent!r}, not {spec.agent!r}; drop agent or fix it")
         if spec.task_key is None and len(wf.stages) > 1:
@@ -1136,6 +1154,12 @@ class Service:
                           f"{len(wf.stages)} stages): one id ties a task's calls together")
         task = self._continued(wf.name, stage, spec)
         waiting_on = [p for p in wf.stages[stage].after if task is None or p not in task.done]
+        ended = None if task is not None or spec.task_key is None else self.calls.closed.get(
+            (wf.name, spec.task_key))
+        if waiting_on and ended is not None:
+            raise Conflict(f"task {spec.task_key!r} of {wf.name!r} already ended (it {ended}); "
+                           f"a call for stage {stage!r} would open a new task, which starts "
+                           f"at {list(wf.entry_stages)}: use a new task_id")
         if waiting_on:
             raise Conflict(f"stage {stage!r} of {wf.name!r} runs after {waiting_on}, which "
                            f"task {spec.task_key!r} has not finished: end them first (their "
@@ -1175,6 +1199,9 @@ class Service:
     def _cmd_get_task(self, task_id: int) -> dict[str, Any]:
         entry = self.tasks.get(task_id)
         if entry is None:
+            if task_id in self._refused:
+                raise NotFound(f"task {task_id} of the driver's trace was never admitted: it "
+                               "cannot fit the KV budget (see driver_rejected in /v1/state)")
             if 0 <= task_id < self._next_task:
                 raise NotFound(f"task {task_id} finished long ago and is no longer kept in "
                                "memory; read it from the store (tasks table)")
@@ -1217,7 +1244,8 @@ class Service:
                      f"policy={new_name} " if switched else "",
                      ", ".join(f"{k}={v!r}" for k, v in sorted(changed.items())))
         self._published_params = self._params_dict()
-        return {**self._published_params, "changed": sorted(changed), "t": t,
+        return {**self._published_params,
+                "changed": sorted([*changed, *(["policy"] if switched else [])]), "t": t,
                 "effective_from_decision": self.loop.decisions + 1}
 
     def _cmd_state(self, limit: int) -> dict[str, Any]:
@@ -1236,8 +1264,11 @@ class Service:
         used_req = sum(r.kv_tokens() for r in view.running)
         paths = TaskPaths(self.recorder.service_model, view.costs, view.workflows,
                           self._quantiles, view.t)
+        listed = list(self.loop.book.tasks.values())[:limit]
+        paths.lhat_batch([(task, run_stage.get(task.id, {}), [()]) for task in listed
+                          if task.workflow in view.workflows])  # one pass per DAG
         tasks = []
-        for task in list(self.loop.book.tasks.values())[:limit]:
+        for task in listed:
             entry = self.tasks.get(task.id)
             item = entry.as_dict(task) if entry is not None else {"id": task.id}
             on = run_stage.get(task.id, {})
