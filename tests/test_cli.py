@@ -567,3 +567,64 @@ def test_the_decision_log_names_the_search_behind_topas_decision_times(tmp_path:
         rows = dict(conn.execute("SELECT policy, params FROM runs").fetchall())
     assert json.loads(rows["topas"])["search"] == "pure Python: TOPASD_NATIVE=0"
     assert "search" not in json.loads(rows["fcfs"])
+
+
+def test_ctrl_c_in_a_replay_keeps_the_policies_that_finished(tmp_path: Path) -> None:
+    """SIGINT during the second policy: the first one's row, the cut run marked
+    interrupted in the log, exit 130."""
+    import signal
+    import sqlite3
+
+    db = tmp_path / "int.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "topasd.cli", "replay", "-w", "metagpt-tl", "-n", "2000",
+         "-p", "fcfs", "-p", "topas", "--db", str(db), "-q"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def runs() -> list[tuple[Any, ...]]:
+        if not db.exists():
+            return []
+        conn = sqlite3.connect(db, timeout=5)
+        try:
+            return conn.execute("SELECT id, policy, status FROM runs ORDER BY id").fetchall()
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return []
+        finally:
+            conn.close()
+
+    try:
+        deadline = time.monotonic() + 240
+        while len(runs()) < 2 and time.monotonic() < deadline:  # topas has started
+            time.sleep(0.2)
+        assert runs()[:1] == [(1, "fcfs", "done")]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted during topas" in err and "Traceback" not in err
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["fcfs"]  # its row only
+    assert "run 2 (topas) is marked interrupted" in err
+    assert runs() == [(1, "fcfs", "done"), (2, "topas", "interrupted")]
+
+
+def test_replay_reads_a_trace_from_standard_input(tmp_path: Path) -> None:
+    gen = subprocess.run([sys.executable, "-m", "topasd.cli", "trace", "gen", "-w", "chain3",
+                          "-r", "0.3", "-n", "12", "-o", "-"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert gen.returncode == 0, gen.stderr
+    args = [sys.executable, "-m", "topasd.cli", "replay", "-", "-p", "fcfs", "--json"]
+    piped = subprocess.run(args, input=gen.stdout, capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr
+    (tmp_path / "t.jsonl").write_text(gen.stdout)
+    filed = subprocess.run([*args[:4], "t.jsonl", *args[5:]], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+    def outcome(out: str) -> list[dict[str, Any]]:  # without the wall-clock fields
+        return [{k: v for k, v in run.items() if "ms" not in k and "wall" not in k}
+                for run in json.loads(out)["runs"]]
+
+    assert outcome(piped.stdout) == outcome(filed.stdout)
+    bad = subprocess.run(args, input='{"type": "header"\n', capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: <stdin>:1: not valid JSON")

@@ -88,6 +88,9 @@ def test_render_masks_the_token_and_lists_params() -> None:
     # an HTTP header carries the token: a non-ASCII one could never authenticate
     ({"token": "pässwörd"}, {}, ["setting token = '***'", "printable ASCII"]),
     ({"token": "two words"}, {}, ["printable ASCII without spaces"]),
+    # SGLang's options on another backend were taken without a word
+    ({"tp_size": 2}, {}, ["setting tp_size (from flag) is for --backend sglang, not sim"]),
+    ({}, {"TOPAS_HICACHE": "true"}, ["setting hicache (from env TOPAS_HICACHE)", "sglang"]),
     ({"tasks": 5}, {}, ["tasks needs a workload"]),
     ({"log_candidates": "some"}, {}, ["top:N"]),
     ({}, {"TOPAS_PARAMS": "{oops"}, ["TOPAS_PARAMS: not valid JSON"]),

@@ -844,6 +844,7 @@ def test_detach_status_and_stop(tmp_path: Path) -> None:
                                 "--db", str(tmp_path / "e.db")], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=60)
         assert again.returncode == 2 and "a daemon already runs" in again.stderr
+        assert f"stop it with `topasd stop --runtime-file {runtime}`" in again.stderr
         sp = subprocess.run([*base, "stop", "--runtime-file", str(runtime)], env=env,
                             capture_output=True, text=True, timeout=90)
         assert sp.returncode == 0 and "stopped" in sp.stdout
@@ -856,6 +857,32 @@ def test_detach_status_and_stop(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(info["pid"], signal.SIGKILL)
+
+
+def test_a_foreground_daemon_also_logs_to_its_log_file(tmp_path: Path) -> None:
+    log = tmp_path / "fg.log"
+    with Daemon(tmp_path, "--log-file", str(log), "--log-level", "info") as d:
+        assert d.stop() == 0
+    text = log.read_text()  # once each: stderr is not this file
+    assert text.count("listening on") == 1 and text.count("topasd stopped") == 1
+    assert "topasd stopped" in d.log.read_text()  # and stderr still has it
+
+
+def test_stop_says_why_it_waits_and_a_second_stop_ends_the_grace(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "topasd.cli"]
+    with Daemon(tmp_path, "--workload", "chain3", "--rate", "2", "--grace", "120",
+                speed="1") as d:
+        d.wait_for(lambda s: s["counts"]["requests_running"] > 0)
+        first = subprocess.run([*base, "stop", "--runtime-file", str(d.runtime), "--timeout",
+                                "2"], env=clean_env(), capture_output=True, text=True, timeout=60)
+        again = f"`topasd stop --runtime-file {d.runtime}` again stops it now"
+        assert first.returncode == 2, first.stderr
+        assert "is letting running work finish" in first.stderr and again in first.stderr
+        assert "did not exit within 2 s" in first.stderr
+        second = subprocess.run([*base, "stop", "--runtime-file", str(d.runtime)],
+                                env=clean_env(), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 0 and "stopped" in second.stdout, second.stderr
+        assert d.proc.wait(30) == 0
 
 
 def test_a_call_the_engine_refuses_leaves_no_task_open(tmp_path: Path) -> None:

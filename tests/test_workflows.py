@@ -103,6 +103,13 @@ def test_duplicate_stage_is_named() -> None:
     ("rounds", {"choice": [1, float("nan")]}, "finite"),
     ("input_tokens", {"uniform": [1, float("inf")]}, "finite"),
     ("output_tokens", {"lognormal": {"median": 9, "sigma": 1e308, "high": 99}}, "(0, 20]"),
+    # a clip with low above high gave `high` every time, without a word
+    ("output_tokens", {"lognormal": {"median": 50, "sigma": 1, "low": 100, "high": 10}},
+     "low <= high"),
+    # counts are whole: 2.5 rounds ran as 2, 10.7 tokens as 11
+    ("rounds", 2.5, "not a whole number"),
+    ("output_tokens", 10.7, "not a whole number"),
+    ("input_tokens", {"choice": [10, 20.5]}, "not a whole number"),
 ])
 def test_bad_distribution_names_stage_and_field(field: str, value, says: str) -> None:
     data = spec({"name": "a", "agent": "A"}, {"name": "b", "agent": "B", field: value})
@@ -163,8 +170,15 @@ def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: wf\nagents: {A: {prefix_tokens: 1}}\nstages:\n"
                    "  - {name: a, agent: Nobody}\n")
-    with pytest.raises(WorkflowError, match="unknown agent 'Nobody'"):
+    with pytest.raises(WorkflowError, match=r"bad\.yaml: workflow 'wf', stage 'a': unknown "
+                                            "agent 'Nobody'"):
         load_workflow(bad)
+    cyclic = tmp_path / "cyc.yaml"
+    cyclic.write_text("name: wf\nagents: {A: {prefix_tokens: 1}}\nstages:\n"
+                      "  - {name: a, agent: A, after: [b]}\n  - {name: b, agent: A, after: [a]}\n")
+    with pytest.raises(WorkflowError, match=r"cyc\.yaml: workflow 'wf': the stage graph has a "
+                                            "cycle"):
+        load_workflow(cyclic)
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: [unclosed\n")
     with pytest.raises(WorkflowError, match=r"broken\.yaml: not valid YAML") as err:
@@ -282,7 +296,7 @@ ALL_KINDS = spec(
      "output_tokens": {"lognormal": {"median": 40, "sigma": 0.5, "low": 5, "high": 200}}},
     {"name": "b", "agent": "B", "after": ["a"], "rounds": {"choice": [1, 2, 3]},
      "tool_wait_s": {"uniform": [0.1, 2.0]}, "observation_tokens": {"fixed": 12},
-     "output_tokens": 33.5, "history": "parents"},
+     "output_tokens": 34, "history": "parents"},
     {"name": "c", "agent": "A", "after": ["a", "b"], "history": "ancestors",
      "carry_rounds": False},
     name="kinds",
@@ -404,6 +418,10 @@ MALFORMED = {
     "not-an-object": (lambda ls: [*ls[:2], "[1, 2]\n", *ls[2:]], 3, "'type' field"),
     "bad-spec": (lambda ls: [*ls[:1], ls[1].replace('"agent": "B"', '"agnt": "B"'), *ls[2:]], 2,
                  "agnt"),
+    "workflow-without-spec": (lambda ls: [ls[0], '{"type": "workflow"}\n', *ls[2:]], 2,
+                              "workflow record lacks field 'spec'"),
+    "spec-not-an-object": (lambda ls: [ls[0], '{"type": "workflow", "spec": "x"}\n', *ls[2:]],
+                           2, "'spec' must be an object"),
 }
 
 

@@ -52,7 +52,14 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from topasd.config import PARAM_ALIASES, Settings, canonical_param, canonical_params, read_runtime
+from topasd.config import (
+    PARAM_ALIASES,
+    Settings,
+    canonical_param,
+    canonical_params,
+    read_runtime,
+    stop_command,
+)
 from topasd.model import EventKind, TopasError
 from topasd.scheduler import ALL_POLICY_NAMES, native
 from topasd.scheduler.params import PARAM_RANGES, TopasParams
@@ -1116,8 +1123,8 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
     other = read_runtime(runtime)
     if other is not None and other.get("pid") != os.getpid():
         raise AlreadyRunning(f"a daemon already runs (pid {other.get('pid')}, "
-                             f"{other.get('url')}); stop it with `topasd stop` or give this one "
-                             "another --runtime-file")
+                             f"{other.get('url')}); stop it with `{stop_command(runtime)}` or "
+                             "give this one another --runtime-file")
     sock = _bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     try:

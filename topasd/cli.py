@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -21,6 +22,7 @@ BACKENDS = ("sim", "vllm", "sglang")
 REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
 VLLM_BUDGET = 16384  # default KV pool of --backend vllm (backends.vllm.POOL_TOKENS), tokens
 VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's clock
+DETACHED_ENV = "TOPASD_DETACHED"  # set for the foreground child `start --detach` runs
 
 
 class TopasGroup(click.Group):
@@ -71,7 +73,9 @@ def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) ->
     """Sample a trace of TASKS arrivals of a workload at RATE task/s."""
     from workflows.trace import save_trace, write_trace
 
-    tr = _generated_trace(workload, rate, tasks, seed)
+    with _progress(tasks, "sampling", False) as tick:
+        tr = _generated_trace(workload, rate, tasks, seed,
+                              progress=lambda k: tick(k, tasks, math.nan))
     if output == "-":
         write_trace(tr, click.get_text_stream("stdout"))
     else:
@@ -82,12 +86,13 @@ def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) ->
                f"last arrival at {tr.tasks[-1].arrival:.1f}s", err=True)
 
 
-def _generated_trace(workload: str, rate: float, tasks: int, seed: int) -> Any:
+def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
+                     progress: Callable[[int], None] | None = None) -> Any:
     from workflows.builtin import load_workload
     from workflows.trace import generate_trace
 
     wl = load_workload(workload)
-    return generate_trace(wl.workflows, rate, tasks, seed, name=wl.name)
+    return generate_trace(wl.workflows, rate, tasks, seed, name=wl.name, progress=progress)
 
 
 # ---------------------------------------------------------------- replay
@@ -140,6 +145,9 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
            db_path: str | None, log_candidates: str | None, params: tuple[str, ...]) -> None:
     """Run a workload trace through one or more policies in virtual time.
 
+    TRACE_FILE is a trace written by `topasd trace gen` (`-` reads it from
+    standard input: `topasd trace gen -w chain3 -o - | topasd replay -`).
+
     Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
     first-task completion, running batch, prefix loads, preemptions,
     recomputed tokens and decision time. Every policy sees the same trace.
@@ -171,14 +179,17 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     names = _policy_names(policies)
     tuned = _topas_params(names, _param_flags(params)) if params else {}
     store = _open_store(db_path, log_candidates)  # last: bad input leaves no log file
-    rows = []
-    for name in names:
-        with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
-            sink = None if store is None else store.sink(log_candidates or "all")
-            rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts,
-                                 tuned if name in _topas_names() else {}))
-        if sink is not None:
-            rows[-1]["run_id"] = sink.run_id
+    rows: list[dict[str, Any]] = []
+    try:
+        for name in names:
+            with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
+                sink = None if store is None else store.sink(log_candidates or "all")
+                rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts,
+                                     tuned if name in _topas_names() else {}))
+            if sink is not None:
+                rows[-1]["run_id"] = sink.run_id
+    except KeyboardInterrupt:  # Ctrl-C: keep what finished
+        _interrupted(name, rows, store, sink, tr.meta, prof)
     if store is not None:
         ids = [r["run_id"] for r in rows]
         click.echo(f"decision log: {store.path} (run{'s' if len(ids) > 1 else ''} "
@@ -195,6 +206,23 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
                           else f"vLLM engine, clock {clock_used}"))
         if tuned:
             click.echo("TOPAS parameters: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
+
+
+def _interrupted(name: str, rows: list[dict[str, Any]], store: Any, sink: Any, meta: Any,
+                 prof: HardwareProfile) -> NoReturn:
+    """After Ctrl-C in a replay: the policies that finished, where the cut run is,
+    exit 130 (as a shell reports SIGINT)."""
+    click.echo(f"\ninterrupted during {name}", err=True)
+    if rows:
+        click.echo(_table(rows, meta, prof))
+    if store is not None:
+        cut = f"; run {sink.run_id} ({name}) is marked interrupted" if sink is not None and \
+            sink.run_id is not None else ""
+        done = ", ".join(str(r["run_id"]) for r in rows)
+        click.echo(f"decision log: {store.path} (finished run{'s' if len(rows) != 1 else ''}: "
+                   f"{done or 'none'}{cut})", err=True)
+        store.close()
+    sys.exit(130)
 
 
 def _given(*names: str) -> set[str]:
@@ -350,10 +378,22 @@ def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, i
     if hidden or not sys.stderr.isatty():
         yield lambda done, n, t: None
         return
-    with click.progressbar(length=total, label=label, file=sys.stderr,
-                           show_pos=True) as bar:
+    import time
+
+    with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
+                           item_show_func=lambda t: None if t is None or math.isnan(t) else
+                           f"engine t={t:,.0f}s") as bar:
+        shown = [0.0]
+
         def tick(done: int, n: int, t: float) -> None:
-            bar.update(done - bar.pos)
+            bar.current_item = t  # tasks done, and the engine time (it moves when none is)
+            if done > bar.pos:
+                bar.update(done - bar.pos)
+            elif time.monotonic() - shown[0] > 0.5:
+                bar.render_progress()
+            else:
+                return
+            shown[0] = time.monotonic()
 
         yield tick
 
@@ -501,7 +541,8 @@ def native_status() -> None:
                                                               "error"]),
               help="Log level (logs go to stderr) [default: info].")
 @click.option("--log-file", default=None, metavar="FILE",
-              help="With --detach: the log file [default: beside the runtime file].")
+              help="Also log to this file (appended); with --detach, the daemon's only log "
+                   "[default with --detach: beside the runtime file].")
 @click.option("--detach", is_flag=True, help="Start in the background and return.")
 @click.option("--print-config", is_flag=True, help="Print the merged settings and exit.")
 def start(config_path: str | None, backend: str | None, model_path: str | None,
@@ -554,7 +595,8 @@ def start(config_path: str | None, backend: str | None, model_path: str | None,
         return
     from topasd.api import serve
 
-    _setup_logging(loaded.settings.log_level)
+    _setup_logging(loaded.settings.log_level,
+                   None if os.environ.get(DETACHED_ENV) else loaded.settings.log_file)
     code = serve(loaded.settings, on_ready=lambda info: click.echo(
         f"topasd listening on {info['url']} (pid {info['pid']}, runtime file "
         f"{loaded.settings.runtime_file})", nl=True))
@@ -573,10 +615,19 @@ def _param_flags(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _setup_logging(level: str) -> None:
+def _setup_logging(level: str, log_file: str | None = None) -> None:
+    """Log to stderr, and to `log_file` too when given (a detached daemon's stderr
+    already is its log file)."""
     import logging
 
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        try:
+            handlers.append(logging.FileHandler(log_file))
+        except OSError as exc:
+            raise TopasError(f"cannot write the daemon log {log_file} ({exc.strerror}); give "
+                             "another --log-file") from None
+    logging.basicConfig(level=level.upper(), handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
@@ -586,13 +637,13 @@ def _detach(settings: Any) -> None:
     import time
     from pathlib import Path
 
-    from topasd.config import read_runtime
+    from topasd.config import read_runtime, stop_command
 
     runtime = Path(settings.runtime_file)
     other = read_runtime(runtime)
     if other is not None:
         raise TopasError(f"a daemon already runs (pid {other.get('pid')}, {other.get('url')}); "
-                         "stop it with `topasd stop` or give another --runtime-file")
+                         f"stop it with `{stop_command(runtime)}` or give another --runtime-file")
     log_path = Path(settings.log_file or runtime.with_suffix(".log"))
     if not runtime.parent.is_dir():
         raise TopasError(f"runtime file {runtime}: folder {runtime.parent} does not exist; "
@@ -607,7 +658,7 @@ def _detach(settings: Any) -> None:
     with log_fh:
         proc = subprocess.Popen([sys.executable, "-m", "topasd.cli", *args],
                                 stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, DETACHED_ENV: "1"})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         info = read_runtime(runtime)
@@ -687,19 +738,28 @@ def stop(runtime_file: str | None, config_path: str | None, timeout: float) -> N
     import signal
     import time
 
+    from topasd.config import stop_command
+
     path, info = _runtime_info(runtime_file, config_path)
     if info is None:
         raise TopasError(f"no daemon running (no live runtime file at {path})")
     pid = int(info["pid"])
     os.kill(pid, signal.SIGTERM)
+    again = stop_command(path)
     deadline = time.monotonic() + timeout
+    told = False
     while time.monotonic() < deadline:
         if _exited(pid):  # not just its runtime file gone: the engine may still be closing
             click.echo(f"topasd (pid {pid}) stopped")
             return
+        if not told and time.monotonic() > deadline - timeout + 1.0:
+            told = True  # still draining after a second: say why this waits
+            click.echo(f"topasd (pid {pid}) is letting running work finish (its grace "
+                       f"period); `{again}` again stops it now", err=True)
         time.sleep(0.1)
-    raise TopasError(f"topasd (pid {pid}) did not exit within {timeout:.0f} s; it may still be "
-                     "finishing work (see its log), or send SIGKILL")
+    raise TopasError(f"topasd (pid {pid}) did not exit within {timeout:.0f} s; it is still "
+                     f"finishing work (see its log): `{again}` again stops it now and keeps "
+                     "its log whole (SIGKILL would lose the last moments of it)")
 
 
 def _exited(pid: int) -> bool:

@@ -17,6 +17,7 @@ import difflib
 import ipaddress
 import json
 import os
+import shlex
 import tempfile
 import tomllib
 from collections.abc import Mapping
@@ -69,6 +70,13 @@ def build_policy(name: str, params: Mapping[str, Any]) -> Any:
         TopasParams(**VARIANTS[name]).changed(**params)  # names the unknown or bad one
         check_variant(name, params)
     return make_policy(name, **params)
+
+
+def stop_command(runtime_file: str | Path) -> str:
+    """The `topasd stop` that reaches the daemon of `runtime_file`."""
+    if str(runtime_file) == default_runtime_file():
+        return "topasd stop"
+    return f"topasd stop --runtime-file {shlex.quote(str(runtime_file))}"
 
 
 def default_runtime_file() -> str:
@@ -245,6 +253,13 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
     elif settings.model_path is not None:
         raise ConfigError("setting model_path needs --backend vllm or sglang (the simulator "
                           "takes no model)")
+    sglang_only = {"tp_size": settings.tp_size != 1, "dp_size": settings.dp_size != 1,
+                   "mem_fraction": settings.mem_fraction is not None,
+                   "hicache": settings.hicache, "hicache_size": settings.hicache_size is not None}
+    stray = [name for name, given in sglang_only.items() if given]
+    if settings.backend != "sglang" and stray:
+        raise ConfigError(f"setting {stray[0]} (from {sources.get(stray[0], 'default')}) is "
+                          f"for --backend sglang, not {settings.backend}: drop it")
     if settings.tasks is not None and settings.workload is None:
         raise ConfigError("setting tasks needs a workload (--workload NAME) to drive")
     if settings.rate is not None and settings.workload is None:

@@ -107,6 +107,10 @@ class Dist:
             self.low is None or self.high is None or self.low > self.high
         ):
             raise WorkflowError(f"{self.kind} needs low <= high, got {self.low}, {self.high}")
+        if self.kind == "lognormal" and None not in (self.low, self.high) and \
+                self.low > self.high:  # type: ignore[operator]
+            raise WorkflowError(f"lognormal needs low <= high (its clip), got low {self.low:g} "
+                                f"> high {self.high:g}")
         if self.kind == "lognormal" and (self.median is None or self.median <= 0 or not self.sigma):
             raise WorkflowError("lognormal needs median > 0 and sigma > 0")
         if self.kind == "choice" and not self.values:

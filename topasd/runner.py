@@ -282,6 +282,8 @@ class Run:
             while i < len(tasks) and tasks[i].arrival <= self.backend.t:
                 loop.arrive(tasks[i])
                 i += 1
+            if self.progress is not None:  # engine time moves on while no task finishes
+                self.progress(len(loop.book.finishes), len(tasks), self.backend.t)
         loop.pump(None)
         if loop.book.tasks:
             left = len(loop.book.tasks)

@@ -57,10 +57,16 @@ MAX_TIME_S = 1e9
 
 
 def parse_dist(spec: DistSpec, where: str,
-               bounds: tuple[float, float] = (-math.inf, math.inf)) -> Dist:
+               bounds: tuple[float, float] = (-math.inf, math.inf), whole: bool = False
+               ) -> Dist:
     """Turn a number or a one-key mapping into a `Dist`, naming `where` on error;
-    every value it can take must lie within `bounds`."""
+    every value it can take must lie within `bounds` (and, with `whole`, a fixed
+    value or choice must be a whole number: a count)."""
     dist = _parse_dist(spec, where)
+    given = (dist.mean(),) if dist.kind == "fixed" else dist.values or ()
+    if whole and any(not float(v).is_integer() for v in given):
+        raise WorkflowError(f"{where}: {spec!r} is not a whole number; counts are whole "
+                            "(a distribution such as lognormal rounds its draws)")
     lo, hi = _support(dist)
     if not (bounds[0] <= lo and hi <= bounds[1]) or math.isnan(lo) or math.isnan(hi):
         raise WorkflowError(f"{where}: values must lie in [{bounds[0]:g}, {bounds[1]:g}], "
@@ -175,6 +181,7 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
             f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
         )
         raise WorkflowError(f"{where}: {problems}" if where else problems) from None
+    source = where
     where = f"{where}: workflow {spec.name!r}" if where else f"workflow {spec.name!r}"
     seen: set[str] = set()
     stages: dict[str, Stage] = {}
@@ -184,18 +191,23 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
         seen.add(s.name)
         at = f"{where}, stage {s.name!r}"
         profile = StageProfile(
-            rounds=parse_dist(s.rounds, f"{at}, rounds", (1, MAX_ROUNDS)),
-            input_tokens=parse_dist(s.input_tokens, f"{at}, input_tokens", (0, MAX_TOKENS)),
-            output_tokens=parse_dist(s.output_tokens, f"{at}, output_tokens", (1, MAX_TOKENS)),
+            rounds=parse_dist(s.rounds, f"{at}, rounds", (1, MAX_ROUNDS), whole=True),
+            input_tokens=parse_dist(s.input_tokens, f"{at}, input_tokens", (0, MAX_TOKENS),
+                                    whole=True),
+            output_tokens=parse_dist(s.output_tokens, f"{at}, output_tokens", (1, MAX_TOKENS),
+                                     whole=True),
             tool_wait_s=parse_dist(s.tool_wait_s, f"{at}, tool_wait_s", (0, MAX_TIME_S)),
             observation_tokens=parse_dist(s.observation_tokens, f"{at}, observation_tokens",
-                                          (0, MAX_TOKENS)),
+                                          (0, MAX_TOKENS), whole=True),
             history=s.history,
             carry_rounds=s.carry_rounds,
         )
         stages[s.name] = Stage(s.name, s.agent, tuple(s.after), profile)
     agents = {name: Agent(name, a.prefix_tokens) for name, a in spec.agents.items()}
-    return Workflow(spec.name, agents, stages, spec.description)
+    try:
+        return Workflow(spec.name, agents, stages, spec.description)
+    except WorkflowError as exc:  # a cycle, an unknown agent or predecessor: name the file
+        raise WorkflowError(f"{source}: {exc}" if source else str(exc)) from None
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -7,10 +7,12 @@ tokens, tool wait after the round).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -163,10 +165,16 @@ def trace_tasks(workflows: Sequence[Workflow], rate: float, n_tasks: int,
 
 
 def generate_trace(workflows: Sequence[Workflow], rate: float, n_tasks: int, seed: int,
-                   name: str | None = None) -> Trace:
+                   name: str | None = None,
+                   progress: Callable[[int], None] | None = None) -> Trace:
     """A Poisson arrival trace of `n_tasks` tasks cycling through `workflows`
-    (`trace_tasks`)."""
-    tasks = tuple(trace_tasks(workflows, rate, n_tasks, seed))
+    (`trace_tasks`); `progress(k)` hears of every 1,000th task sampled."""
+    tasks_: list[TaskRecord] = []
+    for task in trace_tasks(workflows, rate, n_tasks, seed):
+        tasks_.append(task)
+        if progress is not None and len(tasks_) % 1000 == 0:
+            progress(len(tasks_))
+    tasks = tuple(tasks_)
     meta = {"workload": name or workflows[0].name, "rate": rate, "tasks": n_tasks, "seed": seed}
     return Trace({wf.name: wf for wf in workflows}, tasks, meta)
 
@@ -207,7 +215,11 @@ def save_trace(trace: Trace, path: str | Path) -> None:
 
 
 def load_trace(path: str | Path) -> Trace:
+    """The trace file at `path`; `-` reads standard input (`trace gen ... -o - |`)."""
     try:
+        if str(path) == "-":
+            stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig")
+            return read_trace(stdin, "<stdin>")
         with open(path, encoding="utf-8-sig") as fh:  # -sig: a leading BOM is not data
             return read_trace(fh, str(path))
     except OSError as exc:
@@ -295,8 +307,14 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
 
 def _workflow(rec: dict[str, Any], where: str) -> Workflow:
     """A workflow line's spec; errors read `FILE:LINE: workflow 'NAME', ...`."""
+    if not isinstance(rec.get("spec"), dict):
+        raise TraceError(f"{where}: workflow record lacks field 'spec' (a workflow spec "
+                         "object: name, agents, stages; docs/trace-format.md)"
+                         if "spec" not in rec else f"{where}: workflow record's 'spec' must "
+                         "be an object (name, agents, stages), not "
+                         f"{type(rec['spec']).__name__}")
     try:
-        return workflow_from_dict(rec.get("spec"), where=where)
+        return workflow_from_dict(rec["spec"], where=where)
     except WorkflowError as exc:
         msg = str(exc)
         raise TraceError(msg if msg.startswith(f"{where}:") else f"{where}: {msg}") from None

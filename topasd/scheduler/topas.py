@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.ma  # np.isin imports it lazily: not in the first decision that sorts
 
 from topasd.model import (
     Candidate,
