@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from collections.abc import Sequence
 
@@ -127,8 +128,9 @@ def main() -> None:
             row = {p: mean_jct(p, arrivals, batch) for p in POLICIES if p != "topas"}
             row["topas"], row["topas preemptions"] = run("topas", arrivals, batch)
             rows[batch].append(row)
-            print(f"\rbatch {batch}: {i + 1}/{args.scenarios}", end="", flush=True)
-        print()
+            print(f"\rbatch {batch}: {i + 1}/{args.scenarios}", end="", flush=True,
+                  file=sys.stderr)
+        print(file=sys.stderr)
     canon = {(b, a): {p: mean_jct(p, a, b) for p in POLICIES} for b in args.batches
              for a in CANONICAL}
     text = render(rows, canon, args, time.perf_counter() - t0)

@@ -25,13 +25,14 @@ The HTML embeds plotly.js, so it works offline.
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import shutil
 import subprocess
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +47,7 @@ View = Literal["agents", "tasks"]
 VIEWS: tuple[str, ...] = ("agents", "tasks")
 DEFAULT_MAX_BARS = 4000
 LABEL_BARS = 300  # request bars carry a "T<task>.<stage>" label up to this many bars
+LEGEND_PER_ROW = 5  # legend entries a row holds at the default width (for the margin)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--hide-scrollbars")
@@ -153,8 +155,13 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
     mode, notes = "detailed", []
     win = window or span
     if window is not None:
+        if window[1] < span[0] or window[0] > span[1]:
+            raise GanttError(f"--window {window[0]:g}:{window[1]:g} lies outside {run.label} "
+                             f"({span[0]:g}–{span[1]:g} s): choose times within it")
         bars, marks = _clip(bars, window), [m for m in marks if window[0] <= m.t <= window[1]]
         agg = _clip(agg, window)
+        if view == "tasks":  # only the tasks that show in the window keep a lane
+            lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, agg)
         mode = "windowed"
         notes.append(f"window {window[0]:g}–{window[1]:g} s of {span[0]:g}–{span[1]:g} s")
     if len(bars) > max_bars:
@@ -248,6 +255,20 @@ def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[
     agg = [_Bar("task", b.y, TASK_BAND[1] + TASK_REQUEST_BAND[1], b.start, b.end, b.hover)
            for b in task_bars]
     return lanes, bars, marks, agg
+
+
+def _lanes_used(lanes: list[str], bars: list[_Bar], marks: list[_Mark], agg: list[_Bar]
+                ) -> tuple[list[str], tuple[list[_Bar], list[_Mark], list[_Bar]]]:
+    """The lanes that hold a bar or mark, renumbered from the top (tasks view)."""
+    used = sorted({int(b.y) for b in bars} | {int(m.y) for m in marks} | {int(b.y) for b in agg})
+    new = {old: i for i, old in enumerate(used)}
+
+    def move(y: float) -> float:
+        return new[int(y)] + (y - int(y))
+
+    return [lanes[i] for i in used], ([replace(b, y=move(b.y)) for b in bars],
+                                      [replace(m, y=move(m.y)) for m in marks],
+                                      [replace(b, y=move(b.y)) for b in agg])
 
 
 def _segment_bars(s: q.Segment, y: float, h: float, colour: str,
@@ -365,17 +386,26 @@ def _marks_in(marks: list[_Mark], win: tuple[float, float]) -> tuple[list[_Mark]
     return inside, len(marks) - len(inside)
 
 
-def _output_file(out_html: str | Path) -> Path:
-    """The HTML file to write; a folder (existing, or a name ending in a slash) is refused."""
+def _output_file(out_html: str | Path, what: str = "HTML", flag: str = "-o",
+                 example: str = "gantt.html") -> Path:
+    """The file to write; a folder (existing, or a name ending in a slash), a
+    missing folder or one this process cannot write to is refused."""
     text = str(out_html)
     out = Path(out_html)
     if out.is_dir() or text.endswith(("/", os.sep)):
-        example = Path(text.rstrip("/" + os.sep) or ".") / "gantt.html"
-        raise GanttError(f"{text}: is a folder, not a file; name the HTML file, "
-                         f"e.g. -o {example}")
+        named = Path(text.rstrip("/" + os.sep) or ".") / example
+        raise GanttError(f"{text}: is a folder, not a file; name the {what} file, "
+                         f"e.g. {flag} {named}")
     if not out.parent.is_dir():
         raise GanttError(f"{out}: the folder {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK | os.X_OK):
+        raise GanttError(f"{out}: the folder {out.parent} is not writable; give another {flag}")
     return out
+
+
+def png_file(png: str | Path) -> Path:
+    """The PNG file `--png` names, checked as the HTML output is."""
+    return _output_file(png, "PNG", "--png", "gantt.png")
 
 
 def _span(start: float, end: float) -> str:
@@ -418,14 +448,16 @@ def _figure(run: q.RunRow, view: str, lanes: list[str], bars: list[_Bar], marks:
              f"{view} view")
     if run.summary and "mean_jct_s" in run.summary:
         title += f", mean JCT {run.summary['mean_jct_s']:.3g} s"
-    if notes:
-        title += "<br><sup>" + "; ".join(notes) + "</sup>"
+    title += "".join(f"<br><sup>{note}</sup>" for note in notes)  # one line each
+    legend_rows = math.ceil(len(fig.data) / LEGEND_PER_ROW)
+    bottom = 60 + 22 * legend_rows  # the legend sits under the time axis, clear of the title
     fig.update_layout(
         title={"text": title, "x": 0.01, "xanchor": "left"},
         barmode="overlay", bargap=0, template="plotly_white",
-        height=min(180 + n * lane_px, 4000), hovermode="closest",
-        legend={"orientation": "h", "y": 1.0, "x": 0, "yanchor": "bottom"},
-        margin={"l": 90, "r": 20, "t": 120 if notes else 100, "b": 60},
+        height=min(120 + bottom + 18 * len(notes) + n * lane_px, 4000), hovermode="closest",
+        legend={"orientation": "h", "yref": "container", "y": 0, "yanchor": "bottom", "x": 0},
+        margin={"l": 90, "r": 20, "t": 70 + 18 * len(notes), "b": bottom},
+        uniformtext={"minsize": 9, "mode": "hide"},  # no label shrunk past reading
         xaxis={"title": {"text": "time (s)"}, "range": list(window), "zeroline": False,
                "showgrid": True},
         yaxis={"range": [n, 0], "tickmode": "array",

@@ -246,7 +246,7 @@ class ReplaySource:
     def detail(self, seq: int) -> DecisionDetail:
         row = q.decision_row(self.store.db, self.run.id, seq)
         cands = q.candidates(self.store.db, self.run.id, seq)
-        policy, _ = q.params_at(self.store.db, self.run, float(row["t"]))
+        policy, _ = q.params_at(self.store.db, self.run, float(row["t"]), seq)
         return detail_from_store(row, cands, policy)
 
     def params(self, t: float) -> tuple[str, dict[str, Any]]:

@@ -46,9 +46,9 @@ CANDIDATE_SQL = (
     "INSERT INTO candidates (run_id, decision_seq, idx, won, resident, admit, preempt, "
     "j_admit, j_move, j_redo, j_revoke, v_reuse, total) VALUES ({run}, "
     + ", ".join("?" * 12) + ")")
-# param change: (t, wall_ts, name, old_json, new_json, source)
-PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source) "
-             "VALUES ({run}, ?, ?, ?, ?, ?, ?)")
+# param change: (t, wall_ts, name, old_json, new_json, source, from_decision)
+PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source, "
+             "from_decision) VALUES ({run}, ?, ?, ?, ?, ?, ?, ?)")
 # The requests and tasks rows that one frame's events touched, folded in.
 REQUESTS_SQL = """
 INSERT INTO requests (run_id, request_id, task_id, stage, agent, ready, admitted, started,

@@ -32,6 +32,8 @@ def connect(path: str | Path, *, create: bool = True) -> Database:
         raise StoreError(f"{p}: no such decision log (write one with `topasd replay --db {p}`)")
     if create and p.parent and not p.parent.is_dir():
         raise StoreError(f"{p}: the folder {p.parent} does not exist")
+    if p.is_dir():
+        raise StoreError(f"{p}: is a folder; name the decision log file, e.g. {p / 'topasd.db'}")
     try:
         db = Database(sqlite3.connect(str(p), check_same_thread=False))
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

@@ -58,13 +58,20 @@ def get_run(db: Database, run_id: int | None = None) -> RunRow:
     if run_id is None:
         row = next(db.query("SELECT * FROM runs ORDER BY id DESC LIMIT 1"), None)
         if row is None:
-            raise StoreError("the decision log holds no runs yet")
+            raise StoreError(f"{_file(db)}: the decision log holds no runs yet (a daemon or "
+                             "`topasd replay --db` writes them)")
         return _run_row(row)
     row = next(db.query("SELECT * FROM runs WHERE id = ?", [run_id]), None)
     if row is None:
         have = ", ".join(f"{r.id} ({r.policy})" for r in runs(db)) or "none"
-        raise StoreError(f"no run {run_id} in the decision log; runs: {have}")
+        raise StoreError(f"{_file(db)}: no run {run_id} in the decision log; runs: {have}")
     return _run_row(row)
+
+
+def _file(db: Database) -> str:
+    """The file `db` is connected to (for messages)."""
+    row = db.execute("PRAGMA database_list").fetchone()
+    return str(row[2]) if row and row[2] else "the decision log"
 
 
 def _run_row(r: dict[str, Any]) -> RunRow:
@@ -360,14 +367,20 @@ def decisions_before(db: Database, run_id: int, t: float, *, limit: int = 200,
     return rows
 
 
-def params_at(db: Database, run: RunRow, t: float) -> tuple[str, dict[str, Any]]:
+def params_at(db: Database, run: RunRow, t: float, seq: int | None = None
+              ) -> tuple[str, dict[str, Any]]:
     """The policy and its parameters in force at `t`: the run's starting ones with
-    every logged change up to `t` applied. A policy switch starts the parameters
-    afresh: the daemon logs every parameter of the new policy right after it."""
+    every logged change up to `t` applied; with `seq`, those decision `seq` used
+    (a change at the same `t` may come after it: its `from_decision` says). A
+    policy switch starts the parameters afresh: the daemon logs every parameter
+    of the new policy right after it."""
     policy = run.policy
     params = dict(run.params.get("policy") or {})
-    for change in db.query("SELECT name, new FROM param_changes WHERE run_id = ? AND t <= ? "
-                           "ORDER BY t, id", [run.id, t]):
+    where = "t <= ?" if seq is None else \
+        "(CASE WHEN from_decision IS NULL THEN t <= ? ELSE from_decision <= ? END)"
+    args = [run.id, t] if seq is None else [run.id, t, seq]
+    for change in db.query(f"SELECT name, new FROM param_changes WHERE run_id = ? AND {where} "
+                           "ORDER BY t, id", args):
         value = _loads(change["new"])
         if change["name"] == "policy":
             policy, params = str(value), {}

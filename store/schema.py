@@ -20,13 +20,17 @@ Tables (times `t` are seconds on the backend's clock, `*_ts` unix wall time):
 - `decisions`: (run_id, seq): t, wall_ms (policy time), wall_ts, noop, the
   admit/preempt/load/evict lists (JSON) and their counts, reservation,
   blocked, retry, n_candidates, n_logged, chosen (candidate index),
-  chosen_resident (JSON) and the chosen state's score terms.
+  chosen_resident (JSON) and the chosen state's score terms. `load` lists
+  the prefixes the decision makes resident, whether the engine then moves
+  them from host memory or computes them again by prefill: the
+  `engine_events` say which (`prefix_load_start` or `prefix_compute_start`).
 - `candidates`: (run_id, decision_seq, idx): resident/admit/preempt (JSON),
   score terms, total, won.
 - `engine_events`: id, run_id, t, kind (`EventKind` value), request_id,
   task_id, agent, stage, tokens, value, note: every event the run reported,
   in the order reported (`tokens`/`value` as the backend defines them).
-- `param_changes`: id, run_id, t, wall_ts, name, old/new (JSON), source.
+- `param_changes`: id, run_id, t, wall_ts, name, old/new (JSON), source,
+  from_decision (the first decision `seq` it applies to).
 
 Indexes (m002) serve `store.queries`: decisions by (run, t), requests by
 (run, agent, admitted) and (run, task), tasks by (run, arrival), parameter
@@ -112,6 +116,14 @@ def m002_query_indexes(db: Database) -> None:
     db["tasks"].create_index(["run_id", "arrival"], index_name="ix_tasks_run_arrival")
     db["param_changes"].create_index(["run_id", "t"], index_name="ix_params_run_t")
     db["runs"].create_index(["status"], index_name="ix_runs_status")
+
+
+@migration
+def m003_param_change_first_decision(db: Database) -> None:
+    """`param_changes.from_decision`: the first decision `seq` a change applies to.
+    A decision and a change may share an engine time; the number says which
+    came first (NULL in logs written before: `t` is all they have)."""
+    db["param_changes"].add_column("from_decision", int)
 
 
 def applied(db: Database) -> list[str]:

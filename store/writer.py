@@ -179,6 +179,7 @@ class _ParamChange:
     old: Any
     new: Any
     source: str
+    from_decision: int | None
 
 
 class StoreSink:
@@ -266,11 +267,14 @@ class StoreSink:
             while len(q) > MAX_PENDING and self._error is None:
                 time.sleep(0.001)
 
-    def param_change(self, t: float, name: str, old: Any, new: Any, source: str = "api") -> None:
-        """Record a live parameter change (e.g. beta through `/v1/params`)."""
+    def param_change(self, t: float, name: str, old: Any, new: Any, source: str = "api",
+                     from_decision: int | None = None) -> None:
+        """Record a live parameter change (e.g. beta through `/v1/params`), in force
+        from decision `from_decision` on (the next one the policy makes)."""
         if self._error is not None or self._thread is None:
             self._fail()
-        self._params.append(_ParamChange(t, time.time(), name, old, new, source))
+        self._params.append(_ParamChange(t, time.time(), name, old, new, source,
+                                         from_decision))
 
     def sync(self) -> None:
         """Return once every decision, event and parameter change recorded before
@@ -342,7 +346,8 @@ class StoreSink:
         for _ in range(min(len(dq), FRAME_ROWS)):
             d, wall_ts = dq.popleft()
             self._decision_rows(d, wall_ts, decisions, cands)
-        params = [(p.t, p.wall_ts, p.name, to_json(p.old), to_json(p.new), p.source)
+        params = [(p.t, p.wall_ts, p.name, to_json(p.old), to_json(p.new), p.source,
+                   p.from_decision)
                   for p in (pq.popleft() for _ in range(len(pq)))]
         rows = list(map(add, map(_KIND1.__getitem__, map(_KIND, events)),
                         map(_EVENT_REST, events)))

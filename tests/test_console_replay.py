@@ -222,6 +222,20 @@ def test_params_at_applies_logged_changes(db: Path) -> None:
     policy, params = q.params_at(store.db, run, 30.0)
     assert (policy, params["beta"]) == ("topas", 5.0)
     assert q.params_at(store.db, run, 61.0) == ("lpm", {})  # a switch starts afresh
+    # a decision and a change at one engine time: the change's first decision decides
+    # (rows written before from_decision existed fall back to the time)
+    seq, t = sql(db, "SELECT seq, t FROM decisions WHERE run_id = ? AND seq > 3 ORDER BY seq "
+                     "LIMIT 1", run.id)[0]
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source, "
+                     "from_decision) VALUES (?, ?, 0, 'rho', '1.0', '7.0', 'api', ?)",
+                     [run.id, t, seq + 1])
+    conn.close()
+    assert q.params_at(store.db, run, t, seq)[1]["rho"] == 1.0  # decided before it
+    assert q.params_at(store.db, run, t, seq + 1)[1]["rho"] == 7.0
+    assert q.params_at(store.db, run, t)[1]["rho"] == 7.0  # at the time: in force
+    assert q.params_at(store.db, run, 30.0, seq)[1]["beta"] == 5.0  # NULL: by its time
     store.close()
 
 

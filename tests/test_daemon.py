@@ -317,9 +317,12 @@ def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Pa
     with Store(d.db, create=False) as store:
         run = q.get_run(store.db)
         changes = q.param_changes(store.db, run.id)
-        assert [(c["name"], c["old"], c["new"], c["source"]) for c in changes] == [
-            ("beta", 20.0, 0.0, "api")]
+        assert [(c["name"], c["old"], c["new"], c["source"], c["from_decision"])
+                for c in changes] == [("beta", 20.0, 0.0, "api", first_after)]
         assert changes[0]["t"] == pytest.approx(change["t"])
+        last_before = q.decision_row(store.db, run.id, first_after - 1)
+        assert q.params_at(store.db, run, last_before["t"], first_after - 1)[1]["beta"] == 20.0
+        assert q.params_at(store.db, run, change["t"], first_after)[1]["beta"] == 0.0
         decisions = q.decisions(store.db, run.id)
         before = [x for x in decisions if x["seq"] < first_after and x["v_reuse"] is not None]
         after = [x for x in decisions if x["seq"] >= first_after and x["v_reuse"] is not None]

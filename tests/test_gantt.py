@@ -218,9 +218,11 @@ def test_a_large_run_is_aggregated_then_windowed_and_says_so(tmp_path: Path) -> 
     for i in range(3000):  # batches of 3 overlapping requests, 3 batches in a row
         t0 = (i // 3) * 2.0 + (i % 3) * 0.1
         agent = "A" if (i // 9) % 2 == 0 else "B"
-        events += [req(t0, K.REQUEST_ADMIT, i, i, "s", agent),
+        events += [EngineEvent(t0, K.TASK_ARRIVE, task_id=i, note="wf"),
+                   req(t0, K.REQUEST_ADMIT, i, i, "s", agent),
                    req(t0 + 0.1, K.REQUEST_START, i, i, "s", agent),
-                   req(t0 + 1.5, K.REQUEST_FINISH, i, i, "s", agent)]
+                   req(t0 + 1.5, K.REQUEST_FINISH, i, i, "s", agent),
+                   EngineEvent(t0 + 1.5, K.TASK_FINISH, task_id=i)]
     path = tmp_path / "big.db"
     write_log(path, events)
     with Store(path) as store:
@@ -234,6 +236,19 @@ def test_a_large_run_is_aggregated_then_windowed_and_says_so(tmp_path: Path) -> 
         g = build_gantt(store, window=(100.0, 120.0))
         assert g.mode == "windowed" and g.bars == 60 and g.window == (100.0, 120.0)
         assert list(g.figure.layout.xaxis.range) == [100.0, 120.0]
+        # the tasks view keeps a lane only for the tasks in the window (not 3,000)
+        g = build_gantt(store, view="tasks", window=(100.0, 120.0))
+        assert g.lanes == [f"task {i}" for i in range(150, 180)]
+        ys = {int(y) for t in g.figure.data if t.meta == "task" for y in t.y}
+        assert ys == set(range(30))  # renumbered from the top
+        # two notes: one line each, the legend under the axis, clear of the title
+        g = build_gantt(store, window=(100.0, 120.0), max_bars=20)
+        assert len(g.notes) == 2
+        assert g.figure.layout.title.text.count("<br><sup>") == 2
+        assert g.figure.layout.legend.yref == "container" and g.figure.layout.legend.y == 0
+        with pytest.raises(GanttError, match=r"--window 7000:8000 lies outside run 1 .*"
+                                             r"\(0–1999.7 s\)"):
+            build_gantt(store, window=(7000.0, 8000.0))
 
 
 # ------------------------------------------------------------ CLI
@@ -254,12 +269,15 @@ def test_gantt_cli_writes_offline_html(log: Path, tmp_path: Path) -> None:
     (["{log}", "--run", "9"], "no run 9 in the decision log; runs: 1 (hand)"),
     (["{log}", "--window", "5:1"], "--window: START must be below END"),
     (["{log}", "--window", "abc"], "--window: expected START:END"),
+    (["{log}", "--window", "nan:5"], "--window: START and END must be finite"),
+    (["{log}", "--png", "{log}.d/x.png"], ".d does not exist"),  # before any work
 ])
 def test_gantt_cli_errors_are_one_line(log: Path, tmp_path: Path, args: list[str],
                                        message: str) -> None:
     argv = ["gantt", *(a.format(log=log) for a in args), "-o", str(tmp_path / "x.html")]
     res = CliRunner().invoke(main, argv)
     assert res.exit_code == 2
+    assert not (tmp_path / "x.html").exists()
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
 

@@ -856,8 +856,16 @@ def gantt(db: str, run_id: int | None, view: str, output: str, window: str | Non
       topasd replay --workload chain3 --policy lpm --tasks 20 --db run.db
       topasd gantt run.db -o gantt.html
     """
-    from console.gantt import DEFAULT_MAX_BARS, export_gantt, figure_height, screenshot
+    from console.gantt import (
+        DEFAULT_MAX_BARS,
+        export_gantt,
+        figure_height,
+        png_file,
+        screenshot,
+    )
 
+    if png:
+        png_file(png)  # a bad path is named before the work, not after it
     g = export_gantt(db, output, run_id=run_id, view=view, window=_window(window),
                      max_bars=max_bars or DEFAULT_MAX_BARS)
     click.echo(f"wrote {output}: {g.run.label}, {len(g.lanes)} lanes, {g.bars} bars, "
@@ -876,6 +884,9 @@ def _window(text: str | None) -> tuple[float, float] | None:
         a, b = (float(x) for x in text.split(":"))
     except ValueError:
         raise TopasError(f"--window: expected START:END in seconds, got {text!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b)):
+        raise TopasError(f"--window: START and END must be finite numbers of seconds, got "
+                         f"{text!r}")
     if not a < b:
         raise TopasError(f"--window: START must be below END, got {text!r}")
     return a, b

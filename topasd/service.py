@@ -1232,11 +1232,13 @@ class Service:
         if switched:  # a fresh policy: the body named `changed`; the log gets the switch
             changed = {k: new_params[k] for k in changes}  # and every parameter in force
             logged = new_params  # (a replay resets the parameters at a switch)
-            self.store_sink.param_change(t, "policy", old_name, new_name)
+            self.store_sink.param_change(t, "policy", old_name, new_name,
+                                         from_decision=self.loop.decisions + 1)
         else:
             changed = logged = {k: v for k, v in new_params.items() if old_params.get(k) != v}
         for name, value in sorted(logged.items()):
-            self.store_sink.param_change(t, name, old_params.get(name), value)
+            self.store_sink.param_change(t, name, old_params.get(name), value,
+                                         from_decision=self.loop.decisions + 1)
         if changed or switched:
             self.params_version += 1
             self.metrics.param_changes += len(changed) + switched
