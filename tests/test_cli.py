@@ -422,17 +422,22 @@ def test_a_stale_runtime_file_whose_pid_is_another_program_is_not_signalled(
         other.wait()
 
 
+@pytest.mark.parametrize("detach", [True, False])
 @pytest.mark.parametrize(("flags", "says"), [
     (["--log-file", "/nonexistent-dir/x.log"], "cannot write the daemon log /nonexistent-dir"),
     (["--runtime-file", "/nonexistent-dir/rt.json"], "folder /nonexistent-dir does not exist"),
 ])
-def test_detach_names_a_path_it_cannot_use(tmp_path: Path, flags: list[str], says: str) -> None:
-    args = ["start", "--detach", "--port", "0", "--db", str(tmp_path / "d.db"), *flags]
+def test_start_names_a_path_it_cannot_use(tmp_path: Path, flags: list[str], says: str,
+                                          detach: bool) -> None:
+    """In the background or not: the folder is not created, the log not skipped."""
+    args = ["start", *(["--detach"] if detach else []), "--port", "0",
+            "--db", str(tmp_path / "d.db"), *flags]
     if "--runtime-file" not in flags:
         args += ["--runtime-file", str(tmp_path / "rt.json")]
     res = run_cli(*args)
     line = assert_clean_error(res.returncode, res.stdout, res.stderr)
     assert says in line
+    assert not Path("/nonexistent-dir").exists()
 
 
 def test_tool_commands_name_a_path_they_cannot_use(tmp_path: Path) -> None:

@@ -1120,6 +1120,9 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
     the server, flush the store, remove the runtime file, return 0.
     """
     runtime = Path(settings.runtime_file)
+    if not runtime.parent.is_dir():  # as --db: a mistyped folder is not created
+        raise TopasError(f"runtime file {runtime}: the folder {runtime.parent} does not exist; "
+                         "create it or give another --runtime-file")
     other = read_runtime(runtime)
     if other is not None and other.get("pid") != os.getpid():
         raise AlreadyRunning(f"a daemon already runs (pid {other.get('pid')}, "
@@ -1202,7 +1205,6 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
 
 def _write_runtime(path: Path, info: dict[str, Any]) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(info, indent=2) + "\n")
         tmp.replace(path)
