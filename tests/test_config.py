@@ -145,7 +145,15 @@ def test_a_parameter_may_not_undo_what_defines_an_ablation_variant() -> None:
     with pytest.raises(TopasError, match="topas-noaging runs with aging=False"):
         live.set_params(aging=True)
     assert live.params.aging is False
-    live.set_params(reuse=False)  # not what defines topas-noaging
+    # nor turn the other switch off: topas-noaging without reuse is topas-base
+    with pytest.raises(TopasError, match="topas-noaging with reuse=False would run as "
+                                         "topas-base: choose that policy"):
+        live.set_params(reuse=False)
+    assert live.params.reuse is True
+    with pytest.raises(TopasError, match="topas-noreuse with aging=False would run as "
+                                         "topas-base"):
+        build_policy("topas-noreuse", {"aging": False})
+    assert build_policy("topas", {"reuse": False}).params.reuse is False  # topas takes any
     result = CliRunner().invoke(main, ["replay", "-w", "chain3", "-n", "3", "-p", "topas-base",
                                        "--param", "reuse=true"])
     assert result.exit_code == 2 and "would make it another variant" in result.output

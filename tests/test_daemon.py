@@ -532,6 +532,8 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         err(h.patch("/v1/params", json={"policy": "magic"}), 422, "policy")
         err(h.patch("/v1/params", json={"M": None}), 422, "M:", "range [0, 16]")
         err(h.patch("/v1/params", json={"rho": -1}), 422, "rho:", "range [0, 1000]")
+        err(h.patch("/v1/params", json={"seed": -1}), 422, "seed:", "got -1",
+            "range [0, 2147483647]")
         assert h.get("/health").json() == {"status": "ok", "engine": True}
         switched = h.patch("/v1/params", json={"policy": "lpm"}).json()
         assert (switched["policy"], switched["params"]) == ("lpm", {})

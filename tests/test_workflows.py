@@ -387,6 +387,9 @@ def edit_task(lines: list[str], index: int, change) -> list[str]:
 
 MALFORMED = {
     "truncated": (lambda ls: [*ls[:3], ls[3][: len(ls[3]) // 2]], 4, "not valid JSON"),
+    # cut short with lines after it: the column is where this line ends, not 1
+    "truncated-mid": (lambda ls: [*ls[:2], '{"type": "task", "id": 0, "arrival":\n', *ls[3:]],
+                      3, "Expecting value at column 37"),
     "missing-field": (lambda ls: edit_task(ls, 2, lambda r: r.pop("arrival")), 3,
                       "lacks field 'arrival'"),
     "unknown-workflow": (lambda ls: edit_task(ls, 3, lambda r: r.update(workflow="nope")), 4,

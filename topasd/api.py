@@ -1015,6 +1015,11 @@ def _error(status: int, kind: str, message: str, param: str | None = None,
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def _num(x: float) -> str:
+    """A range bound as written: whole numbers in full (2147483647, not 2.14748e+09)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
 def _install_errors(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -1046,7 +1051,9 @@ def _install_errors(app: FastAPI) -> None:
             why = e.get("msg", "invalid")
             limits = PARAM_RANGES.get(canonical_param(loc))
             if request.url.path == "/v1/params" and limits is not None:
-                why += f" (range [{limits[0]:g}, {limits[1]:g}])"
+                got = e.get("input")
+                shown = f"got {got!r}; " if isinstance(got, (int, float, str)) else ""
+                why += f" ({shown}range [{_num(limits[0])}, {_num(limits[1])}])"
             parts.append(f"{loc}: {why}")
         return _error(422, "invalid_request_error", "; ".join(parts), param)
 

@@ -146,7 +146,7 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     """Run a workload trace through one or more policies in virtual time.
 
     TRACE_FILE is a trace written by `topasd trace gen` (`-` reads it from
-    standard input: `topasd trace gen -w chain3 -o - | topasd replay -`).
+    standard input: `topasd trace gen -w chain3 -r 0.3 -o - | topasd replay -`).
 
     Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
     first-task completion, running batch, prefix loads, preemptions,

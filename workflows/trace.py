@@ -289,7 +289,7 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
     spec_hint = (f"{where}: this looks like a workflow spec (YAML or JSON), not a trace; use "
                  f"--workload {name}")
     try:
-        rec = json.loads(line)
+        rec = json.loads(line.rstrip("\r\n"))  # a column past the end, not 1 of the next line
     except json.JSONDecodeError as exc:
         if first and _SPEC_START.match(line):
             raise TraceError(spec_hint) from None

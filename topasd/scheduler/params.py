@@ -31,8 +31,8 @@ class TopasParams:
     aging: bool = True  # task aging (off in topas-base / topas-noaging)
     # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
     preempt: bool = True  # False: every candidate keeps every running request
-    hol_age: float | None = None  # reserve KV for the oldest waiting request once its
-    # task has waited this long (s), as EASY backfilling does; None: off
+    hol_age: float | None = None  # reserve KV for the oldest task's waiting request once
+    # that task is this old (s since its arrival), as EASY backfilling does; None: off
     # d_r's decode reservation (Eq. 2): "optimistic" uses the engine's estimate
     # (SGLang's new_token_ratio, the paper's implementation base; the engine may
     # retract), "full" reserves every remaining output token (never retracted).
@@ -101,3 +101,12 @@ def check_variant(name: str, params: Mapping[str, Any]) -> None:
                          f"{', '.join(f'{k}={params[k]}' for k in undone)} would make it "
                          "another variant: choose that policy (topas, topas-base, "
                          "topas-noreuse, topas-noaging) instead")
+    if name in VARIANTS and name != "topas":  # nor may it become another one
+        switches = {k: params.get(k, fixed.get(k, True)) for k in ("reuse", "aging")}
+        other = next((v for v, f in VARIANTS.items()
+                      if v != name and switches == {"reuse": f.get("reuse", True),
+                                                    "aging": f.get("aging", True)}), None)
+        if other is not None:
+            given = ", ".join(f"{k}={params[k]}" for k in sorted(switches) if k in params)
+            raise TopasError(f"{name} with {given} would run as {other}: choose that policy "
+                             "instead")
