@@ -72,7 +72,23 @@ def load_keymap(path: str | Path) -> dict[str, str]:
     bad = sorted(k for k, v in flat.items() if not isinstance(v, str) or not v.strip())
     if bad:
         raise KeymapError(f"--keymap {p}: give each of {bad} a key as a string, e.g. \"ctrl+e\"")
-    return {k: str(v) for k, v in flat.items()}
+    keymap = {k: str(v) for k, v in flat.items()}
+    clash = _clash(keymap)
+    if clash:
+        raise KeymapError(f"--keymap {p}: {clash}; give each binding a key of its own")
+    return keymap
+
+
+def _clash(keymap: Mapping[str, str]) -> str | None:
+    """Two bindings of one screen on one key (as `keymap` rebinds them), if any."""
+    for scope in (APP + DASHBOARD + LIVE + REPLAY, APP + PARAMS):
+        owner: dict[str, str] = {}
+        for b in scope:
+            for key in keymap.get(b.id or "", b.key).split(","):
+                key = key.strip()
+                if owner.setdefault(key, b.id or "") != b.id:
+                    return f"{owner[key]} and {b.id} are both on {_keys(key)!r}"
+    return None
 
 
 def _flatten(data: dict[str, object], prefix: str = "") -> dict[str, object]:

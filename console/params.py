@@ -113,7 +113,7 @@ def text_of(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value)) if abs(value) < 1e6 else f"{value:g}"
+        return str(int(value))  # exactly: what is shown is sent back unchanged
     return str(value)
 
 

@@ -253,7 +253,10 @@ class ReplaySource:
         return q.params_at(self.store.db, self.run, t)
 
     def param_changes(self, t: float) -> list[dict[str, Any]]:
-        return [c for c in q.param_changes(self.store.db, self.run.id) if c["t"] <= t]
+        """The changes up to `t` that changed a value (a policy switch also logs every
+        parameter of the new policy, most of them as they were)."""
+        return [c for c in q.param_changes(self.store.db, self.run.id)
+                if c["t"] <= t and c["old"] != c["new"]]
 
     def step(self, seq: int | None, direction: int) -> tuple[int | None, float]:
         """The decision `direction` (+1/-1) steps from decision `seq` (None: before

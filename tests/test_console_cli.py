@@ -29,11 +29,15 @@ def console(*args: str) -> tuple[int, str]:
     (["--url", "http://127.0.0.1:1", "--db", "{tmp}/run.db"], "not both"),
     (["--at", "3"], "--run and --at need --db FILE"),
     (["--db", "{tmp}/run.db", "--keymap", "{tmp}/keys.toml"], "unknown binding id(s) ['nope']"),
+    # a key taken twice made one binding unreachable, without a word
+    (["--db", "{tmp}/run.db", "--keymap", "{tmp}/clash.toml"],
+     "console.params and console.sort_tasks are both on 'p'"),
 ])
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], expect: str) -> None:
     shutil.copy(FIXTURE, tmp_path / "run.db")
     (tmp_path / "notes.db").write_text("not a database, just notes\n" * 50)
     (tmp_path / "keys.toml").write_text('nope = "x"\n')
+    (tmp_path / "clash.toml").write_text('"console.sort_tasks" = "p"\n')
     code, out = console(*(a.replace("{tmp}", str(tmp_path)) for a in args))
     assert code == 2
     lines = out.strip().splitlines()
@@ -67,8 +71,10 @@ def test_form_sends_only_valid_changes() -> None:
     assert validate("topas", {"beta": ""}, "fcfs", {}, ranges, policies) == ({"policy": "topas"},
                                                                             {})
     assert {f.name for f in FIELDS} >= set(current)
-    assert [text_of(x) for x in (None, 20.0, 0.5, 7, 2.5e10, "full")] == [
-        "", "20", "0.5", "7", "2.5e+10", "full"]
+    # exactly: the form sends back what it shows (12345678901 as 1.23457e+10 rounded it)
+    assert [text_of(x) for x in (None, 20.0, 0.5, 7, 2.5e10, 12345678901.0, 1234567.0,
+                                 "full")] == [
+        "", "20", "0.5", "7", "25000000000", "12345678901", "1234567", "full"]
 
 
 def test_the_kv_bar_splits_cells_in_proportion() -> None:

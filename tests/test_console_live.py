@@ -282,6 +282,7 @@ def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
         await pilot.press("ctrl+s")
         await until(pilot, lambda: notes and "applied" in notes[-1][1], "the switch")
         assert notes[-1][0] == "information" and "policy → fcfs" in notes[-1][1]
+        assert "policy ∅" not in notes[-1][1]  # the switch is said once
         assert "applied" in str(screen.query_one("#answer", Static).render())
         beta = screen.query_one("#param-beta", Input)
         assert beta.disabled

@@ -237,6 +237,15 @@ def test_params_at_applies_logged_changes(db: Path) -> None:
     assert q.params_at(store.db, run, t)[1]["rho"] == 7.0  # at the time: in force
     assert q.params_at(store.db, run, 30.0, seq)[1]["beta"] == 5.0  # NULL: by its time
     store.close()
+    conn = sqlite3.connect(db)
+    with conn:  # a switch logs every parameter in force, most unchanged
+        conn.execute("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source) "
+                     "VALUES (?, 60.0, 0, 'seed', '0', '0', 'api')", [run.id])
+    conn.close()
+    source = ReplaySource(db)
+    shown = [(c["name"], c["new"]) for c in source.param_changes(100.0)]
+    assert sorted(shown) == [("beta", 5.0), ("policy", "lpm"), ("rho", 7.0)]  # no seed
+    source.close()
 
 
 # ------------------------------------------------------------- the app

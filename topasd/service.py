@@ -1229,9 +1229,10 @@ class Service:
                               "(\"policy\": \"topas\")")
             set_params(**changes)
         new_params = _params_of(self.policy)
-        if switched:  # a fresh policy: the body named `changed`; the log gets the switch
-            changed = {k: new_params[k] for k in changes}  # and every parameter in force
-            logged = new_params  # (a replay resets the parameters at a switch)
+        if switched:  # a fresh policy: `changed` names what differs from the old one's
+            changed = {k: v for k, v in new_params.items()  # (or the body gave); the log
+                       if k in changes or old_params.get(k) != v}  # gets the switch and
+            logged = new_params  # every parameter in force (a replay resets them at a switch)
             self.store_sink.param_change(t, "policy", old_name, new_name,
                                          from_decision=self.loop.decisions + 1)
         else:

@@ -226,7 +226,9 @@ class ParamsScreen(Screen[None]):
         try:
             result = await client.patch_params(changes)
         except ApiError as exc:
-            self.answer(Text(f"the daemon refused ({exc.status}): {exc.message}",
+            hint = (" — start the console with --token TOKEN (or TOPAS_TOKEN), the "
+                    "daemon's token" if exc.status in (401, 403) else "")
+            self.answer(Text(f"the daemon refused ({exc.status}): {exc.message}{hint}",
                              style="bold red"), "error")
             return
         except ConnectionLost as exc:
@@ -235,7 +237,8 @@ class ParamsScreen(Screen[None]):
         old = self.info["params"] if self.info else {}
         changed = result.get("changed", [])
         parts = [f"{_label(k)} {text_of(old.get(k)) or '∅'} → "
-                 f"{text_of(result['params'].get(k)) or '∅'}" for k in changed]
+                 f"{text_of(result['params'].get(k)) or '∅'}" for k in changed
+                 if k != "policy"]  # said first, below
         if "policy" in changes:
             parts.insert(0, f"policy → {result['policy']}")
         self.fill(result)  # first: a baseline's form says it takes no parameters

@@ -75,9 +75,10 @@ class DecisionFeed(DataTable[Text | str]):
         self._title()
 
     def replace(self, rows: Sequence[DecisionRow], select: int | None = None) -> None:
-        """Show exactly `rows` (replay), the cursor on decision `select`."""
+        """Show `rows` (the last FEED_ROWS of them), the cursor on decision `select`."""
         self.clear()
-        self.rows_shown = [d for d in rows if self.visible(d) or d.seq == select]
+        # at most FEED_ROWS: more would cost append() a row-by-row trim (seconds)
+        self.rows_shown = [d for d in rows if self.visible(d) or d.seq == select][-FEED_ROWS:]
         for d in self.rows_shown:
             self.add_row(*self._cells(d), key=str(d.seq))
         if select is not None and str(select) in self.rows:
