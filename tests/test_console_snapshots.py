@@ -43,5 +43,6 @@ def test_help(snap_compare: Any, app: ConsoleApp) -> None:
 
 
 def test_dashboard_on_a_small_terminal(snap_compare: Any, app: ConsoleApp) -> None:
-    """80x24: no trend lines, the KV line on one line, every agent's row."""
+    """80x24: no trend lines, the KV line on one line, the agents that fit in the
+    Residency panel and a count of the others (not drawn under the Decisions)."""
     assert snap_compare(app, terminal_size=(80, 24))

@@ -38,7 +38,15 @@ class Residency(Static):
         colours = {a.agent: agent_colour(i) for i, a in enumerate(s.agents)}
         narrow = width < NARROW
         return Group(self._bar(s, width, colours), self._legend(s, width),
-                     self._table(s, colours, narrow))
+                     self._table(s, colours, narrow, self._agent_rows()))
+
+    def _agent_rows(self) -> int | None:
+        """Agent rows that fit in the panel's row of the screen (None: any number)."""
+        parent = self.parent
+        height = getattr(getattr(parent, "size", None), "height", 0)
+        if not height:
+            return None
+        return max(1, height - 2 - 3)  # the border; the bar, KV line and header
 
     def _bar(self, s: Snapshot, width: int, colours: dict[str, str]) -> Text:
         on_gpu = [a for a in s.agents if a.location == "gpu"]
@@ -78,9 +86,11 @@ class Residency(Static):
                 break
         return text
 
-    def _table(self, s: Snapshot, colours: dict[str, str], narrow: bool) -> Table:
+    def _table(self, s: Snapshot, colours: dict[str, str], narrow: bool,
+               rows: int | None = None) -> Table:
         """A row per agent (thousands of tokens as k). Narrow, a move under way
-        replaces the place: one column less."""
+        replaces the place: one column less. More agents than `rows`: those on
+        the GPU or with requests first, and a last row counting the others."""
         table = Table(box=None, expand=True, pad_edge=False, padding=(0, 1))
         columns = [("agent", "left"), ("prefix", "right"), ("where", "left"),
                    ("moving", "left"), ("run", "right"), ("wait", "right"), ("KV", "right")]
@@ -88,7 +98,14 @@ class Residency(Static):
             columns.remove(("moving", "left"))
         for name, justify in columns:
             table.add_column(name, justify=justify, header_style="bold", no_wrap=True)  # type: ignore[arg-type]
-        for a in s.agents:
+        agents = list(s.agents)
+        hidden = 0
+        if rows is not None and len(agents) > rows:
+            busy = [a for a in agents if a.location == "gpu" or a.running or a.waiting]
+            agents = (busy + [a for a in agents if a not in busy])[:rows - 1]
+            hidden = len(s.agents) - len(agents)
+            agents.sort(key=s.agents.index)
+        for a in agents:
             where, style = LOCATION.get(a.location, (a.location, ""))
             if a.location == "gpu" and not a.ready:
                 where, style = "GPU…", "yellow"
@@ -101,6 +118,9 @@ class Residency(Static):
                 cells += [Text(where, style=style),
                           Text(moving, style="magenta" if a.transfer else "grey50")]
             table.add_row(*cells, str(a.running), str(a.waiting), tokens(a.kv_running))
+        if hidden:
+            table.add_row(Text(f"+{hidden} more", style="grey50 italic"),
+                          *[""] * (len(columns) - 1))
         return table
 
 
