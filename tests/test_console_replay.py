@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from textual.widgets import DataTable, Input, Label
+from textual.widgets import Button, DataTable, Input, Label
 
 from console.app import ConsoleApp
 from console.screens.params import ParamsScreen
@@ -444,7 +444,7 @@ def test_the_task_sort_title_keeps_its_brackets(db: Path) -> None:
     run_app(db, scenario, at=60.0)
 
 
-@pytest.mark.parametrize("keymap", [{}, {"console.help": "h"}])
+@pytest.mark.parametrize("keymap", [{}, {"console.help": "h", "params.apply": "ctrl+a"}])
 def test_help_and_quit_stay_in_the_footer_of_a_narrow_terminal(
         db: Path, keymap: dict[str, str]) -> None:
     """The footer cuts what does not fit at the right: Help and Quit come first, as
@@ -464,6 +464,13 @@ def test_help_and_quit_stay_in_the_footer_of_a_narrow_terminal(
             await pilot.press(keymap.get("console.help", "question_mark"))
             await pilot.pause()
             assert isinstance(app.screen, HelpScreen)
+            await pilot.press(keymap.get("console.help", "question_mark"))  # closes it too
+            await pilot.pause()
+            assert not isinstance(app.screen, HelpScreen)
+            await pilot.press("p")
+            await pilot.pause()
+            apply = app.screen.query_one("#apply", Button)
+            assert str(apply.label) == f"Apply ({keymap.get('params.apply', 'ctrl+s')})"
             await pilot.press("escape")
             await pilot.pause()
             await pilot.press("q")

@@ -37,7 +37,10 @@ class HelpScreen(ModalScreen[None]):
 
     CSS_PATH = "../help.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+        Binding("escape", "dismiss", "Close"),
+        # the keys that opened it close it too, as a keymap rebinds them
+        Binding("question_mark,f1", "dismiss", "Close", show=False, id="console.help"),
+        Binding("q", "dismiss", "Close", show=False, id="console.quit")]
 
     def __init__(self, keymap: Mapping[str, str] | None = None) -> None:
         super().__init__(id="help")

@@ -61,8 +61,9 @@ class ParamsScreen(Screen[None]):
                                     placeholder=f.empty)
                     yield Label(Text(f.help), classes="param-help", id=f"help-{f.name}")
             with Horizontal(id="params-buttons"):
-                yield Button("Apply (ctrl+s)", id="apply", variant="primary")
-                yield Button("Reload (ctrl+r)", id="reload")
+                yield Button(f"Apply ({self._key('params.apply')})", id="apply",
+                             variant="primary")
+                yield Button(f"Reload ({self._key('params.reload')})", id="reload")
             yield Static("", id="answer")
         yield Footer()
 
@@ -205,7 +206,8 @@ class ParamsScreen(Screen[None]):
             return
         if self.info is None:
             self.answer(Text("not sent: the parameters were not loaded from the daemon; "
-                             "ctrl+r to retry", style="bold red"), "warning")
+                             f"{self._key('params.reload')} to retry", style="bold red"),
+                        "warning")
             return
         changes, errors = self._validated(self.info)
         for f in FIELDS:
@@ -219,6 +221,11 @@ class ParamsScreen(Screen[None]):
             return
         self.answer(Text(f"sending {changes} …"))
         self.run_worker(self._patch(changes), exclusive=True, group="params-patch")
+
+    def _key(self, binding_id: str) -> str:
+        """The key of a binding as the keymap has it (for labels)."""
+        default = next(b.key for b in keys.PARAMS if b.id == binding_id)
+        return str(getattr(self.app, "keymap", {}).get(binding_id, default)).split(",")[0]
 
     async def _patch(self, changes: dict[str, Any]) -> None:
         client = self.console.client

@@ -72,6 +72,8 @@ class DecisionFeed(DataTable[Text | str]):
             del self.rows_shown[:extra]
         if self.follow and was_last and self.row_count:
             self.move_cursor(row=self.row_count - 1, animate=False)
+            # to the very end once laid out: a horizontal scrollbar would hide the last row
+            self.call_after_refresh(self.scroll_end, animate=False, x_axis=False)
         self._title()
 
     def replace(self, rows: Sequence[DecisionRow], select: int | None = None) -> None:

@@ -46,12 +46,10 @@ class StatusLine(Phrases):
         elif self.connected:
             text.append("● connected ", style="bold green")
             text.append(self.url)
-        else:
+        else:  # short: the last state's numbers follow, the error's detail comes last
             text.append("○ disconnected ", style="bold red")
-            text.append(f"from {self.url}: {self.error or 'no answer'} · retrying")
-            if self.attempt > 1:
-                text.append(f" (attempt {self.attempt})")
-            text.append(" · showing the last state", style="italic")
+            text.append("· retrying" + (f" (attempt {self.attempt})" if self.attempt > 1 else ""))
+            text.append(" · the last state:", style="italic")
         phrases = [text]
         s = self.snapshot
         if s is not None:
@@ -66,6 +64,8 @@ class StatusLine(Phrases):
                         Text(f" · {s.decisions} decisions")]
             if s.draining:
                 phrases.append(Text(" · draining", style="yellow"))
+        if self.connected is False:  # the cut, on a short terminal, if any
+            phrases.append(Text(f"   {self.url}: {self.error or 'no answer'}", style="red"))
         self.set_phrases(phrases)
 
 
