@@ -31,10 +31,12 @@ SORTS: tuple[tuple[str, str, Callable[[TaskRow], float]], ...] = (
     ("id", "task ▲", lambda r: r.id),
 )
 # (header, width, the sort it selects when clicked)
+# the expectations before the stage lists: a narrow panel cuts the last columns, and
+# E[JCT] is the one that turns red; progress fits '10/10' beside its bar
 COLUMNS: tuple[tuple[str, int, str | None], ...] = (
     ("task", 7, "id"), ("workflow", 11, None), ("age", 8, "age"),
-    ("progress", 13, "progress"), ("running", 9, None), ("waiting", 9, None),
-    ("E[rem]", 8, "remaining"), ("E[JCT]", 8, None))
+    ("progress", 15, "progress"), ("E[rem]", 8, "remaining"), ("E[JCT]", 9, None),
+    ("running", 9, None), ("waiting", 9, None))
 
 
 def progress_bar(row: TaskRow, width: int = 8) -> Text:
@@ -57,8 +59,8 @@ def task_cells(s: Snapshot, r: TaskRow) -> list[Text]:
     style = "bold red" if late else ""
     return [Text(f"{'⚠' if late else ' '}{r.id}", style=style), Text(r.workflow),
             Text(secs(r.age), style=style), progress_bar(r),
-            Text(",".join(r.running) or "—"), Text(",".join(r.waiting) or "—"),
-            Text(secs(r.remaining_s)), Text(secs(r.expected_jct), style=style)]
+            Text(secs(r.remaining_s)), Text(secs(r.expected_jct), style=style),
+            Text(",".join(r.running) or "—"), Text(",".join(r.waiting) or "—")]
 
 
 class TaskList(ScrollView, can_focus=True):
