@@ -444,7 +444,8 @@ def test_the_task_sort_title_keeps_its_brackets(db: Path) -> None:
     run_app(db, scenario, at=60.0)
 
 
-@pytest.mark.parametrize("keymap", [{}, {"console.help": "h", "params.apply": "ctrl+a"}])
+@pytest.mark.parametrize("keymap", [{}, {"console.help": "h", "params.apply": "ctrl+a",
+                                        "console.params": "e"}])
 def test_help_and_quit_stay_in_the_footer_of_a_narrow_terminal(
         db: Path, keymap: dict[str, str]) -> None:
     """The footer cuts what does not fit at the right: Help and Quit come first, as
@@ -460,6 +461,7 @@ def test_help_and_quit_stay_in_the_footer_of_a_narrow_terminal(
             shown = {k.description: k for k in app.screen.query(FooterKey)
                      if k.region.right <= 80}
             assert {"Help", "Quit", "Params", "Next"} <= set(shown)
+            assert list(shown)[:3] == ["Help", "Quit", "Params"]  # rebound keys keep their place
             assert shown["Help"].key == keymap.get("console.help", "question_mark")
             await pilot.press(keymap.get("console.help", "question_mark"))
             await pilot.pause()
@@ -467,7 +469,7 @@ def test_help_and_quit_stay_in_the_footer_of_a_narrow_terminal(
             await pilot.press(keymap.get("console.help", "question_mark"))  # closes it too
             await pilot.pause()
             assert not isinstance(app.screen, HelpScreen)
-            await pilot.press("p")
+            await pilot.press(keymap.get("console.params", "p"))
             await pilot.pause()
             apply = app.screen.query_one("#apply", Button)
             assert str(apply.label) == f"Apply ({keymap.get('params.apply', 'ctrl+s')})"

@@ -39,11 +39,13 @@ class Dashboard(Screen[None]):
 
     @property
     def active_bindings(self) -> dict[str, ActiveBinding]:
-        """Textual's, with the app's Help and Quit first: the footer lists them
-        last and cuts the end of the line on a narrow terminal."""
+        """Textual's, in the order of `keys.ALL` (the app's Help and Quit first):
+        the footer lists the app's last, a binding a keymap moved after the rest,
+        and cuts the end of the line on a narrow terminal."""
         bindings = super().active_bindings
-        first = {b.id for b in keys.APP}
-        return dict(sorted(bindings.items(), key=lambda kv: kv[1].binding.id not in first))
+        order = {b.id: i for i, b in enumerate(keys.ALL)}
+        return dict(sorted(bindings.items(),
+                           key=lambda kv: order.get(kv[1].binding.id, len(order))))
 
     @property
     def console(self) -> ConsoleApp:
