@@ -282,10 +282,8 @@ class StoreSink:
         writer = self._writer
         if self._error is not None or self._thread is None or writer is None:
             self._fail()
-        try:
-            with self._frames:  # rows pending now: the first frames sent from here on
-                for _ in range(1 + max(len(self._events), len(self._decisions)) // FRAME_ROWS):
-                    self._send_frame()
+        try:  # the rows pending now go in the first frames sent from here on
+            self._send_pending(1 + max(len(self._events), len(self._decisions)) // FRAME_ROWS)
             writer.barrier()
         except BrokenPipeError:
             self._error = "the writer process ended early"
@@ -323,11 +321,7 @@ class StoreSink:
                 self._wake.wait(self.flush_s)
                 self._wake.clear()
                 stopping = self._stop
-                while True:
-                    with self._frames:
-                        if not (self._events or self._decisions or self._params):
-                            break
-                        self._send_frame()
+                self._send_pending()
                 if stopping:
                     return
         except BrokenPipeError:
@@ -336,6 +330,16 @@ class StoreSink:
             self._error = str(exc)
         except Exception as exc:
             self._error = _one_line(exc)
+
+    def _send_pending(self, frames: int | None = None) -> None:
+        """Send what is pending, in at most `frames` frames (None: all of it); one
+        sender at a time, so frames stay in order."""
+        with self._frames:
+            sent = 0
+            while (self._events or self._decisions or self._params) and (
+                    frames is None or sent < frames):
+                self._send_frame()
+                sent += 1
 
     def _send_frame(self) -> None:
         evq, dq, pq = self._events, self._decisions, self._params

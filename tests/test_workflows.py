@@ -166,32 +166,34 @@ def test_schema_errors_name_the_field(data: dict, where: str) -> None:
     assert where in msg
 
 
-def test_spec_file_errors_name_the_file(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("name: wf\nagents: {A: {prefix_tokens: 1}}\nstages:\n"
-                   "  - {name: a, agent: Nobody}\n")
-    with pytest.raises(WorkflowError, match=r"bad\.yaml: workflow 'wf', stage 'a': unknown "
-                                            "agent 'Nobody'"):
-        load_workflow(bad)
-    cyclic = tmp_path / "cyc.yaml"
-    cyclic.write_text("name: wf\nagents: {A: {prefix_tokens: 1}}\nstages:\n"
-                      "  - {name: a, agent: A, after: [b]}\n  - {name: b, agent: A, after: [a]}\n")
-    with pytest.raises(WorkflowError, match=r"cyc\.yaml: workflow 'wf': the stage graph has a "
-                                            "cycle"):
-        load_workflow(cyclic)
-    broken = tmp_path / "broken.yaml"
-    broken.write_text("name: [unclosed\n")
-    with pytest.raises(WorkflowError, match=r"broken\.yaml: not valid YAML") as err:
-        load_workflow(broken)
-    # one line, at the file's line and column (not PyYAML's "<unicode string>")
-    assert "\n" not in str(err.value) and "unicode string" not in str(err.value)
-    assert "line 2, column 1: while parsing a flow sequence" in str(err.value)
+SPEC = "name: wf\nagents: {A: {prefix_tokens: 1}}\nstages:\n"
+SPEC_FILE_ERRORS = [  # (file, text, what the error says, from the file's name on)
+    ("bad.yaml", SPEC + "  - {name: a, agent: Nobody}\n",
+     r"bad\.yaml: workflow 'wf', stage 'a': unknown agent 'Nobody'"),
+    ("cyc.yaml", SPEC + "  - {name: a, agent: A, after: [b]}\n"
+                        "  - {name: b, agent: A, after: [a]}\n",
+     r"cyc\.yaml: workflow 'wf': the stage graph has a cycle"),
+    ("broken.yaml", "name: [unclosed\n", r"broken\.yaml: not valid YAML"),
+    ("list.yaml", "- a\n- b\n", "must be a mapping"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "says"), SPEC_FILE_ERRORS)
+def test_spec_file_errors_name_the_file(tmp_path: Path, name: str, text: str,
+                                        says: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(WorkflowError, match=says) as err:
+        load_workflow(path)
+    assert "\n" not in str(err.value)  # one line
+    if name == "broken.yaml":  # at the file's line and column (not "<unicode string>")
+        assert "unicode string" not in str(err.value)
+        assert "line 2, column 1: while parsing a flow sequence" in str(err.value)
+
+
+def test_a_missing_spec_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(WorkflowError, match="cannot read workflow spec"):
         load_workflow(tmp_path / "missing.yaml")
-    listing = tmp_path / "list.yaml"
-    listing.write_text("- a\n- b\n")
-    with pytest.raises(WorkflowError, match="must be a mapping"):
-        load_workflow(listing)
 
 
 def test_valid_spec_builds_the_dag(tmp_path: Path) -> None:

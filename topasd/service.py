@@ -531,6 +531,14 @@ class _OpenTask:
     last_wall: float = field(default_factory=time.monotonic)  # last call or reply
 
 
+def _remember(kept: dict[Any, Any], key: Any, value: Any, keep: int) -> None:
+    """`kept[key] = value`; past `keep` entries the older half is forgotten."""
+    kept[key] = value
+    if len(kept) > keep:
+        for old in list(kept)[:keep // 2]:
+            del kept[old]
+
+
 @dataclass(slots=True)
 class _Call:
     task: _OpenTask
@@ -554,10 +562,7 @@ class _Calls:
             return
         self.open.pop(task.key, None)
         self.closed.pop(task.key, None)
-        self.closed[task.key] = how
-        if len(self.closed) > KEEP_CLOSED_KEYS:
-            for key in list(self.closed)[:KEEP_CLOSED_KEYS // 2]:
-                del self.closed[key]
+        _remember(self.closed, task.key, how, KEEP_CLOSED_KEYS)
 
     def on_finish(self, request_id: int, t: float) -> DriverStep:
         call = self.by_request.pop(request_id)
@@ -976,10 +981,7 @@ class Service:
             record = self.feeder.pop(self._new_task_id(), self.active)
             if not self._fits(record):
                 self.rejected += 1
-                self._refused[record.id] = None
-                if len(self._refused) > KEEP_FINISHED:
-                    for tid in list(self._refused)[:KEEP_FINISHED // 2]:
-                        del self._refused[tid]
+                _remember(self._refused, record.id, None, KEEP_FINISHED)
                 log.warning("driver task %d of %s does not fit the KV budget; skipped",
                             record.id, record.workflow)
                 continue

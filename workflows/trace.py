@@ -307,12 +307,12 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
 
 def _workflow(rec: dict[str, Any], where: str) -> Workflow:
     """A workflow line's spec; errors read `FILE:LINE: workflow 'NAME', ...`."""
-    if not isinstance(rec.get("spec"), dict):
+    if "spec" not in rec:
         raise TraceError(f"{where}: workflow record lacks field 'spec' (a workflow spec "
-                         "object: name, agents, stages; docs/trace-format.md)"
-                         if "spec" not in rec else f"{where}: workflow record's 'spec' must "
-                         "be an object (name, agents, stages), not "
-                         f"{type(rec['spec']).__name__}")
+                         "object: name, agents, stages; docs/trace-format.md)")
+    if not isinstance(rec["spec"], dict):
+        raise TraceError(f"{where}: workflow record's 'spec' must be an object (name, agents, "
+                         f"stages), not {type(rec['spec']).__name__}")
     try:
         return workflow_from_dict(rec["spec"], where=where)
     except WorkflowError as exc:

@@ -23,6 +23,7 @@ from console.widgets.tasks import TaskList
 if TYPE_CHECKING:
     from console.app import ConsoleApp
 
+FOOTER_ORDER = {b.id: i for i, b in enumerate(keys.ALL)}  # the footer's order
 SHORT = 32  # terminal rows below which the headline has no trend lines
 LIVE_ACTIONS = {"pause", "follow"}
 REPLAY_ACTIONS = {"step", "jump", "to_start", "to_end", "goto"}
@@ -43,9 +44,8 @@ class Dashboard(Screen[None]):
         the footer lists the app's last, a binding a keymap moved after the rest,
         and cuts the end of the line on a narrow terminal."""
         bindings = super().active_bindings
-        order = {b.id: i for i, b in enumerate(keys.ALL)}
-        return dict(sorted(bindings.items(),
-                           key=lambda kv: order.get(kv[1].binding.id, len(order))))
+        return dict(sorted(bindings.items(), key=lambda kv: FOOTER_ORDER.get(
+            kv[1].binding.id, len(FOOTER_ORDER))))
 
     @property
     def console(self) -> ConsoleApp:

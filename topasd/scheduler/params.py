@@ -102,11 +102,15 @@ def check_variant(name: str, params: Mapping[str, Any]) -> None:
                          "another variant: choose that policy (topas, topas-base, "
                          "topas-noreuse, topas-noaging) instead")
     if name in VARIANTS and name != "topas":  # nor may it become another one
-        switches = {k: params.get(k, fixed.get(k, True)) for k in ("reuse", "aging")}
-        other = next((v for v, f in VARIANTS.items()
-                      if v != name and switches == {"reuse": f.get("reuse", True),
-                                                    "aging": f.get("aging", True)}), None)
+        switches = _switches({**fixed, **params})
+        other = next((v for v, f in VARIANTS.items() if v != name and _switches(f) == switches),
+                     None)
         if other is not None:
             given = ", ".join(f"{k}={params[k]}" for k in sorted(switches) if k in params)
             raise TopasError(f"{name} with {given} would run as {other}: choose that policy "
                              "instead")
+
+
+def _switches(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The reuse and aging switches `params` leave in force (both on by default)."""
+    return {k: params.get(k, True) for k in ("reuse", "aging")}
