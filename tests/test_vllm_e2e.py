@@ -369,3 +369,47 @@ def test_an_eviction_and_a_reload_before_one_step_leave_the_prefix_pinned(runs: 
         assert "A" in backend.sched.pins and backend.view({}, {}).prefixes["A"].ready
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_withdrawn_request_leaves_vllm_and_the_rest_run(runs: Runs, native: bool) -> None:
+    """A waiting request taken back (its client went away) leaves vLLM's own
+    queue too: vLLM never starts it, the others finish, and a running request
+    cannot be withdrawn."""
+    backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile",
+                           native=native)
+    withdrawn: list[int] = []
+    finished: list[int] = []
+
+    def pump(until: float | None, decide: Any) -> None:
+        for ev in backend.run_until(until):
+            if ev.kind is EventKind.SCHEDULE:
+                d = decide(backend.view({}, {}))
+                if d is not None:
+                    backend.apply(d)
+            elif ev.kind is EventKind.REQUEST_WITHDRAW:
+                withdrawn.append(ev.request_id)
+                assert ev.note == "client gone"
+            elif ev.kind is EventKind.REQUEST_FINISH:
+                finished.append(ev.request_id)
+
+    try:
+        for rid in (1, 2, 3):
+            backend.submit(_script_request(rid, "A"))
+        pump(backend.t, lambda v: None)  # ready, nothing admitted yet
+        vid = backend._vid[2]
+        assert vid in backend.sched.requests
+        assert backend.withdraw(2, "client gone")
+        assert not backend.withdraw(2, "again") and not backend.withdraw(9, "unknown")
+        assert vid not in backend.sched.requests  # vLLM's side forgot it
+        pump(None, _admit_all)
+        assert sorted(finished) == [1, 3] and withdrawn == [2]
+        assert 2 not in backend._waiting and not backend._running
+        backend.submit(_script_request(4, "A"))
+        pump(backend.t + 1e-3, _admit_all)  # admitted (native: vLLM admits it)
+        if 4 in backend._running:
+            assert not backend.withdraw(4, "too late")
+        pump(None, _admit_all)
+        assert sorted(finished) == [1, 3, 4]
+    finally:
+        backend.close()

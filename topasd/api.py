@@ -70,6 +70,7 @@ from topasd.service import (
     Service,
     ServiceError,
     Unavailable,
+    Withdrawn,
     agent_key,
     count_tokens,
     filler_text,
@@ -606,11 +607,11 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=ChatCompletion, tags=["openai"],
               dependencies=guarded, responses={
                   200: {"content": {"text/event-stream": {}}}, **_errors(409, *mutating)})
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """OpenAI-compatible chat completion; the reply arrives when the simulated request
         finishes. Workflow metadata: the `topasd` field (docs/api.md)."""
         spec = _chat_spec(body, settings)
-        result: CallResult = await _wait(service.submit_call(spec))
+        result = await _call(service, service.submit_call(spec), request)
         states.invalidate()
         reply = _chat_reply(result, body.model)
         if body.stream:
@@ -622,10 +623,10 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/completions", response_model=Completion, tags=["openai"],
               dependencies=guarded, responses={
                   200: {"content": {"text/event-stream": {}}}, **_errors(409, *mutating)})
-    async def completions(body: CompletionRequest) -> Any:
+    async def completions(body: CompletionRequest, request: Request) -> Any:
         """OpenAI-compatible (legacy) text completion, as chat completions."""
         spec = _completion_spec(body, settings)
-        result: CallResult = await _wait(service.submit_call(spec))
+        result = await _call(service, service.submit_call(spec), request)
         states.invalidate()
         reply = _completion_reply(result, body.model)
         if body.stream:
@@ -663,6 +664,29 @@ async def _wait(fut: Future[Any], timeout: float | None = None) -> Any:
         return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
     except TimeoutError:
         raise Unavailable("the engine loop did not answer in time; retry") from None
+
+
+async def _call(service: Service, fut: Future[CallResult], request: Request) -> CallResult:
+    """Await a call's reply; a client that disconnects first takes its request
+    back from the engine's queue (a call already admitted runs to its end)."""
+    reply = asyncio.wrap_future(fut)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait((reply, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if reply.done():
+        return reply.result()
+    if not fut.cancel():  # it reached the engine
+        service.withdraw_call(fut, "its client disconnected")
+    reply.cancel()
+    raise Withdrawn("the client disconnected before the reply")
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body is already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _param_meta() -> dict[str, Any]:
@@ -875,6 +899,8 @@ class _Collector:
                 ("topasd_tasks_arrived", "Tasks arrived.", c[EventKind.TASK_ARRIVE]),
                 ("topasd_tasks_finished", "Tasks finished.", c[EventKind.TASK_FINISH]),
                 ("topasd_requests_finished", "Requests finished.", c[EventKind.REQUEST_FINISH]),
+                ("topasd_requests_withdrawn", "Requests taken back before they ran (their "
+                 "client went away).", c[EventKind.REQUEST_WITHDRAW]),
                 ("topasd_decisions", "Policy decisions.", m.decisions),
                 ("topasd_prefix_computes", "Prefixes recomputed by prefill.",
                  c[EventKind.PREFIX_COMPUTE_START]),

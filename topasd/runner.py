@@ -123,6 +123,9 @@ class RequestOwner(Protocol):
 
     def on_finish(self, request_id: int, t: float) -> DriverStep: ...
 
+    def on_withdraw(self, request_id: int, t: float, why: str) -> None:
+        """The backend took the request back before it ran (REQUEST_WITHDRAW)."""
+
 
 class EventLoop:
     """The event handling a replay `Run` and the daemon share (architecture
@@ -177,6 +180,10 @@ class EventLoop:
             self.record(ev)
             if ev.kind is EventKind.REQUEST_FINISH:
                 self.finished(ev)
+            elif ev.kind is EventKind.REQUEST_WITHDRAW:
+                owner = self.owners.pop(ev.request_id, None)  # type: ignore[arg-type]
+                if owner is not None:
+                    owner.on_withdraw(ev.request_id, ev.t, ev.note)  # type: ignore[arg-type]
 
     def decide(self) -> None:
         view = self.backend.view(self.book.tasks, self.workflows)

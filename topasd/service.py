@@ -108,6 +108,14 @@ class Unavailable(ServiceError):
     kind = "unavailable_error"
 
 
+class Withdrawn(ServiceError):
+    """A call taken back before it ran: its client went away (nobody reads the
+    reply; 499 is the status logs use for a client that closed the request)."""
+
+    status = 499
+    kind = "withdrawn_error"
+
+
 # ------------------------------------------------------------ OpenAI calls
 
 
@@ -364,6 +372,8 @@ class Metrics:
             self.waiting[agent] = self.waiting.get(agent, 0) + 1
         elif kind is EventKind.REQUEST_FINISH:
             self.running[agent] -= 1
+        elif kind is EventKind.REQUEST_WITHDRAW:
+            self.waiting[agent] -= 1
         elif kind in (EventKind.PREFIX_LOAD_START, EventKind.PREFIX_COMPUTE_START):
             self.on_gpu[agent] = 1
         elif kind is EventKind.PREFIX_EVICT:
@@ -584,6 +594,22 @@ class _Calls:
         if not call.future.done():
             call.future.set_result(result)
         return step
+
+    def on_withdraw(self, request_id: int, t: float, why: str) -> None:
+        """The engine took a waiting call back: its task may see the call again."""
+        call = self.by_request.pop(request_id)
+        task, req = call.task, call.request
+        task.in_flight -= 1
+        task.last_wall = time.monotonic()
+        if task.rounds.get(req.stage) == req.round + 1:  # a retry takes its round again
+            task.rounds[req.stage] = req.round
+        if not call.future.done():
+            call.future.set_exception(Withdrawn(f"request {request_id} was withdrawn at "
+                                                f"t={t:.3f}s: {why}"))
+
+    def find(self, future: Future[CallResult]) -> _Call | None:
+        """The call in flight that `future` belongs to, if any."""
+        return next((c for c in self.by_request.values() if c.future is future), None)
 
     def idle_since(self, deadline: float) -> list[_OpenTask]:
         """Open tasks with no call in flight and no activity after `deadline`."""
@@ -852,6 +878,11 @@ class Service:
     def submit_call(self, spec: CallSpec) -> Future[CallResult]:
         """One OpenAI-compatible call; the future resolves when it finishes."""
         return self._command(self._cmd_call, spec, deferred=True)
+
+    def withdraw_call(self, future: Future[CallResult], why: str) -> Future[bool]:
+        """Take back the call of `future` unless the engine admitted it (its
+        client went away); True when the engine took it back."""
+        return self._command(self._cmd_withdraw, future, why)
 
     def get_task(self, task_id: int) -> Future[dict[str, Any]]:
         return self._command(self._cmd_get_task, task_id)
@@ -1125,6 +1156,14 @@ class Service:
                 self._abandon(task, "the engine refused its first call")
             raise
 
+    def _cmd_withdraw(self, future: Future[CallResult], why: str) -> bool:
+        call = self.calls.find(future)
+        if call is None or not self.backend.withdraw(call.request.id, why):
+            return False
+        log.info("request %d (task %d, stage %s) withdrawn: %s", call.request.id,
+                 call.request.task_id, call.request.stage, why)
+        return True
+
     def _call_target(self, spec: CallSpec) -> tuple[Workflow, str, _OpenTask | None]:
         """The workflow, stage and open task (None: a new one) a call belongs to."""
         if spec.task_key is None and not spec.last_in_stage:
@@ -1287,6 +1326,7 @@ class Service:
         counts = {
             "tasks_arrived": m.counts[EventKind.TASK_ARRIVE],
             "tasks_finished": m.counts[EventKind.TASK_FINISH],
+            "requests_withdrawn": m.counts[EventKind.REQUEST_WITHDRAW],
             "tasks_in_flight": len(self.loop.book.tasks),
             "requests_finished": self.loop.requests_finished,
             "requests_running": len(view.running),

@@ -139,6 +139,8 @@ class SGLangBackend:
         self._done: queue.Queue[tuple[int, float, str | None, int | None]] = queue.Queue()
         self._requests: dict[int, Request] = {}
         self._started: dict[int, float] = {}
+        self._admitted: set[int] = set()  # by SGLang's scheduler, not preempted since
+        self._withdrawing: dict[int, str] = {}  # aborts sent: request id -> why
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
         self._answered: dict[tuple[int, int], int] = {}  # (replica, ask seq) -> decision seq
@@ -228,6 +230,18 @@ class SGLangBackend:
         self.stats.decisions += 1
         self.stats.prefix_loads += len(decision.load)  # a load-back or a prefill recompute
 
+    def withdraw(self, request_id: int, why: str) -> bool:
+        """Abort a request SGLang has not admitted. The abort travels to SGLang's
+        scheduler, so the REQUEST_WITHDRAW comes when `async_generate` returns
+        aborted; a request SGLang finished meanwhile gets its REQUEST_FINISH."""
+        if (request_id not in self._requests or request_id in self._admitted
+                or request_id in self._withdrawing):
+            return False
+        self._withdrawing[request_id] = why
+        manager = self.engine.tokenizer_manager
+        self._loop.call_soon_threadsafe(manager.abort_request, f"topasd-{request_id}")
+        return True
+
     def idle(self) -> bool:
         return not self._requests and not self._asks and self._current is None
 
@@ -237,6 +251,9 @@ class SGLangBackend:
             self.engine.shutdown()
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()  # its self-pipe now, not when collected
             self.channel.close()
 
     # -------------------------------------------------------------- helpers
@@ -264,6 +281,17 @@ class SGLangBackend:
             req = self._requests.pop(rid, None)
             if req is None:
                 continue
+            admitted = rid in self._admitted
+            self._admitted.discard(rid)
+            why = self._withdrawing.pop(rid, None)
+            if why is not None and (note or (tokens or 0) < req.output_tokens):
+                self._started.pop(rid, None)  # aborted: no service to report
+                if admitted:  # SGLang admitted it before the abort arrived: out of its batch
+                    self._events.append(EngineEvent(t, EventKind.RETRACT, rid, req.task_id,
+                                                    req.agent, req.stage, note="aborted"))
+                self._events.append(EngineEvent(t, EventKind.REQUEST_WITHDRAW, rid, req.task_id,
+                                                req.agent, req.stage, note=why))
+                continue
             started = self._started.pop(rid, t)
             self.stats.requests_finished += 1
             if tokens is None:  # no count in the reply (an error, or a stand-in engine)
@@ -287,9 +315,14 @@ class SGLangBackend:
 
     def _scheduler_events(self, events: list[EngineEvent]) -> None:
         for ev in events:
-            if ev.kind is EventKind.REQUEST_START and ev.request_id is not None:
-                self._started[ev.request_id] = ev.t
-            elif ev.kind is EventKind.PREEMPT:
+            rid = ev.request_id
+            if ev.kind is EventKind.REQUEST_START and rid is not None:
+                self._started[rid] = ev.t
+            elif ev.kind is EventKind.REQUEST_ADMIT and rid is not None:
+                self._admitted.add(rid)
+            elif ev.kind in (EventKind.PREEMPT, EventKind.RETRACT) and rid is not None:
+                self._admitted.discard(rid)
+            if ev.kind is EventKind.PREEMPT:
                 self.stats.preemptions += 1
             elif ev.kind is EventKind.PREFIX_EVICT:
                 self.stats.prefix_evictions += 1

@@ -166,6 +166,16 @@ class SimBackend(EventBuffer):
         else:
             self._enqueue(request, max(request.ready_at, 0.0))
 
+    def withdraw(self, request_id: int, why: str) -> bool:
+        req = self._waiting.pop(request_id, None)
+        if req is None:
+            return False
+        self._answer_retry()
+        self._prefix_view = None
+        self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, note=why)
+        self._need_schedule |= bool(self._waiting)  # what it held back may now fit
+        return True
+
     def idle(self) -> bool:
         return not (self._running or self._timed or self._prefill)
 

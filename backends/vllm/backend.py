@@ -223,6 +223,18 @@ class VllmBackend(EventBuffer):
         else:
             self._enqueue(request, max(request.ready_at, 0.0))
 
+    def withdraw(self, request_id: int, why: str) -> bool:
+        req = self._waiting.pop(request_id, None)
+        if req is None:
+            return False
+        vid = self._vid.pop(request_id)
+        del self._tid[vid]
+        self._touched.pop(request_id, None)
+        self.engine.abort_request([vid], internal=True)  # out of vLLM's queue, blocks freed
+        self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, note=why)
+        self._need_schedule = self._need_schedule or bool(self._waiting)
+        return True
+
     def idle(self) -> bool:
         return not (self._running or self._timed or (self.native and self._waiting))
 
