@@ -95,10 +95,10 @@ class Backend(Protocol):
         """Queue a request; it becomes waiting at `request.ready_at`."""
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        """Take back a request that has not been admitted (its caller went away):
-        it leaves the waiting queue and a REQUEST_WITHDRAW event (`note`: `why`)
-        follows. False, changing nothing, when the request is admitted, running,
-        finished or unknown: it then runs to its REQUEST_FINISH as usual."""
+        """Take back a request never admitted (its caller went away): it leaves
+        the waiting queue and a REQUEST_WITHDRAW event (`note`: `why`) follows.
+        False, changing nothing, when the request is or was admitted (preempted
+        since), finished or unknown: it then runs to its REQUEST_FINISH."""
 
     def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
         """Advance to `t_stop` (None: until idle), yielding events. A SCHEDULE

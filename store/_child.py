@@ -52,7 +52,8 @@ PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, sou
 # The requests and tasks rows that one frame's events touched, folded in.
 REQUESTS_SQL = """
 INSERT INTO requests (run_id, request_id, task_id, stage, agent, ready, admitted, started,
-                      finished, input_tokens, output_tokens, service_s, preemptions, retractions)
+                      finished, input_tokens, output_tokens, service_s, preemptions, retractions,
+                      withdrawn)
 SELECT run_id, request_id, max(task_id), max(stage), max(agent),
        min(CASE kind WHEN 'request_ready' THEN t END),
        min(CASE kind WHEN 'request_admit' THEN t END),
@@ -61,7 +62,8 @@ SELECT run_id, request_id, max(task_id), max(stage), max(agent),
        min(CASE kind WHEN 'request_admit' THEN tokens END),
        max(CASE kind WHEN 'request_finish' THEN tokens END),
        max(CASE kind WHEN 'request_finish' THEN value END),
-       sum(kind = 'preempt'), sum(kind = 'retract')
+       sum(kind = 'preempt'), sum(kind = 'retract'),
+       max(CASE kind WHEN 'request_withdraw' THEN t END)
 FROM engine_events WHERE id > :lo AND run_id = :run AND request_id IS NOT NULL
 GROUP BY request_id
 ON CONFLICT (run_id, request_id) DO UPDATE SET
@@ -73,7 +75,8 @@ ON CONFLICT (run_id, request_id) DO UPDATE SET
     output_tokens = coalesce(excluded.output_tokens, requests.output_tokens),
     service_s = coalesce(excluded.service_s, requests.service_s),
     preemptions = requests.preemptions + excluded.preemptions,
-    retractions = requests.retractions + excluded.retractions
+    retractions = requests.retractions + excluded.retractions,
+    withdrawn = coalesce(excluded.withdrawn, requests.withdrawn)
 """
 TASKS_SQL = """
 INSERT INTO tasks (run_id, task_id, workflow, arrival, completion, jct)

@@ -126,6 +126,13 @@ def m003_param_change_first_decision(db: Database) -> None:
     db["param_changes"].add_column("from_decision", int)
 
 
+@migration
+def m004_request_withdrawn(db: Database) -> None:
+    """`requests.withdrawn`: when a request was taken back before it ran (its
+    client went away); NULL for every other request, and in older logs."""
+    db["requests"].add_column("withdrawn", float)
+
+
 def applied(db: Database) -> list[str]:
     """Names of the migrations recorded in `db`, in the order applied."""
     if MIGRATIONS_TABLE not in db.table_names():

@@ -20,7 +20,7 @@ from backends.sim.engine import SimBackend
 from store import Store
 from store.queries import RunReplay
 from tests.daemonkit import Daemon
-from topasd.model import Decision, EventKind, Request
+from topasd.model import Decision, EngineEvent, EventKind, Request
 from topasd.profiles import get_profile
 
 
@@ -51,17 +51,24 @@ def test_the_simulator_withdraws_only_waiting_requests() -> None:
                 events.append(ev)
 
     pump(0.0, admit=(1,))
+    sim.submit(_request(4))
+    pump(sim.t, admit=(4,))
+    sim.apply(Decision(sim.t, "script", preempt=(4,)))  # back to waiting, admitted once
+    assert 4 in {r.id for r in sim.view({}, {}).waiting} and not sim.withdraw(4, "preempted")
     assert sim.withdraw(2, "client gone")
     assert not sim.withdraw(2, "twice") and not sim.withdraw(1, "running")
     assert not sim.withdraw(99, "unknown")
-    assert [r.id for r in sim.view({}, {}).waiting] == [3]
-    pump(None, admit=(3,))
+    assert [r.id for r in sim.view({}, {}).waiting] == [3, 4]
+    pump(None, admit=(3, 4))
     gone = [ev for ev in events if ev.kind is EventKind.REQUEST_WITHDRAW]
     assert [(ev.request_id, ev.note, ev.agent) for ev in gone] == [(2, "client gone", "A")]
     finished = sorted(ev.request_id for ev in events if ev.kind is EventKind.REQUEST_FINISH)
-    assert finished == [1, 3]
+    assert finished == [1, 3, 4]
     assert not any(ev.request_id == 2 for ev in events if ev.kind is EventKind.REQUEST_ADMIT)
     assert not sim.withdraw(3, "finished")
+
+
+BUDGET = "5010"  # chain3's 4,000-token prefix A, a 600-token call and a 20-token one
 
 
 def _post_raw(url: str, body: dict[str, Any]) -> socket.socket:
@@ -75,24 +82,79 @@ def _post_raw(url: str, body: dict[str, Any]) -> socket.socket:
     return sock
 
 
-def _call(task: str, max_tokens: int) -> dict[str, Any]:
+def _call(task: str, max_tokens: int, **meta: Any) -> dict[str, Any]:
     return {"model": "m", "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": "go"}],
-            "topasd": {"task_id": task, "workflow": "chain3", "stage": "a"}}
+            "topasd": {"task_id": task, "workflow": "chain3", "stage": "a", **meta}}
+
+
+def test_a_withdrawal_ends_a_task_that_waited_only_for_it_and_frees_its_round(
+        tmp_path: Path) -> None:
+    """Task k's round 0 waits while its round 1 (`last_in_task`) fits and
+    finishes: withdrawing round 0 ends the task then. Task m's round 0 waits
+    while round 1 runs: after the withdrawal a retry takes round 0, the next
+    call round 2."""
+    with Daemon(tmp_path, "--budget", BUDGET, speed="20") as d:
+        def post(body: dict[str, Any]) -> dict[str, Any]:
+            r = d.http.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["topasd"]
+
+        def wait_then_leave(body: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+            """`body` waits (the 600-token filler runs), `then` finishes, `body`'s
+            client leaves; returns `then`'s reply."""
+            filler = threading.Thread(target=lambda: post(_call(f"f{time.time()}", 600,
+                                                                  last_in_task=True)))
+            filler.start()
+            d.wait_for(lambda s: s["counts"]["requests_running"] >= 1)
+            before = d.state()["counts"]["requests_withdrawn"]
+            sock = _post_raw(d.url, body)
+            d.wait_for(lambda s: s["counts"]["requests_waiting"] == 1)
+            reply = post(then)
+            sock.close()
+            d.wait_for(lambda s: s["counts"]["requests_withdrawn"] == before + 1)
+            filler.join(60)
+            return reply
+
+        last = wait_then_leave(_call("k", 1000, last_in_stage=False),
+                               _call("k", 20, last_in_task=True))
+        assert last["round"] == 1 and not last["task_done"]  # round 0 still waited
+        task = d.http.get(f"/v1/tasks/{last['task_id']}").json()
+        assert task["status"] == "done", task
+        filler_done = d.wait_for(lambda s: s["counts"]["tasks_finished"] == 2)
+        assert filler_done["counts"]["tasks_in_flight"] == 0
+
+        mid = wait_then_leave(_call("m", 1000, last_in_stage=False),
+                              _call("m", 20, last_in_stage=False))
+        assert mid["round"] == 1
+        assert post(_call("m", 20, last_in_stage=False))["round"] == 0  # the freed round
+        assert post(_call("m", 20))["round"] == 2
+        assert d.stop() == 0
+    store = Store(tmp_path / "topasd.db", create=False)
+    try:
+        rows = store.db.execute("SELECT request_id, withdrawn, admitted, finished FROM requests "
+                                "WHERE withdrawn IS NOT NULL").fetchall()
+        assert len(rows) == 2 and all(r[2] is None and r[3] is None for r in rows)
+        ended = store.db.execute("SELECT count(*) FROM engine_events WHERE kind = "
+                                 "'task_finish' AND task_id = ?", [last["task_id"]]).fetchone()
+        assert ended[0] == 1
+    finally:
+        store.close()
 
 
 def test_a_client_that_disconnects_takes_its_waiting_call_back(tmp_path: Path) -> None:
-    """Stage a of chain3 has a 4,000-token prefix; with a 5,000-token budget a
-    600-token call runs and a second one waits. Its client closes the socket:
+    """Stage a of chain3 has a 4,000-token prefix; with a 5,010-token budget a
+    600-token call runs and a 1,000-token one waits (it fits alone, never beside
+    the first, whatever the engine's decode reservation). Its client closes the socket:
     the daemon withdraws it (counts, event, store), the first call still gets
     its reply, and the second task's call sent again runs, in the same round."""
-    with Daemon(tmp_path, "--budget", "5000", speed="20") as d:
+    with Daemon(tmp_path, "--budget", BUDGET, speed="20") as d:
         first: dict[str, Any] = {}
         runner = threading.Thread(target=lambda: first.update(
             r=d.http.post("/v1/chat/completions", json=_call("x", 600))))
         runner.start()
         d.wait_for(lambda s: s["counts"]["requests_running"] == 1)
-        sock = _post_raw(d.url, _call("y", 600))
+        sock = _post_raw(d.url, _call("y", 1000))
         st = d.wait_for(lambda s: s["counts"]["requests_waiting"] == 1)
         assert st["counts"]["requests_withdrawn"] == 0
         sock.close()
@@ -100,7 +162,7 @@ def test_a_client_that_disconnects_takes_its_waiting_call_back(tmp_path: Path) -
         assert st["counts"]["requests_waiting"] == 0 and st["counts"]["requests_running"] == 1
         runner.join(60)
         assert first["r"].status_code == 200, first["r"].text
-        again = d.http.post("/v1/chat/completions", json=_call("y", 600))
+        again = d.http.post("/v1/chat/completions", json=_call("y", 1000))
         assert again.status_code == 200, again.text
         meta = again.json()["topasd"]
         assert meta["round"] == 0 and meta["stage"] == "a"
@@ -140,20 +202,23 @@ class AbortingEngine:
     def __init__(self) -> None:
         self.aborted: list[str] = []
         self.tokenizer_manager = self
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.rid_to_state: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self.register_after_s = 0.0
 
     async def async_generate(self, **kwargs: Any) -> dict[str, Any]:
+        await asyncio.sleep(self.register_after_s)  # tokenizing: not registered yet
         fut = asyncio.get_running_loop().create_future()
-        self._pending[kwargs["rid"]] = fut
+        self.rid_to_state[kwargs["rid"]] = fut
         return await fut
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self.aborted.append(rid)
-        fut = self._pending.pop(rid)
-        fut.set_exception(ValueError(f"Abort request {rid}"))
+        fut = self.rid_to_state.pop(rid, None)
+        if fut is not None:  # SGLang ignores an abort of a request it does not hold
+            fut.set_exception(ValueError(f"Abort request {rid}"))
 
     def finish(self, loop: asyncio.AbstractEventLoop, rid: str, tokens: int) -> None:
-        fut = self._pending.pop(rid)
+        fut = self.rid_to_state.pop(rid)
         reply = {"text": "", "meta_info": {"completion_tokens": tokens}}
         loop.call_soon_threadsafe(fut.set_result, reply)
 
@@ -166,22 +231,29 @@ def test_the_sglang_backend_aborts_a_waiting_request_in_sglang() -> None:
     from backends.sglang.backend import SGLangBackend
 
     engine = AbortingEngine()
+    engine.register_after_s = 0.3  # the withdrawal comes before SGLang holds the request
     backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
                             endpoint=f"ipc:///tmp/topasd-withdraw-{os.getpid()}.sock",
                             engine_factory=lambda o: engine)
     try:
         backend.submit(_request(1, output=4))
         backend.submit(_request(2, output=4))
-        events = list(backend.run_until(backend.t + 0.1))
+        backend.submit(_request(3, output=4))
+        events = list(backend.run_until(backend.t + 0.01))
         assert backend.withdraw(2, "client gone")
         assert not backend.withdraw(2, "twice") and not backend.withdraw(7, "unknown")
+        backend._scheduler_events([EngineEvent(backend.t, EventKind.REQUEST_ADMIT, 3, 3, "A",
+                                               "s")])
+        backend._scheduler_events([EngineEvent(backend.t, EventKind.RETRACT, 3, 3, "A", "s")])
+        assert not backend.withdraw(3, "admitted once")
         deadline = time.monotonic() + 10
         while not any(e.kind is EventKind.REQUEST_WITHDRAW for e in events):
             assert time.monotonic() < deadline, "no REQUEST_WITHDRAW"
             events += backend.run_until(backend.t + 0.05)
         assert engine.aborted == ["topasd-2"]
         engine.finish(backend._loop, "topasd-1", 4)
-        while not any(e.kind is EventKind.REQUEST_FINISH for e in events):
+        engine.finish(backend._loop, "topasd-3", 4)
+        while sum(e.kind is EventKind.REQUEST_FINISH for e in events) < 2:
             assert time.monotonic() < deadline, "no REQUEST_FINISH"
             events += backend.run_until(backend.t + 0.05)
         assert backend.idle()

@@ -123,7 +123,7 @@ class RequestOwner(Protocol):
 
     def on_finish(self, request_id: int, t: float) -> DriverStep: ...
 
-    def on_withdraw(self, request_id: int, t: float, why: str) -> None:
+    def on_withdraw(self, request_id: int, t: float, why: str) -> DriverStep:
         """The backend took the request back before it ran (REQUEST_WITHDRAW)."""
 
 
@@ -182,8 +182,9 @@ class EventLoop:
                 self.finished(ev)
             elif ev.kind is EventKind.REQUEST_WITHDRAW:
                 owner = self.owners.pop(ev.request_id, None)  # type: ignore[arg-type]
-                if owner is not None:
-                    owner.on_withdraw(ev.request_id, ev.t, ev.note)  # type: ignore[arg-type]
+                if owner is not None:  # (the trace driver's requests are never withdrawn)
+                    step = owner.on_withdraw(ev.request_id, ev.t, ev.note)  # type: ignore[arg-type]
+                    self._step(ev, step)
 
     def decide(self) -> None:
         view = self.backend.view(self.book.tasks, self.workflows)
@@ -204,6 +205,11 @@ class EventLoop:
             step = self.driver.on_finish(ev.request_id, ev.t)  # type: ignore[arg-type]
         else:
             step = owner.on_finish(ev.request_id, ev.t)  # type: ignore[arg-type]
+        self._step(ev, step)
+
+    def _step(self, ev: EngineEvent, step: DriverStep) -> None:
+        """What a request's end (`ev`) did to its task: stages and the task done,
+        the next requests submitted."""
         for stage in step.stages_done:
             self.book.stage_done(ev.task_id, stage, ev.t)  # type: ignore[arg-type]
             wf = self.workflows[self.book.tasks[ev.task_id].workflow]  # type: ignore[index]

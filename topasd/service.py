@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import logging
 import math
 import threading
@@ -534,11 +535,30 @@ class _OpenTask:
     id: int
     workflow: Workflow
     key: tuple[str, str] | None
-    rounds: dict[str, int] = field(default_factory=dict)
+    rounds: dict[str, int] = field(default_factory=dict)  # rounds handed out per stage
+    free_rounds: dict[str, list[int]] = field(default_factory=dict)  # of withdrawn calls
     done: set[str] = field(default_factory=set)
     in_flight: int = 0
     closing: bool = False
     last_wall: float = field(default_factory=time.monotonic)  # last call or reply
+
+    def take_round(self, stage: str) -> int:
+        """The round of a new call of `stage`: a withdrawn call's first, else the next."""
+        free = self.free_rounds.get(stage)
+        if free:
+            return heapq.heappop(free)
+        k = self.rounds.get(stage, 0)
+        self.rounds[stage] = k + 1
+        return k
+
+    def give_back_round(self, stage: str, k: int) -> None:
+        """Round `k` of `stage` was not used (its call withdrawn or refused)."""
+        heapq.heappush(self.free_rounds.setdefault(stage, []), k)
+
+    def ended(self) -> bool:
+        """Nothing of the task in flight, and its stages done or its end announced."""
+        return self.in_flight == 0 and (self.closing
+                                        or len(self.done) == len(self.workflow.stages))
 
 
 def _remember(kept: dict[Any, Any], key: Any, value: Any, keep: int) -> None:
@@ -585,7 +605,7 @@ class _Calls:
             step.stages_done.append(req.stage)
         if spec.last_in_task:
             task.closing = True
-        if task.in_flight == 0 and (task.closing or len(task.done) == len(task.workflow.stages)):
+        if task.ended():
             step.task_done = True
             self.close(task, f"finished at t={t:.3f}s")
         result = CallResult(req.id, req.task_id, req.workflow, req.stage, req.agent, req.round,
@@ -595,17 +615,24 @@ class _Calls:
             call.future.set_result(result)
         return step
 
-    def on_withdraw(self, request_id: int, t: float, why: str) -> None:
-        """The engine took a waiting call back: its task may see the call again."""
+    def on_withdraw(self, request_id: int, t: float, why: str) -> DriverStep:
+        """The engine took a waiting call back: a retry gets its round; the task
+        ends now if this was all it waited for (its last call finished first)."""
         call = self.by_request.pop(request_id)
         task, req = call.task, call.request
         task.in_flight -= 1
         task.last_wall = time.monotonic()
-        if task.rounds.get(req.stage) == req.round + 1:  # a retry takes its round again
-            task.rounds[req.stage] = req.round
+        task.give_back_round(req.stage, req.round)
+        log.info("request %d (task %d, stage %s, round %d) withdrawn: %s", req.id,
+                 req.task_id, req.stage, req.round, why)
         if not call.future.done():
             call.future.set_exception(Withdrawn(f"request {request_id} was withdrawn at "
                                                 f"t={t:.3f}s: {why}"))
+        step = DriverStep()
+        if task.ended():
+            step.task_done = True
+            self.close(task, f"finished at t={t:.3f}s")
+        return step
 
     def find(self, future: Future[CallResult]) -> _Call | None:
         """The call in flight that `future` belongs to, if any."""
@@ -1137,8 +1164,7 @@ class Service:
         if task is None:
             key = None if spec.task_key is None else (wf.name, spec.task_key)
             task = self._open_task(wf, key, spec.task_key)
-        k = task.rounds.get(stage, 0)
-        task.rounds[stage] = k + 1
+        k = task.take_round(stage)
         task.in_flight += 1
         task.last_wall = time.monotonic()
         req = Request(id=self.driver.new_request_id(), task_id=task.id, workflow=wf.name,
@@ -1150,7 +1176,7 @@ class Service:
             self.loop.submit(req, self.calls)
         except TopasError:  # the engine refused it: undo, so nothing waits for it
             del self.calls.by_request[req.id]
-            task.rounds[stage] = k
+            task.give_back_round(stage, k)
             task.in_flight -= 1
             if opened:
                 self._abandon(task, "the engine refused its first call")
@@ -1158,11 +1184,7 @@ class Service:
 
     def _cmd_withdraw(self, future: Future[CallResult], why: str) -> bool:
         call = self.calls.find(future)
-        if call is None or not self.backend.withdraw(call.request.id, why):
-            return False
-        log.info("request %d (task %d, stage %s) withdrawn: %s", call.request.id,
-                 call.request.task_id, call.request.stage, why)
-        return True
+        return call is not None and self.backend.withdraw(call.request.id, why)
 
     def _call_target(self, spec: CallSpec) -> tuple[Workflow, str, _OpenTask | None]:
         """The workflow, stage and open task (None: a new one) a call belongs to."""

@@ -58,6 +58,7 @@ from topasd.model import (
 )
 
 POLL_S = 0.005
+ABORT_WAIT_S = 5.0  # how long an abort waits for SGLang to register its request
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000  # synthetic ids stay inside any common vocabulary
 
 
@@ -140,6 +141,7 @@ class SGLangBackend:
         self._requests: dict[int, Request] = {}
         self._started: dict[int, float] = {}
         self._admitted: set[int] = set()  # by SGLang's scheduler, not preempted since
+        self._ever_admitted: set[int] = set()  # such requests are never withdrawn
         self._withdrawing: dict[int, str] = {}  # aborts sent: request id -> why
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
@@ -234,13 +236,23 @@ class SGLangBackend:
         """Abort a request SGLang has not admitted. The abort travels to SGLang's
         scheduler, so the REQUEST_WITHDRAW comes when `async_generate` returns
         aborted; a request SGLang finished meanwhile gets its REQUEST_FINISH."""
-        if (request_id not in self._requests or request_id in self._admitted
+        if (request_id not in self._requests or request_id in self._ever_admitted
                 or request_id in self._withdrawing):
             return False
         self._withdrawing[request_id] = why
-        manager = self.engine.tokenizer_manager
-        self._loop.call_soon_threadsafe(manager.abort_request, f"topasd-{request_id}")
+        asyncio.run_coroutine_threadsafe(self._abort(request_id), self._loop)
         return True
+
+    async def _abort(self, rid: int) -> None:
+        """Abort once SGLang's tokenizer manager holds the request (an abort
+        before that is ignored), unless it ended first."""
+        manager, key = self.engine.tokenizer_manager, f"topasd-{rid}"
+        known = getattr(manager, "rid_to_state", None)
+        deadline = time.monotonic() + ABORT_WAIT_S
+        while (known is not None and key not in known and rid in self._requests
+               and time.monotonic() < deadline):
+            await asyncio.sleep(POLL_S)
+        manager.abort_request(key)
 
     def idle(self) -> bool:
         return not self._requests and not self._asks and self._current is None
@@ -283,6 +295,7 @@ class SGLangBackend:
                 continue
             admitted = rid in self._admitted
             self._admitted.discard(rid)
+            self._ever_admitted.discard(rid)
             why = self._withdrawing.pop(rid, None)
             if why is not None and (note or (tokens or 0) < req.output_tokens):
                 self._started.pop(rid, None)  # aborted: no service to report
@@ -320,6 +333,7 @@ class SGLangBackend:
                 self._started[rid] = ev.t
             elif ev.kind is EventKind.REQUEST_ADMIT and rid is not None:
                 self._admitted.add(rid)
+                self._ever_admitted.add(rid)
             elif ev.kind in (EventKind.PREEMPT, EventKind.RETRACT) and rid is not None:
                 self._admitted.discard(rid)
             if ev.kind is EventKind.PREEMPT:

@@ -167,9 +167,10 @@ class SimBackend(EventBuffer):
             self._enqueue(request, max(request.ready_at, 0.0))
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        req = self._waiting.pop(request_id, None)
-        if req is None:
+        req = self._waiting.get(request_id)
+        if req is None or req.preemptions:  # admitted once: it runs to its end
             return False
+        del self._waiting[request_id]
         self._answer_retry()
         self._prefix_view = None
         self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, note=why)

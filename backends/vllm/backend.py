@@ -224,9 +224,10 @@ class VllmBackend(EventBuffer):
             self._enqueue(request, max(request.ready_at, 0.0))
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        req = self._waiting.pop(request_id, None)
-        if req is None:
-            return False
+        req = self._waiting.get(request_id)
+        if req is None or req.preemptions:  # admitted once (its preemption may be
+            return False  # queued for vLLM's next step): it runs to its end
+        del self._waiting[request_id]
         vid = self._vid.pop(request_id)
         del self._tid[vid]
         self._touched.pop(request_id, None)
