@@ -95,10 +95,12 @@ class Backend(Protocol):
         """Queue a request; it becomes waiting at `request.ready_at`."""
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        """Take back a request never admitted (its caller went away): it leaves
-        the waiting queue and a REQUEST_WITHDRAW event (`note`: `why`) follows.
-        False, changing nothing, when the request is or was admitted (preempted
-        since), finished or unknown: it then runs to its REQUEST_FINISH."""
+        """Take back an unfinished request (its caller went away): it leaves the
+        engine and a REQUEST_WITHDRAW event (`note`: `why`; `tokens`: tokens it
+        had generated) follows. Every backend takes back a request never
+        admitted; the simulator also a running or preempted one. False, changing
+        nothing, for a request the backend cannot take back, a finished or an
+        unknown one: it then runs to its REQUEST_FINISH."""
 
     def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
         """Advance to `t_stop` (None: until idle), yielding events. A SCHEDULE

@@ -298,6 +298,7 @@ def _seg_hover(s: q.Segment) -> str:
     if s.prefill_end is not None:
         lines.append(f"prefill end {s.prefill_end:.3f} s")
     ends = {"finish": "finished", "preempt": "preempted", "retract": "retracted",
+            "withdraw": "withdrawn (its client went away)",
             "open": "still running at the end of the log"}
     lines.append(f"{ends.get(s.end_kind, s.end_kind)} {s.end:.3f} s")
     return "<br>".join(lines)
@@ -448,6 +449,9 @@ def _figure(run: q.RunRow, view: str, lanes: list[str], bars: list[_Bar], marks:
              f"{view} view")
     if run.summary and "mean_jct_s" in run.summary:
         title += f", mean JCT {run.summary['mean_jct_s']:.3g} s"
+        if run.summary.get("tasks_unfinished"):  # a daemon stopped with tasks in flight
+            title += (f" over {run.summary['tasks']} finished tasks "
+                      f"({run.summary['tasks_unfinished']} unfinished)")
     title += "".join(f"<br><sup>{note}</sup>" for note in notes)  # one line each
     legend_rows = math.ceil(len(fig.data) / LEGEND_PER_ROW)
     bottom = 60 + 22 * legend_rows  # the legend sits under the time axis, clear of the title

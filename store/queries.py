@@ -149,7 +149,7 @@ class Segment:
 
 
 _SEGMENT_KINDS = ("request_admit", "request_start", "prefill_end", "request_finish",
-                  "preempt", "retract")
+                  "preempt", "retract", "request_withdraw")
 
 
 def request_segments(db: Database, run_id: int) -> list[Segment]:
@@ -684,7 +684,8 @@ class RunReplay:
             if kind == "request_admit":
                 out.setdefault(rid, []).append((t, None, 0))
                 self._inputs.setdefault(rid, int(tokens or 0))
-            elif kind in ("request_finish", "preempt", "retract") and out.get(rid):
+            elif kind in ("request_finish", "preempt", "retract",
+                          "request_withdraw") and out.get(rid):
                 start, end, _ = out[rid][-1]
                 if end is None:
                     out[rid][-1] = (start, t, int(tokens or 0))

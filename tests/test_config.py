@@ -73,6 +73,11 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"grace": float("inf")}, {}, ["setting grace = inf", "finite"]),
     ({}, {"TOPAS_TASK_TIMEOUT": "nan"}, ["task_timeout", "finite"]),
     ({"workload": "chain3", "rate": float("nan")}, {}, ["setting rate = nan", "finite"]),
+    ({"workload": "nope"}, {}, ["setting workload = 'nope' (from flag)", "unknown workload"]),
+    ({}, {"TOPAS_WORKLOAD": "x.yaml"}, ["setting workload = 'x.yaml' (from env TOPAS_WORKLOAD)",
+                                        "does not exist"]),
+    ({"workflows": ["/nowhere/w.yaml"]}, {}, ["setting workflows = '/nowhere/w.yaml'",
+                                              "cannot read"]),
     ({"profile": "h100"}, {}, ["unknown hardware profile", "small"]),
     # a seed numpy refuses, or one the decision log cannot hold, used to pass
     ({}, {"TOPAS_SEED": "-3"}, ["setting seed = '-3' (from env TOPAS_SEED)", "0"]),

@@ -861,6 +861,11 @@ def test_detach_status_and_stop(tmp_path: Path) -> None:
         gone = subprocess.run([*base, "status", "--runtime-file", str(runtime)], env=env,
                               capture_output=True, text=True, timeout=60)
         assert gone.returncode == 2 and gone.stderr.startswith("error: no daemon running")
+        as_json = subprocess.run([*base, "status", "--json", "--runtime-file", str(runtime)],
+                                 env=env, capture_output=True, text=True, timeout=60)
+        reply = json.loads(as_json.stdout)  # a script gets JSON either way
+        assert as_json.returncode == 2 and reply["running"] is False
+        assert reply["daemon"] is None and reply["error"].startswith("no daemon running")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(info["pid"], signal.SIGKILL)

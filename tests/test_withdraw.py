@@ -30,10 +30,11 @@ def _request(rid: int, agent: str = "A", output: int = 50) -> Request:
                    prefix_tokens=100)
 
 
-def test_the_simulator_withdraws_only_waiting_requests() -> None:
-    """A waiting request leaves the queue with a REQUEST_WITHDRAW naming why and
-    is never admitted; a running, finished or unknown one is refused (False)
-    and the run goes on; withdrawing one that held the queue lets the next in."""
+def test_the_simulator_withdraws_any_unfinished_request() -> None:
+    """A waiting, a preempted and a running request each leave the engine with
+    a REQUEST_WITHDRAW naming why (the running one frees its KV and reports
+    what it had generated); a finished or unknown one is refused (False), and
+    the others run on."""
     sim = SimBackend(get_profile("small"))
     for rid in (1, 2, 3):
         sim.submit(_request(rid))
@@ -42,28 +43,32 @@ def test_the_simulator_withdraws_only_waiting_requests() -> None:
     def pump(until: float | None, admit: tuple[int, ...] = ()) -> None:
         for ev in sim.run_until(until):
             if ev.kind is EventKind.SCHEDULE:
-                waiting = [r.id for r in sim.view({}, {}).waiting]
-                chosen = tuple(r for r in admit if r in waiting)
+                view = sim.view({}, {})
+                chosen = tuple(r for r in admit if r in {w.id for w in view.waiting})
                 sim.apply(Decision(sim.t, "script", admit=chosen,
-                                   load=("A",) if not sim.view({}, {}).prefixes["A"].on_gpu
-                                   else ()))
+                                   load=("A",) if not view.prefixes["A"].on_gpu else ()))
             else:
                 events.append(ev)
 
     pump(0.0, admit=(1,))
     sim.submit(_request(4))
     pump(sim.t, admit=(4,))
-    sim.apply(Decision(sim.t, "script", preempt=(4,)))  # back to waiting, admitted once
-    assert 4 in {r.id for r in sim.view({}, {}).waiting} and not sim.withdraw(4, "preempted")
-    assert sim.withdraw(2, "client gone")
-    assert not sim.withdraw(2, "twice") and not sim.withdraw(1, "running")
-    assert not sim.withdraw(99, "unknown")
-    assert [r.id for r in sim.view({}, {}).waiting] == [3, 4]
-    pump(None, admit=(3, 4))
-    gone = [ev for ev in events if ev.kind is EventKind.REQUEST_WITHDRAW]
-    assert [(ev.request_id, ev.note, ev.agent) for ev in gone] == [(2, "client gone", "A")]
+    sim.apply(Decision(sim.t, "script", preempt=(4,)))  # back to waiting
+    assert sim.withdraw(4, "preempted, then gone") and sim.withdraw(2, "client gone")
+    assert not sim.withdraw(2, "twice") and not sim.withdraw(99, "unknown")
+    pump(sim.t + 0.2)  # 1 decodes a while
+    used = sim._used_tokens()
+    generated = sim._running[1].generated
+    assert generated > 0 and sim.withdraw(1, "gone mid-answer")
+    assert sim._used_tokens() == used - (20 + generated) and not sim._running
+    assert [r.id for r in sim.view({}, {}).waiting] == [3]
+    pump(None, admit=(3,))
+    gone = {ev.request_id: (ev.note, ev.tokens) for ev in events
+            if ev.kind is EventKind.REQUEST_WITHDRAW}
+    assert gone == {4: ("preempted, then gone", 0), 2: ("client gone", 0),
+                    1: ("gone mid-answer", generated)}
     finished = sorted(ev.request_id for ev in events if ev.kind is EventKind.REQUEST_FINISH)
-    assert finished == [1, 3, 4]
+    assert finished == [3] and sim.stats.withdrawn == 3
     assert not any(ev.request_id == 2 for ev in events if ev.kind is EventKind.REQUEST_ADMIT)
     assert not sim.withdraw(3, "finished")
 
@@ -138,6 +143,9 @@ def test_a_withdrawal_ends_a_task_that_waited_only_for_it_and_frees_its_round(
         ended = store.db.execute("SELECT count(*) FROM engine_events WHERE kind = "
                                  "'task_finish' AND task_id = ?", [last["task_id"]]).fetchone()
         assert ended[0] == 1
+        # two fillers and task k finished; m (stage a of three) was left open
+        summary = json.loads(store.db.execute("SELECT summary FROM runs").fetchone()[0])
+        assert (summary["tasks"], summary["tasks_unfinished"]) == (3, 1)
     finally:
         store.close()
 
@@ -190,6 +198,35 @@ def test_a_client_that_disconnects_takes_its_waiting_call_back(tmp_path: Path) -
             "SELECT request_id FROM engine_events WHERE kind = 'request_finish' AND "
             "task_id = ? AND request_id != ?", [task_id, rid]).fetchall()
         assert len(retry) == 1
+    finally:
+        store.close()
+
+
+def test_a_running_call_whose_client_leaves_frees_its_kv(tmp_path: Path) -> None:
+    """On the simulator a running call is taken back too: its KV is freed at
+    once, the store ends its admission episode with the withdrawal (the Gantt
+    bar's end), and the task can send the call again."""
+    with Daemon(tmp_path, "--budget", BUDGET, speed="20") as d:
+        sock = _post_raw(d.url, _call("r", 600))
+        d.wait_for(lambda s: s["counts"]["requests_running"] == 1
+                   and s["budget"]["requests"] > 0)
+        sock.close()
+        st = d.wait_for(lambda s: s["counts"]["requests_withdrawn"] == 1)
+        assert st["counts"]["requests_running"] == 0 and st["budget"]["requests"] == 0
+        again = d.http.post("/v1/chat/completions", json=_call("r", 20))
+        assert again.status_code == 200 and again.json()["topasd"]["round"] == 0, again.text
+        assert d.stop() == 0
+    store = Store(tmp_path / "topasd.db", create=False)
+    try:
+        from store.queries import request_segments
+
+        row = store.db.execute("SELECT request_id, admitted, withdrawn, finished FROM requests "
+                               "ORDER BY request_id").fetchall()
+        assert row[0][1] is not None and row[0][2] >= row[0][1] and row[0][3] is None
+        assert row[1][3] is not None  # the retry finished
+        run_id = store.db.execute("SELECT id FROM runs").fetchone()[0]
+        ends = {s.request_id: s.end_kind for s in request_segments(store.db, run_id)}
+        assert ends == {row[0][0]: "withdraw", row[1][0]: "finish"}
     finally:
         store.close()
 

@@ -1174,8 +1174,10 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
 
     def handle(signum: int, frame: Any) -> None:
         signals.append(signum)
-        if len(signals) > 1:
-            service.drain(0.0)  # a second signal: stop now
+        if len(signals) > 1:  # a second signal: stop now
+            log.warning("received %s again: the grace period is cut short, running work "
+                        "stops now", signal.Signals(signum).name)
+            service.drain(0.0)
         stop.set()
 
     old = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}

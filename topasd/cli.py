@@ -81,9 +81,9 @@ def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) ->
     else:
         save_trace(tr, output)
     n_req = sum(len(r) for t in tr.tasks for r in t.stages.values())
-    click.echo(f"wrote {'standard output' if output == '-' else output}: {len(tr.tasks)} "
-               f"tasks, {n_req} requests, "
-               f"last arrival at {tr.tasks[-1].arrival:.1f}s", err=True)
+    click.echo(f"wrote {len(tr.tasks)} tasks, {n_req} requests, last arrival at "
+               f"{tr.tasks[-1].arrival:.1f}s to {'standard output' if output == '-' else output}",
+               err=True)
 
 
 def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
@@ -687,7 +687,9 @@ def _runtime_info(runtime_file: str | None, config_path: str | None) -> tuple[An
               help="The daemon's runtime file (default: as `topasd start`).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="TOML settings file naming runtime_file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the daemon's state as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the daemon's state as JSON ({\"running\": false, ...} and exit "
+                   "status 2 when none runs).")
 def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> None:
     """Show whether a daemon runs, where, and what it is doing."""
     import json
@@ -696,8 +698,11 @@ def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> 
 
     path, info = _runtime_info(runtime_file, config_path)
     if info is None:
-        raise TopasError(f"no daemon running (no live runtime file at {path}); start one with "
-                         "`topasd start`")
+        why = (f"no daemon running (no live runtime file at {path}); start one with "
+               "`topasd start`")
+        if as_json:  # a script gets JSON either way (and the exit status)
+            click.echo(json.dumps({"running": False, "daemon": None, "error": why}))
+        raise TopasError(why)
     try:
         reply = httpx.get(f"{info['url']}/v1/state", params={"limit": 1}, timeout=10)
         state = reply.json()
@@ -710,7 +715,7 @@ def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> 
                          f"with {reply.status_code}: {message or reply.text[:200]}; see its "
                          "log")
     if as_json:
-        click.echo(json.dumps({"daemon": info, "state": state}, indent=2))
+        click.echo(json.dumps({"running": True, "daemon": info, "state": state}, indent=2))
         return
     c = state.get("counts", {})
     backend = info.get("backend", "sim")  # the speed paces the simulator only
@@ -904,6 +909,7 @@ _COLUMNS = (
     ("peak", "peak_batch", "{}"),
     ("loads", "prefix_loads", "{}"),
     ("load GB", "prefix_load_gb", "{:.1f}"),
+    ("computes", "prefix_computes", "{}"),
     ("preempt", "preemptions", "{}"),
     ("retract", "retractions", "{}"),
     ("recomp tok", "recomputed_tokens", "{}"),

@@ -269,11 +269,28 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
     except TopasError as exc:
         raise ConfigError(f"setting params (from {sources.get('params', 'default')}): "
                           f"{exc}") from None
+    _check_specs(settings, sources)
     if not settings.loopback and not settings.token:
         raise ConfigError(f"host {settings.host!r} is not a loopback address: set a bearer "
                           "token (--token, TOPAS_TOKEN or token in topasd.toml) so that "
                           "mutating endpoints are protected")
     return Loaded(settings, {k: sources.get(k, "default") for k in Settings.model_fields})
+
+
+def _check_specs(settings: Settings, sources: Mapping[str, str]) -> None:
+    """The workload and workflow spec files load (a bad one stops the start
+    with the setting and where it came from, `--print-config` included)."""
+    from workflows.builtin import load_workload
+    from workflows.spec import load_workflow
+
+    checks = [("workload", settings.workload, load_workload)] if settings.workload else []
+    checks += [("workflows", path, load_workflow) for path in settings.workflows]
+    for name, value, load in checks:
+        try:
+            load(value)  # type: ignore[operator]
+        except TopasError as exc:
+            raise ConfigError(f"setting {name} = {value!r} (from "
+                              f"{sources.get(name, 'default')}): {exc}") from None
 
 
 def raw_setting(name: str, flags: Mapping[str, Any] | None = None, *,

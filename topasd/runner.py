@@ -92,6 +92,7 @@ class RunResult:
         return {
             "policy": self.policy,
             "tasks": len(jct),
+            "tasks_unfinished": len(self.arrivals) - len(self.finishes),
             "mean_jct_s": float(jct.mean()),
             "p50_jct_s": float(np.percentile(jct, 50)),
             "p99_jct_s": float(np.percentile(jct, 99)),

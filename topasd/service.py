@@ -356,6 +356,7 @@ class Metrics:
         self.t = 0.0
         self.recent_jct: deque[float] = deque(maxlen=STATS_WINDOW)
         self.transfers: dict[str, Transfer] = {}  # prefix moves under way, by agent
+        self._running_ids: set[int] = set()  # admitted, not finished, preempted or withdrawn
 
     def event(self, ev: EngineEvent) -> None:
         kind = ev.kind
@@ -368,13 +369,20 @@ class Metrics:
         elif kind is EventKind.REQUEST_ADMIT:
             self.waiting[agent] -= 1
             self.running[agent] = self.running.get(agent, 0) + 1
+            self._running_ids.add(ev.request_id)  # type: ignore[arg-type]
         elif kind in (EventKind.PREEMPT, EventKind.RETRACT):
             self.running[agent] -= 1
             self.waiting[agent] = self.waiting.get(agent, 0) + 1
+            self._running_ids.discard(ev.request_id)  # type: ignore[arg-type]
         elif kind is EventKind.REQUEST_FINISH:
             self.running[agent] -= 1
+            self._running_ids.discard(ev.request_id)  # type: ignore[arg-type]
         elif kind is EventKind.REQUEST_WITHDRAW:
-            self.waiting[agent] -= 1
+            if ev.request_id in self._running_ids:  # taken out of the batch
+                self._running_ids.discard(ev.request_id)  # type: ignore[arg-type]
+                self.running[agent] -= 1
+            else:
+                self.waiting[agent] -= 1
         elif kind in (EventKind.PREFIX_LOAD_START, EventKind.PREFIX_COMPUTE_START):
             self.on_gpu[agent] = 1
         elif kind is EventKind.PREFIX_EVICT:

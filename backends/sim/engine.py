@@ -115,6 +115,7 @@ class SimStats:
     preemptions: int = 0
     retractions: int = 0
     recomputed_tokens: int = 0
+    withdrawn: int = 0  # requests whose caller went away (the daemon's API)
     busy_s: float = 0.0
 
     @property
@@ -167,13 +168,22 @@ class SimBackend(EventBuffer):
             self._enqueue(request, max(request.ready_at, 0.0))
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        req = self._waiting.get(request_id)
-        if req is None or req.preemptions:  # admitted once: it runs to its end
+        """Any unfinished request: a waiting one leaves the queue, a running one
+        the batch (its KV is freed; `tokens`: what it had generated)."""
+        live = self._running.pop(request_id, None)
+        if live is not None:
+            if live.in_prefill:
+                self._prefill.remove(request_id)
+            req, generated = live.req, live.generated
+        elif request_id in self._waiting:
+            req = self._waiting.pop(request_id)
+            generated = req.generated
+        else:
             return False
-        del self._waiting[request_id]
+        self.stats.withdrawn += 1
         self._answer_retry()
         self._prefix_view = None
-        self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, note=why)
+        self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, tokens=generated, note=why)
         self._need_schedule |= bool(self._waiting)  # what it held back may now fit
         return True
 

@@ -49,7 +49,8 @@ class StatusLine(Phrases):
         else:  # short: the last state's numbers follow, the error's detail comes last
             text.append("○ disconnected ", style="bold red")
             text.append("· retrying" + (f" (attempt {self.attempt})" if self.attempt > 1 else ""))
-            text.append(" · the last state:", style="italic")
+            if self.snapshot is not None:  # never connected: no state to show
+                text.append(" · the last state:", style="italic")
         phrases = [text]
         s = self.snapshot
         if s is not None:

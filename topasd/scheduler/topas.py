@@ -83,7 +83,7 @@ class TopasPolicy:
             self._age_mean = None  # the window moved
         elif kind is EventKind.TASK_ABANDON:  # it will never finish: no H_age sample
             self._task_service.pop(event.task_id, None)  # type: ignore[arg-type]
-        elif kind in (EventKind.PREEMPT, EventKind.RETRACT):
+        elif kind in (EventKind.PREEMPT, EventKind.RETRACT, EventKind.REQUEST_WITHDRAW):
             self.credits.pop(event.request_id, None)  # type: ignore[arg-type]
 
     def decide(self, view: EngineView) -> Decision:
