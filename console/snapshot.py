@@ -80,6 +80,7 @@ class Snapshot:
     speed: str = ""
     draining: bool = False
     started_ts: float | None = None
+    requests_withdrawn: int = 0  # calls whose client went away (live only)
 
     @property
     def kv_free(self) -> int | None:
@@ -201,7 +202,8 @@ def snapshot_from_state(state: Mapping[str, Any]) -> Snapshot:
         decisions=int(counts.get("decisions", 0)), policy=str(state.get("policy", "?")),
         params_version=state.get("params_version"),
         speed="" if speed is None else (f"{speed}x" if speed != "max" else "max"),
-        draining=bool(state.get("draining", False)), started_ts=_f(state.get("started_ts")))
+        draining=bool(state.get("draining", False)), started_ts=_f(state.get("started_ts")),
+        requests_withdrawn=int(counts.get("requests_withdrawn", 0)))
 
 
 def decision_from_event(data: Mapping[str, Any]) -> DecisionRow:
@@ -232,7 +234,7 @@ def detail_from_api(data: Mapping[str, Any]) -> DecisionDetail:
         preempt=tuple(data["preempt"]), load=tuple(data["load"]), evict=tuple(data["evict"]),
         blocked=bool(data["blocked"]), wall_ms=float(data["wall_ms"]),
         n_candidates=int(data["n_candidates"]), total=None if won is None else won.total)
-    note = f"{len(cands)} of {row.n_candidates} candidates"
+    note = _candidates_note(len(cands), row.n_candidates, "")
     return DecisionDetail(row=row, policy=str(data["policy"]),
                           reservation=str(data["reservation"]), chosen=data.get("chosen"),
                           candidates=cands, note=note)
@@ -291,6 +293,12 @@ def decision_from_store(row: Mapping[str, Any]) -> DecisionRow:
         total=_f(row.get("total")))
 
 
+def _candidates_note(shown: int, scored: int, logged: str) -> str:
+    if not scored:  # a baseline orders requests; it scores no candidate states
+        return "no candidate states (this policy does not score any)"
+    return f"{shown} of {scored} candidates{logged}"
+
+
 def detail_from_store(row: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
                       policy: str) -> DecisionDetail:
     """A decision detail of a stored decision and its logged candidates."""
@@ -301,6 +309,6 @@ def detail_from_store(row: Mapping[str, Any], candidates: Sequence[Mapping[str, 
         j_revoke=float(c["j_revoke"]), v_reuse=float(c["v_reuse"]), total=float(c["total"]))
         for c in candidates)
     d = decision_from_store(row)
-    note = f"{len(cands)} of {d.n_candidates} candidates logged"
+    note = _candidates_note(len(cands), d.n_candidates, " logged")
     return DecisionDetail(row=d, policy=policy, reservation=str(row.get("reservation") or ""),
                           chosen=row.get("chosen"), candidates=cands, note=note)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from textual.widgets import Button, DataTable, Input, Label
+from textual.widgets import Button, DataTable, Input, Label, Static
 
 from console.app import ConsoleApp
 from console.screens.params import ParamsScreen
@@ -347,6 +347,34 @@ def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
         assert app.screen is app.dashboard
 
     run_app(db, scenario, at=50.0)
+
+
+def test_replay_params_screen_lists_the_last_changes_and_says_how_many_came_before(
+        db: Path) -> None:
+    run_id = sql(db, "SELECT id FROM runs")[0][0]
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source) "
+                     "VALUES (?, 5.0, 0, 'h_age', 'null', '64.0', 'api')", [run_id])
+        for i in range(10):
+            conn.execute("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, "
+                         "source) VALUES (?, ?, 0, 'beta', ?, ?, 'api')",
+                         [run_id, 10.0 + i, str(20.0 + i), str(21.0 + i)])
+    conn.close()
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        await pilot.press("p")
+        await pilot.pause()
+        text = str(app.screen.query_one("#answer", Static).render())
+        assert text.startswith("11 live change(s) up to t=50.00s; the last 8, 3 before them")
+        assert "beta: 29 → 30 (api)" in text and "beta: 21 → 22" not in text
+        await pilot.press("escape")
+
+    run_app(db, scenario, at=50.0)
+    source = ReplaySource(db)  # the unset H_age shows as the form shows it: empty
+    first = source.param_changes(50.0)[0]
+    assert (first["name"], first["old"]) == ("h_age", None)
+    source.close()
 
 
 def test_noop_toggle_and_sorting(db: Path) -> None:

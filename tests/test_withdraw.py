@@ -310,3 +310,35 @@ def test_a_call_that_reached_no_engine_needs_no_withdrawal(tmp_path: Path) -> No
         r = httpx.post(f"{d.url}/v1/chat/completions", json=_call("z", 8), timeout=60)
         assert r.status_code == 200 and r.json()["topasd"]["task_done"] is False
         assert d.state()["counts"]["requests_withdrawn"] == 0
+
+
+def test_the_console_status_line_counts_withdrawn_calls() -> None:
+    """The live status line reads `counts.requests_withdrawn` from /v1/state
+    and shows it once a call was withdrawn (not before)."""
+    from textual.app import App, ComposeResult
+
+    from console.snapshot import snapshot_from_state
+    from console.widgets.status import StatusLine
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield StatusLine(id="status")
+
+    def state(withdrawn: int) -> dict[str, Any]:
+        return {"t": 5.0, "policy": "topas", "budget": {"tokens": 100}, "tasks": [],
+                "counts": {"requests_waiting": 1, "requests_withdrawn": withdrawn}}
+
+    async def run() -> list[str]:
+        shown = []
+        async with One().run_test(size=(160, 5)) as pilot:
+            line = pilot.app.query_one(StatusLine)
+            line.connected = True
+            for n in (0, 2):
+                line.set_snapshot(snapshot_from_state(state(n)))
+                await pilot.pause()
+                shown.append(str(line.render()))
+        return shown
+
+    before, after = asyncio.run(run())
+    assert "1 waiting" in before and "withdrawn" not in before
+    assert after.endswith("1 waiting · 0 decisions · 2 withdrawn"), after

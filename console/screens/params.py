@@ -19,6 +19,8 @@ from console.sources import ApiError, ConnectionLost
 if TYPE_CHECKING:
     from console.app import ConsoleApp
 
+REPLAY_CHANGES = 8  # the read-only form lists the last this many live changes
+
 
 class ParamsScreen(Screen[None]):
     """Live: edit and apply. Replay: the parameters in force at the cursor."""
@@ -86,9 +88,14 @@ class ParamsScreen(Screen[None]):
             changes = self.console.replay.param_changes(self.replay_t)
             self.fill({"policy": policy, "params": params, "ranges": {},
                        "policies": [policy], "version": len(changes)})
+            shown = changes[-REPLAY_CHANGES:]
+            older = len(changes) - len(shown)
             self.answer(Text(f"{len(changes)} live change(s) up to t={self.replay_t:.2f}s"
-                             + "".join(f"\n  t={c['t']:.2f}s {_label(c['name'])}: {c['old']} → "
-                                       f"{c['new']} ({c['source']})" for c in changes[-8:])))
+                             + (f"; the last {len(shown)}, {older} before them" if older else "")
+                             + "".join(f"\n  t={c['t']:.2f}s {_label(c['name'])}: "
+                                       f"{text_of(c['old']) or '∅'} → "
+                                       f"{text_of(c['new']) or '∅'} ({c['source']})"
+                                       for c in shown)))
             return
         self.run_worker(self._load(), exclusive=True, group="params-load")
 
@@ -184,8 +191,8 @@ class ParamsScreen(Screen[None]):
         `severity`, also as a notification, which no scrolling hides."""
         answer = self.query_one("#answer", Static)
         answer.update(text)
-        if severity is not None:
-            answer.scroll_visible(animate=False)
+        if severity is not None:  # once laid out: a longer answer takes more lines
+            self.call_after_refresh(answer.scroll_visible, animate=False)
             self.console.notify(text.plain, severity=severity,  # type: ignore[arg-type]
                                 timeout=4 if severity == "information" else 8)
 

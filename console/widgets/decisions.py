@@ -60,6 +60,7 @@ class DecisionFeed(DataTable[Text | str]):
     def append(self, rows: Sequence[DecisionRow]) -> None:
         """Add new decisions (live); keeps the last FEED_ROWS."""
         was_last = not self.row_count or self.cursor_row >= self.row_count - 1
+        before = self.selected()
         for d in rows:
             if not self.visible(d) or str(d.seq) in self.rows:
                 continue
@@ -71,7 +72,13 @@ class DecisionFeed(DataTable[Text | str]):
                 self.remove_row(str(d.seq))
             del self.rows_shown[:extra]
         if self.follow and was_last and self.row_count:
-            self.move_cursor(row=self.row_count - 1, animate=False)
+            last = self.row_count - 1
+            if self.cursor_row == last and self.selected() != before:
+                # a full feed trimmed: the same row holds a newer decision; moving there
+                # again would not say so, and the candidates would stay behind
+                key = self.coordinate_to_cell_key(self.cursor_coordinate).row_key
+                self.post_message(DataTable.RowHighlighted(self, last, key))
+            self.move_cursor(row=last, animate=False)
             # to the very end once laid out: a horizontal scrollbar would hide the last row
             self.call_after_refresh(self.scroll_end, animate=False, x_axis=False)
         self._title()

@@ -63,6 +63,8 @@ class StatusLine(Phrases):
                         Text(f" · {s.requests_running} running"),
                         Text(f" · {s.requests_waiting} waiting"),
                         Text(f" · {s.decisions} decisions")]
+            if s.requests_withdrawn:
+                phrases.append(Text(f" · {s.requests_withdrawn} withdrawn"))
             if s.draining:
                 phrases.append(Text(" · draining", style="yellow"))
         if self.connected is False:  # the cut, on a short terminal, if any

@@ -1,0 +1,66 @@
+"""The live decision feed keeps its last FEED_ROWS decisions; a following
+cursor announces every new last decision, so the Candidates panel follows it
+too (a full feed used to stop announcing: the cursor stayed on the same row
+index while the rows under it moved)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from textual.app import App, ComposeResult
+from textual.widgets import DataTable
+
+from console.snapshot import DecisionRow
+from console.widgets.decisions import FEED_ROWS, DecisionFeed
+
+
+def _row(seq: int) -> DecisionRow:
+    return DecisionRow(seq=seq, t=float(seq), admit=(seq,), preempt=(), load=(), evict=(),
+                       blocked=False, wall_ms=0.5, n_candidates=2, total=1.0)
+
+
+class FeedApp(App[None]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.highlighted: list[int] = []
+
+    def compose(self) -> ComposeResult:
+        yield DecisionFeed(id="decisions")
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.highlighted.append(int(event.row_key.value))  # type: ignore[arg-type]
+
+
+def test_a_full_following_feed_announces_each_new_last_decision() -> None:
+    async def run() -> tuple[list[int], int, int | None]:
+        app = FeedApp()
+        async with app.run_test(size=(80, 20)) as pilot:
+            feed = app.query_one(DecisionFeed)
+            feed.append([_row(i) for i in range(1, FEED_ROWS + 1)])
+            await pilot.pause()
+            for seq in range(FEED_ROWS + 1, FEED_ROWS + 4):
+                feed.append([_row(seq)])
+                await pilot.pause()
+            feed.append([])  # nothing new: nothing announced
+            await pilot.pause()
+            return app.highlighted, feed.row_count, feed.selected()
+
+    seen, rows, selected = asyncio.run(run())
+    assert rows == FEED_ROWS and selected == FEED_ROWS + 3
+    assert seen[-3:] == [FEED_ROWS + 1, FEED_ROWS + 2, FEED_ROWS + 3]
+    assert seen.count(FEED_ROWS + 3) == 1
+
+
+def test_a_baseline_decision_says_it_has_no_candidate_states() -> None:
+    """FCFS and the other baselines score no candidate states: the panel says
+    so rather than showing an empty table under '0 of 0 candidates'."""
+    from console.snapshot import detail_from_api
+
+    body = {"seq": 4, "t": 1.0, "admit": [3], "preempt": [], "load": [], "evict": [],
+            "blocked": False, "wall_ms": 0.1, "n_candidates": 0, "policy": "fcfs",
+            "reservation": "optimistic", "chosen": None, "candidates": []}
+    assert detail_from_api(body).note == "no candidate states (this policy does not score any)"
+    scored = {**body, "policy": "topas", "n_candidates": 5, "chosen": 0, "candidates": [
+        {"idx": 0, "won": True, "resident": ["A"], "admit": [3], "preempt": [], "j_admit": 1.0,
+         "j_move": 0.0, "j_redo": 0.0, "j_revoke": 0.0, "v_reuse": 0.0, "total": 1.0}]}
+    assert detail_from_api(scored).note == "1 of 5 candidates"
