@@ -59,6 +59,15 @@ def test_print_config_shows_merged_values_and_sources(tmp_path: Path,
     assert "beta = 3" in res.output
 
 
+def test_the_model_name_defaults_to_the_engines_model_folder() -> None:
+    """/v1/models lists `model`: the simulator's name, else the model folder's
+    name (a vLLM daemon used to call itself topasd-sim); a given name wins."""
+    assert load_settings({}, environ={}).settings.model == "topasd-sim"
+    vllm = {"backend": "vllm", "model_path": "/models/tiny-qwen"}
+    assert load_settings(vllm, environ={}).settings.model == "tiny-qwen"
+    assert load_settings({**vllm, "model": "mine"}, environ={}).settings.model == "mine"
+
+
 def test_render_masks_the_token_and_lists_params() -> None:
     loaded = load_settings({"token": "secret", "params": {"H_age": 30, "K": 4}}, environ={})
     text = render(loaded)

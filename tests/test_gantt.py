@@ -262,6 +262,8 @@ def test_gantt_cli_writes_offline_html(log: Path, tmp_path: Path) -> None:
     html = out.read_text()
     assert 'id="gantt"' in html and "<script src=\"http" not in html
     assert len(html) > 1_000_000  # plotly.js itself is embedded
+    again = CliRunner().invoke(main, ["gantt", "--db", str(log), "-o", str(out)])  # as console
+    assert again.exit_code == 0 and again.output.startswith(f"wrote {out}: run 1"), again.output
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -271,6 +273,8 @@ def test_gantt_cli_writes_offline_html(log: Path, tmp_path: Path) -> None:
     (["{log}", "--window", "abc"], "--window: expected START:END"),
     (["{log}", "--window", "nan:5"], "--window: START and END must be finite"),
     (["{log}", "--png", "{log}.d/x.png"], ".d does not exist"),  # before any work
+    ([], "give the decision log: `topasd gantt run.db -o gantt.html` (or --db)"),
+    (["{log}", "--db", "other.db"], "two decision logs given"),
 ])
 def test_gantt_cli_errors_are_one_line(log: Path, tmp_path: Path, args: list[str],
                                        message: str) -> None:

@@ -342,3 +342,80 @@ def test_the_console_status_line_counts_withdrawn_calls() -> None:
     before, after = asyncio.run(run())
     assert "1 waiting" in before and "withdrawn" not in before
     assert after.endswith("1 waiting · 0 decisions · 2 withdrawn"), after
+
+
+def _spec(task: str | None, output: int, **meta: Any) -> Any:
+    from topasd.service import CallSpec
+
+    where = {} if task is None else {"task_key": task, "workflow": "chain3", "stage": "a"}
+    return CallSpec(system_tokens=0, system_key="", input_tokens=1, output_tokens=output,
+                    **where, **meta)
+
+
+def _service(tmp_path: Path) -> Any:
+    from topasd.config import load_settings
+    from topasd.service import Service
+
+    settings = load_settings({"budget": int(BUDGET), "speed": 20.0,
+                              "db": str(tmp_path / "s.db")}, environ={}).settings
+    svc = Service(settings)
+    svc.start()
+    return svc
+
+
+def _until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = svc.state(1).result(10)["counts"]
+        if pred(counts):
+            return counts
+        assert time.monotonic() < deadline, f"timed out; counts {counts}"
+        time.sleep(0.02)
+
+
+def test_a_retry_queued_right_behind_the_withdrawal_takes_its_round(tmp_path: Path) -> None:
+    """The withdrawal and the retry reach the engine loop together: the
+    withdrawal's event is handled before the retry, which takes round 0."""
+    svc = _service(tmp_path)
+    try:
+        filler = svc.submit_call(_spec("f", 600, last_in_task=True))
+        _until(svc, lambda c: c["requests_running"] == 1)
+        waiting = svc.submit_call(_spec("k", 1000, last_in_stage=False))
+        _until(svc, lambda c: c["requests_waiting"] == 1)
+        taken = svc.withdraw_call(waiting, "its client disconnected")
+        retry = svc.submit_call(_spec("k", 20, last_in_stage=False))
+        assert taken.result(10) is True
+        assert retry.result(60).round == 0
+        assert filler.result(60).task_done
+    finally:
+        svc.drain(0.0)
+        svc.wait_stopped(30)
+        svc.close()
+
+
+def test_a_plain_calls_task_is_abandoned_when_its_call_is_withdrawn(tmp_path: Path) -> None:
+    """A call without a task_id is a task of one call that no retry can reach:
+    withdrawing the call abandons the task at once (it used to stay in flight
+    for good: the task timeout only sees tasks with an id)."""
+    svc = _service(tmp_path)
+    try:
+        filler = svc.submit_call(_spec("f", 600, last_in_task=True))
+        _until(svc, lambda c: c["requests_running"] == 1)
+        plain = svc.submit_call(_spec(None, 1000, agent="solo"))
+        _until(svc, lambda c: c["requests_waiting"] == 1)
+        assert svc.withdraw_call(plain, "its client disconnected").result(10)
+        counts = _until(svc, lambda c: c["tasks_abandoned"] == 1)
+        assert counts["tasks_in_flight"] == 1  # the filler's alone
+        assert filler.result(60).task_done
+        assert _until(svc, lambda c: c["tasks_in_flight"] == 0)
+    finally:
+        svc.drain(0.0)
+        svc.wait_stopped(30)
+        svc.close()
+    store = Store(tmp_path / "s.db", create=False)
+    try:
+        why = store.db.execute("SELECT note FROM engine_events WHERE kind = 'task_abandon'"
+                               ).fetchone()[0]
+        assert why == "its only call was withdrawn (its client disconnected)"
+    finally:
+        store.close()

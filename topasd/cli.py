@@ -531,7 +531,8 @@ def native_status() -> None:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Output tokens of an OpenAI call without max_tokens [default: 256].")
 @click.option("--model", default=None,
-              help="Model name listed by /v1/models [default: topasd-sim].")
+              help="Model name listed by /v1/models [default: topasd-sim; with "
+                   "--model-path, its folder's name].")
 @click.option("--task-timeout", type=float, default=None,
               help="Drop an application-driven task after this many seconds without a "
                    "call [default: 600; 0: never].")
@@ -839,7 +840,9 @@ def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: fl
 
 
 @main.command()
-@click.argument("db", type=click.Path(dir_okay=False))
+@click.argument("db", type=click.Path(dir_okay=False), required=False)
+@click.option("--db", "db_option", type=click.Path(dir_okay=False), default=None,
+              help="The decision log DB, as the positional DB (as `topasd console --db`).")
 @click.option("--run", "run_id", type=int, default=None,
               help="Run id in DB (default: the latest; `topasd replay --db` prints them).")
 @click.option("--view", type=click.Choice(["agents", "tasks"]), default="agents",
@@ -852,8 +855,8 @@ def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: fl
               help="Aggregate or window past this many bars (default 4000).")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Also save a screenshot (needs Debian's chromium).")
-def gantt(db: str, run_id: int | None, view: str, output: str, window: str | None,
-          max_bars: int | None, png: str | None) -> None:
+def gantt(db: str | None, db_option: str | None, run_id: int | None, view: str, output: str,
+          window: str | None, max_bars: int | None, png: str | None) -> None:
     """Export a run of a decision log DB as a Plotly Gantt chart (HTML).
 
     \b
@@ -869,6 +872,11 @@ def gantt(db: str, run_id: int | None, view: str, output: str, window: str | Non
         screenshot,
     )
 
+    if db and db_option and db != db_option:
+        raise TopasError(f"two decision logs given ({db} and --db {db_option}): give one")
+    db = db or db_option
+    if not db:
+        raise TopasError("give the decision log: `topasd gantt run.db -o gantt.html` (or --db)")
     if png:
         png_file(png)  # a bad path is named before the work, not after it
     g = export_gantt(db, output, run_id=run_id, view=view, window=_window(window),

@@ -253,6 +253,8 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
     elif settings.model_path is not None:
         raise ConfigError("setting model_path needs --backend vllm or sglang (the simulator "
                           "takes no model)")
+    if "model" not in raw and settings.model_path:  # /v1/models names the engine's model
+        settings = settings.model_copy(update={"model": Path(settings.model_path).name})
     sglang_only = {"tp_size": settings.tp_size != 1, "dp_size": settings.dp_size != 1,
                    "mem_fraction": settings.mem_fraction is not None,
                    "hicache": settings.hicache, "hicache_size": settings.hicache_size is not None}

@@ -589,10 +589,11 @@ class _Calls:
     """The `RequestOwner` of OpenAI-compatible calls: resolves each call's
     future at its REQUEST_FINISH and says when its stage and task are done."""
 
-    def __init__(self) -> None:
+    def __init__(self, orphaned: Callable[[_OpenTask, str], None]) -> None:
         self.open: dict[tuple[str, str], _OpenTask] = {}
         self.by_request: dict[int, _Call] = {}
         self.closed: dict[tuple[str, str], str] = {}  # recently ended keys: how they ended
+        self.orphaned = orphaned  # a task no call can reach any more: the service drops it
 
     def close(self, task: _OpenTask, how: str) -> None:
         """`task` ended (`how`: for the message of a late call with its key)."""
@@ -640,6 +641,8 @@ class _Calls:
         if task.ended():
             step.task_done = True
             self.close(task, f"finished at t={t:.3f}s")
+        elif task.key is None and not task.in_flight:  # no task_id: no retry can reach it
+            self.orphaned(task, f"its only call was withdrawn ({why})")
         return step
 
     def find(self, future: Future[CallResult]) -> _Call | None:
@@ -810,7 +813,7 @@ class Service:
         self.loop = EventLoop(self.active, self.policy, self.backend, self.recorder,
                               driver=self.driver)
         self.loop.on_task_done = self._task_done
-        self.calls = _Calls()
+        self.calls = _Calls(orphaned=self._abandon)
         if self.workload is not None:
             for wf in self.workload.workflows:
                 self._activate(wf.name)
@@ -990,8 +993,8 @@ class Service:
             self.bus.notify(force=True)
             if self.crash is None:
                 unfinished = len(self.loop.book.tasks)
-                log.info("engine loop stopped at t=%.1fs (%d task(s) unfinished)",
-                         self.backend.t, unfinished)
+                log.info("engine loop stopped at t=%.1fs (%d task(s) in flight, %d abandoned)",
+                         self.backend.t, unfinished, self.metrics.abandoned)
 
     def _catch_up(self) -> bool:
         """Paced: run the engine to the clock's now (a bounded slice); True if behind."""
@@ -1165,9 +1168,13 @@ class Service:
         prefix = wf.agents[agent].prefix_tokens
         need = prefix + spec.input_tokens + spec.output_tokens
         if need > self.limit.tokens:
+            fix = ("lower max_tokens or shorten the prompt" if prefix + 2 <= self.limit.tokens
+                   else f"the prefix of agent {agent!r} alone does not leave room: give the "
+                        "daemon a larger --budget" + (f", or a spec of {wf.name!r} with a "
+                        "shorter prefix" if spec.workflow in self.registry else ""))
             raise Invalid(f"the call needs {need} KV tokens (prefix {prefix} + input "
                           f"{spec.input_tokens} + max_tokens {spec.output_tokens}) but "
-                          f"{self.limit.what}; lower max_tokens or shorten the prompt")
+                          f"{self.limit.what}; {fix}")
         opened = task is None
         if task is None:
             key = None if spec.task_key is None else (wf.name, spec.task_key)
@@ -1192,7 +1199,12 @@ class Service:
 
     def _cmd_withdraw(self, future: Future[CallResult], why: str) -> bool:
         call = self.calls.find(future)
-        return call is not None and self.backend.withdraw(call.request.id, why)
+        if call is None or not self.backend.withdraw(call.request.id, why):
+            return False
+        # its event now (the engine's clock stays): a retry queued right behind gets
+        # the round it gives back
+        self._advance(self.backend.t)
+        return True
 
     def _call_target(self, spec: CallSpec) -> tuple[Workflow, str, _OpenTask | None]:
         """The workflow, stage and open task (None: a new one) a call belongs to."""
