@@ -37,6 +37,11 @@ COLUMNS: tuple[tuple[str, int, str | None], ...] = (
     ("task", 7, "id"), ("workflow", 11, None), ("age", 8, "age"),
     ("progress", 15, "progress"), ("E[rem]", 8, "remaining"), ("E[JCT]", 9, None),
     ("running", 9, None), ("waiting", 9, None))
+# a narrow panel (a small terminal): no workflow, the expectations right after progress
+NARROW_WIDTH = 60
+NARROW = tuple(next(i for i, c in enumerate(COLUMNS) if c[0] == name)
+               for name in ("task", "progress", "E[JCT]", "E[rem]", "age", "running", "waiting"))
+WIDE = tuple(range(len(COLUMNS)))
 
 
 def progress_bar(row: TaskRow, width: int = 8) -> Text:
@@ -123,9 +128,17 @@ class TaskList(ScrollView, can_focus=True):
         self.border_title = escape(f"Tasks · {len(self.shown)} in flight · {late} late · "
                                    f"by {SORTS[self.sort_index][1]}")
         self._lines.clear()
-        self.virtual_size = Size(sum(w for _, w, _ in COLUMNS), len(self.shown) + 1)
+        self.virtual_size = Size(sum(COLUMNS[i][1] for i in self.columns()), len(self.shown) + 1)
         self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
         self.refresh()
+
+    def columns(self) -> tuple[int, ...]:
+        """The indices into COLUMNS shown at this width."""
+        return NARROW if 0 < self.size.width < NARROW_WIDTH else WIDE
+
+    def on_resize(self) -> None:
+        if self.snapshot is not None:
+            self.show(self.snapshot)  # the columns may change with the width
 
     # ------------------------------------------------------------ cursor
 
@@ -143,7 +156,7 @@ class TaskList(ScrollView, can_focus=True):
     def on_click(self, event: events.Click) -> None:
         if event.y == 0:
             x = event.x + int(self.scroll_x)
-            for _, width, sort in COLUMNS:
+            for _, width, sort in (COLUMNS[i] for i in self.columns()):
                 if x < width:
                     if sort is not None:
                         self.cycle_sort(sort)
@@ -162,7 +175,7 @@ class TaskList(ScrollView, can_focus=True):
         if y == 0:
             style = self.get_component_rich_style("tasklist--header")
             text = Text()
-            for label, w, _ in COLUMNS:
+            for label, w, _ in (COLUMNS[i] for i in self.columns()):
                 text.append(label.ljust(w)[:w])
             return self._strip(text, style, scroll_x, width)
         index = int(self.scroll_y) + y - 1
@@ -171,8 +184,9 @@ class TaskList(ScrollView, can_focus=True):
         strip = self._lines.get(index)
         if strip is None:
             text = Text(no_wrap=True)
-            for cell, (_, w, _) in zip(task_cells(self.snapshot, self.shown[index]), COLUMNS,
-                                       strict=True):
+            cells = task_cells(self.snapshot, self.shown[index])
+            for i in self.columns():
+                cell, w = cells[i], COLUMNS[i][1]
                 cell.truncate(w - 1, overflow="ellipsis")
                 cell.pad_right(w - cell.cell_len)
                 text.append_text(cell)
