@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -373,12 +373,13 @@ def test_an_eviction_and_a_reload_before_one_step_leave_the_prefix_pinned(runs: 
 
 @pytest.mark.parametrize("native", [False, True])
 def test_a_withdrawn_request_leaves_vllm_and_the_rest_run(runs: Runs, native: bool) -> None:
-    """A waiting request taken back (its client went away) leaves vLLM's own
-    queue too: vLLM never starts it, the others finish, and a running request
-    cannot be withdrawn."""
+    """Requests taken back (their clients went away) leave vLLM too, wherever
+    they stood: waiting, admitted by a decision vLLM has not carried out yet,
+    running (its blocks freed at once) or preempted with the preemption still
+    queued. vLLM forgets each; the others finish; a finished one is refused."""
     backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile",
                            native=native)
-    withdrawn: list[int] = []
+    withdrawn: dict[int, int] = {}
     finished: list[int] = []
 
     def pump(until: float | None, decide: Any) -> None:
@@ -388,28 +389,58 @@ def test_a_withdrawn_request_leaves_vllm_and_the_rest_run(runs: Runs, native: bo
                 if d is not None:
                     backend.apply(d)
             elif ev.kind is EventKind.REQUEST_WITHDRAW:
-                withdrawn.append(ev.request_id)
+                withdrawn[ev.request_id] = ev.tokens
                 assert ev.note == "client gone"
             elif ev.kind is EventKind.REQUEST_FINISH:
                 finished.append(ev.request_id)
 
+    def gone(rid: int) -> None:
+        vid = backend._vid[rid]
+        assert vid in backend.sched.requests
+        assert backend.withdraw(rid, "client gone")
+        assert vid not in backend.sched.requests  # vLLM's side forgot it
+
+    def long_request(rid: int) -> Request:
+        return replace(_script_request(rid, "A"), output_tokens=200)
+
     try:
         for rid in (1, 2, 3):
-            backend.submit(_script_request(rid, "A"))
+            backend.submit(long_request(rid))
         pump(backend.t, lambda v: None)  # ready, nothing admitted yet
-        vid = backend._vid[2]
-        assert vid in backend.sched.requests
-        assert backend.withdraw(2, "client gone")
+        gone(2)  # waiting
         assert not backend.withdraw(2, "again") and not backend.withdraw(9, "unknown")
-        assert vid not in backend.sched.requests  # vLLM's side forgot it
+        pump(backend.t + 0.05, _admit_all)  # 1 and 3 run a while
+        assert {1, 3} <= set(backend._running) and backend._running[1].generated > 0
+        pool = backend.sched.kv_cache_manager.block_pool
+        free = pool.get_num_free_blocks()
+        gone(1)  # running: its blocks come back now
+        assert pool.get_num_free_blocks() > free
+        if not native:  # decisions queued for vLLM's next step
+            backend.submit(_script_request(4, "A"))
+            pump(backend.t, _admit_all)  # 4 admitted, not started
+            assert 4 in backend._running and backend._vid[4] in backend.sched._plan.admit, (
+                backend._running, backend._waiting)
+            gone(4)
+            backend.apply(Decision(backend.t, "script", preempt=(3,)))
+            assert 3 in backend._waiting  # its preemption waits for the next step
+            gone(3)
         pump(None, _admit_all)
-        assert sorted(finished) == [1, 3] and withdrawn == [2]
-        assert 2 not in backend._waiting and not backend._running
-        backend.submit(_script_request(4, "A"))
-        pump(backend.t + 1e-3, _admit_all)  # admitted (native: vLLM admits it)
-        if 4 in backend._running:
-            assert not backend.withdraw(4, "too late")
+        if not native:  # the request computing its agent's prefix (two chunks) goes
+            for rid in (6, 7):
+                backend.submit(_script_request(rid, "B", prefix=768))
+            pump(backend.t, _admit_all)
+            pump(backend.t + 1e-6, _admit_all)  # one step: 6 computes B's prefix
+            assert backend._await_prefix.get("B") == [6]
+            gone(6)
+            pump(None, _admit_all)  # 7 computes it instead, and runs
+            assert 7 in finished
+        expected_gone = {1, 2} | (set() if native else {3, 4, 6})
+        assert set(withdrawn) == expected_gone and withdrawn[2] == 0 and withdrawn[1] > 0
+        assert sorted(finished) == ([3] if native else [7])
+        assert not backend._running and not backend._waiting
+        backend.submit(_script_request(5, "A"))  # the engine goes on
         pump(None, _admit_all)
-        assert sorted(finished) == [1, 3, 4]
+        assert finished[-1] == 5 and not backend.withdraw(5, "finished")
+        assert backend.stats.withdrawn == len(expected_gone)
     finally:
         backend.close()

@@ -77,6 +77,7 @@ class VllmStats:
     preemptions: int = 0
     retractions: int = 0  # vLLM's own preemptions (out of blocks)
     recomputed_tokens: int = 0
+    withdrawn: int = 0  # requests whose caller went away (the daemon's API)
     busy_s: float = 0.0  # sum of measured step times
     sched_s: float = 0.0  # scheduler time inside the steps (schedule + update)
     policy_io_s: float = 0.0  # building views and validating/handing over decisions
@@ -224,15 +225,31 @@ class VllmBackend(EventBuffer):
             self._enqueue(request, max(request.ready_at, 0.0))
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        req = self._waiting.get(request_id)
-        if req is None or req.preemptions:  # admitted once (its preemption may be
-            return False  # queued for vLLM's next step): it runs to its end
-        del self._waiting[request_id]
+        """Any unfinished request: out of the plan queued for vLLM's next step,
+        then aborted in vLLM (its blocks freed, wherever it stood)."""
+        lv = self._running.pop(request_id, None)
+        if lv is not None:
+            req, generated = lv.req, lv.generated
+            computing = self._await_prefix.get(req.agent, [])
+            if request_id in computing:  # another admitted request computes the prefix
+                computing.remove(request_id)
+        elif request_id in self._waiting:
+            req = self._waiting.pop(request_id)
+            generated = req.generated
+        else:
+            return False
+        for pending in self._pending:  # a preemption not carried out yet: never will be
+            if request_id in pending.preempt:
+                pending.preempt.remove(request_id)
         vid = self._vid.pop(request_id)
         del self._tid[vid]
         self._touched.pop(request_id, None)
-        self.engine.abort_request([vid], internal=True)  # out of vLLM's queue, blocks freed
-        self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, note=why)
+        if not self.native:
+            self.sched.forget(vid)
+        self.engine.abort_request([vid], internal=True)
+        self.stats.withdrawn += 1
+        self.batch_is_full = False
+        self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, tokens=generated, note=why)
         self._need_schedule = self._need_schedule or bool(self._waiting)
         return True
 

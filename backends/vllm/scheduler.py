@@ -158,6 +158,14 @@ class TopasScheduler(TimedScheduler):
         self._plan.residency += plan.residency
         self._plan.admit += plan.admit
 
+    def forget(self, request_id: str) -> None:
+        """A request about to be aborted: out of the queued plan and the admitted
+        list (both look it up in `requests`, which the abort empties)."""
+        self._plan.admit = [r for r in self._plan.admit if r != request_id]
+        self._plan.preempt = [r for r in self._plan.preempt if r != request_id]
+        if request_id in self._admit:
+            self._admit.remove(request_id)
+
     def register_prefix(self, agent: str, request: Request, prefix_tokens: int) -> None:
         """Learn an agent's prefix block hashes from one of its requests."""
         if agent not in self._hashes:
