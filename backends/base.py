@@ -97,10 +97,9 @@ class Backend(Protocol):
     def withdraw(self, request_id: int, why: str) -> bool:
         """Take back an unfinished request (its caller went away): it leaves the
         engine and a REQUEST_WITHDRAW event (`note`: `why`; `tokens`: tokens it
-        had generated) follows. Every backend takes back a request never
-        admitted; the simulator and vLLM also a running or preempted one.
-        False, changing nothing, for a request the backend cannot take back, a
-        finished or an unknown one: it then runs to its REQUEST_FINISH."""
+        had generated) follows, wherever the request stood: waiting, admitted,
+        running or preempted. False, changing nothing, for a finished or an
+        unknown request (or one whose withdrawal is already under way)."""
 
     def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
         """Advance to `t_stop` (None: until idle), yielding events. A SCHEDULE

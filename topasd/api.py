@@ -668,7 +668,7 @@ async def _wait(fut: Future[Any], timeout: float | None = None) -> Any:
 
 async def _call(service: Service, fut: Future[CallResult], request: Request) -> CallResult:
     """Await a call's reply; a client that disconnects first takes its request
-    back from the engine's queue (a call already admitted runs to its end)."""
+    back from the engine, waiting or running (its KV freed)."""
     reply = asyncio.wrap_future(fut)
     gone = asyncio.ensure_future(_disconnect(request))
     try:

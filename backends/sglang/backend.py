@@ -140,8 +140,6 @@ class SGLangBackend:
         self._done: queue.Queue[tuple[int, float, str | None, int | None]] = queue.Queue()
         self._requests: dict[int, Request] = {}
         self._started: dict[int, float] = {}
-        self._admitted: set[int] = set()  # by SGLang's scheduler, not preempted since
-        self._ever_admitted: set[int] = set()  # such requests are never withdrawn
         self._withdrawing: dict[int, str] = {}  # aborts sent: request id -> why
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
@@ -233,11 +231,11 @@ class SGLangBackend:
         self.stats.prefix_loads += len(decision.load)  # a load-back or a prefill recompute
 
     def withdraw(self, request_id: int, why: str) -> bool:
-        """Abort a request SGLang has not admitted. The abort travels to SGLang's
-        scheduler, so the REQUEST_WITHDRAW comes when `async_generate` returns
-        aborted; a request SGLang finished meanwhile gets its REQUEST_FINISH."""
-        if (request_id not in self._requests or request_id in self._ever_admitted
-                or request_id in self._withdrawing):
+        """Abort an unfinished request, waiting or running (SGLang frees its KV).
+        The abort travels to SGLang's scheduler, so the REQUEST_WITHDRAW comes
+        when `async_generate` returns aborted; a request SGLang finished
+        meanwhile gets its REQUEST_FINISH."""
+        if request_id not in self._requests or request_id in self._withdrawing:
             return False
         self._withdrawing[request_id] = why
         asyncio.run_coroutine_threadsafe(self._abort(request_id), self._loop)
@@ -293,17 +291,12 @@ class SGLangBackend:
             req = self._requests.pop(rid, None)
             if req is None:
                 continue
-            admitted = rid in self._admitted
-            self._admitted.discard(rid)
-            self._ever_admitted.discard(rid)
             why = self._withdrawing.pop(rid, None)
             if why is not None and (note or (tokens or 0) < req.output_tokens):
                 self._started.pop(rid, None)  # aborted: no service to report
-                if admitted:  # SGLang admitted it before the abort arrived: out of its batch
-                    self._events.append(EngineEvent(t, EventKind.RETRACT, rid, req.task_id,
-                                                    req.agent, req.stage, note="aborted"))
                 self._events.append(EngineEvent(t, EventKind.REQUEST_WITHDRAW, rid, req.task_id,
-                                                req.agent, req.stage, note=why))
+                                                req.agent, req.stage, tokens=tokens or 0,
+                                                note=why))
                 continue
             started = self._started.pop(rid, t)
             self.stats.requests_finished += 1
@@ -328,15 +321,9 @@ class SGLangBackend:
 
     def _scheduler_events(self, events: list[EngineEvent]) -> None:
         for ev in events:
-            rid = ev.request_id
-            if ev.kind is EventKind.REQUEST_START and rid is not None:
-                self._started[rid] = ev.t
-            elif ev.kind is EventKind.REQUEST_ADMIT and rid is not None:
-                self._admitted.add(rid)
-                self._ever_admitted.add(rid)
-            elif ev.kind in (EventKind.PREEMPT, EventKind.RETRACT) and rid is not None:
-                self._admitted.discard(rid)
-            if ev.kind is EventKind.PREEMPT:
+            if ev.kind is EventKind.REQUEST_START and ev.request_id is not None:
+                self._started[ev.request_id] = ev.t
+            elif ev.kind is EventKind.PREEMPT:
                 self.stats.preemptions += 1
             elif ev.kind is EventKind.PREFIX_EVICT:
                 self.stats.prefix_evictions += 1
