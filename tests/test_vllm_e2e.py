@@ -33,7 +33,7 @@ from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
 from store import Store
 from tests.simkit import RecordingSink
 from topasd.cli import main
-from topasd.model import Decision, EventKind, Request
+from topasd.model import Decision, EventKind, Location, Request
 from topasd.profiles import HardwareProfile
 from topasd.runner import Run, RunResult
 from topasd.scheduler import make_policy
@@ -434,9 +434,23 @@ def test_a_withdrawn_request_leaves_vllm_and_the_rest_run(runs: Runs, native: bo
             gone(6)
             pump(None, _admit_all)  # 7 computes it instead, and runs
             assert 7 in finished
-        expected_gone = {1, 2} | (set() if native else {3, 4, 6})
+            # the only request a decision admitted to compute C's prefix goes before
+            # vLLM's next step: nothing would compute C, so C is evicted
+            backend.submit(_script_request(8, "C", prefix=768))
+            pump(backend.t, lambda v: Decision(v.t, "script", evict=("B",), load=("C",),
+                                               admit=(8,)))
+            assert backend.view({}, {}).prefixes["C"].location is Location.GPU
+            gone(8)
+            c = backend.view({}, {}).prefixes["C"]
+            assert c.location is Location.NONE and not c.ready
+            pump(None, _admit_all)
+            assert "C" not in backend.sched._want and "C" not in backend.sched.pins
+            backend.submit(_script_request(9, "C", prefix=768))  # C computed again, runs
+            pump(None, _admit_all)
+            assert 9 in finished
+        expected_gone = {1, 2} | (set() if native else {3, 4, 6, 8})
         assert set(withdrawn) == expected_gone and withdrawn[2] == 0 and withdrawn[1] > 0
-        assert sorted(finished) == ([3] if native else [7])
+        assert sorted(finished) == ([3] if native else [7, 9])
         assert not backend._running and not backend._waiting
         backend.submit(_script_request(5, "A"))  # the engine goes on
         pump(None, _admit_all)

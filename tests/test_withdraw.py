@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from backends.sim.engine import SimBackend
 from store import Store
@@ -354,12 +355,12 @@ def _spec(task: str | None, output: int, **meta: Any) -> Any:
                     **where, **meta)
 
 
-def _service(tmp_path: Path) -> Any:
+def _service(tmp_path: Path, **flags: Any) -> Any:
     from topasd.config import load_settings
     from topasd.service import Service
 
     settings = load_settings({"budget": int(BUDGET), "speed": 20.0,
-                              "db": str(tmp_path / "s.db")}, environ={}).settings
+                              "db": str(tmp_path / "s.db"), **flags}, environ={}).settings
     svc = Service(settings)
     svc.start()
     return svc
@@ -421,3 +422,24 @@ def test_a_plain_calls_task_is_abandoned_when_its_call_is_withdrawn(tmp_path: Pa
         assert why == "its only call was withdrawn (its client disconnected)"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "topas"])
+def test_withdrawing_the_running_call_lets_the_blocked_one_in(tmp_path: Path,
+                                                               policy: str) -> None:
+    """A 900-token call runs; a second one cannot fit beside it (a baseline
+    marks the batch full and waits for room). The first call's client leaves:
+    its room comes back and the second call runs (under FCFS the daemon used
+    to wait for good: nothing was left to finish and clear the full batch)."""
+    svc = _service(tmp_path, policy=policy)
+    try:
+        first = svc.submit_call(_spec("a", 900))
+        _until(svc, lambda c: c["requests_running"] == 1)
+        second = svc.submit_call(_spec("b", 900))
+        _until(svc, lambda c: c["requests_waiting"] == 1)
+        assert svc.withdraw_call(first, "its client disconnected").result(10)
+        assert second.result(60).completion_tokens == 900
+    finally:
+        svc.drain(0.0)
+        svc.wait_stopped(30)
+        svc.close()

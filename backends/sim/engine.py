@@ -181,6 +181,7 @@ class SimBackend(EventBuffer):
         else:
             return False
         self.stats.withdrawn += 1
+        self.batch_is_full = False  # room came back (a baseline waits for this)
         self._answer_retry()
         self._prefix_view = None
         self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, tokens=generated, note=why)

@@ -250,8 +250,25 @@ class VllmBackend(EventBuffer):
         self.stats.withdrawn += 1
         self.batch_is_full = False
         self._emit(self._t, EventKind.REQUEST_WITHDRAW, req, tokens=generated, note=why)
+        if lv is not None and not self.native:
+            self._drop_orphan_prefix(req.agent)
         self._need_schedule = self._need_schedule or bool(self._waiting)
         return True
+
+    def _drop_orphan_prefix(self, agent: str) -> None:
+        """A prefix being computed whose last admitted request was withdrawn:
+        nothing would compute it, so it is evicted (the next load recomputes it)."""
+        from backends.vllm.scheduler import Plan
+
+        p = self._prefixes[agent]
+        if (p.location is not Location.GPU or p.ready
+                or any(lv.req.agent == agent for lv in self._running.values())):
+            return
+        p.location, p.ready, p.ready_at = Location.NONE, False, None
+        self._await_prefix.pop(agent, None)
+        self.sched.plan(Plan(residency=[("evict", agent)]))
+        self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens,
+                   note="its computing request was withdrawn")
 
     def idle(self) -> bool:
         return not (self._running or self._timed or (self.native and self._waiting))
