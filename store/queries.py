@@ -424,8 +424,9 @@ class RequestAt:
 
 @dataclass(frozen=True, slots=True)
 class TaskAt:
-    """A task in flight at a time and its DAG progress. `stages_total` is the most
-    stages any task of its workflow ran in this run (the log holds no DAGs)."""
+    """A task in flight at a time and its DAG progress. `stages_total` is its
+    workflow's stage count as the run logged it (older logs: the most stages any
+    task of the workflow ran; the log holds no DAGs)."""
 
     task_id: int
     workflow: str | None
@@ -692,6 +693,8 @@ class RunReplay:
         return out
 
     def _stages_per_workflow(self) -> dict[str | None, int]:
+        """Each workflow's stage count: the run's own (`trace_meta["stages"]`),
+        else, in older logs, the most stages a task of it requested."""
         workflow = {e[3]: e[8] or None for e in self._events if e[1] == "task_arrive"}
         stages: dict[int, set[str]] = {}
         for e in self._events:
@@ -701,6 +704,9 @@ class RunReplay:
         for task, names in stages.items():
             wf = workflow.get(task)
             out[wf] = max(out.get(wf, 0), len(names))
+        known = self.run.trace_meta.get("stages")  # the run's own count, where it logged one
+        if isinstance(known, dict):
+            out.update({k: v for k, v in known.items() if isinstance(v, int) and v > 0})
         return out
 
 

@@ -194,6 +194,9 @@ def test_a_client_that_disconnects_takes_its_waiting_call_back(tmp_path: Path) -
         after = replay.state_at(t_gone)
         assert rid in {r.request_id for r in before.waiting}
         assert rid not in {r.request_id for r in after.waiting + after.running}
+        # its task only ever reached stage a, yet the replay knows chain3 has three
+        assert [(tk.stages_done, tk.stages_total) for tk in after.tasks
+                if tk.task_id == task_id] == [(0, 3)]
         # the retry was a new request of the same task, and it finished
         retry = store.db.execute(
             "SELECT request_id FROM engine_events WHERE kind = 'request_finish' AND "

@@ -284,7 +284,8 @@ class Run:
 
     def info(self) -> RunInfo:
         """The run's metadata: policy, backend, profile and parameters, workload."""
-        return run_info(self.policy, self.backend, self.trace.meta)
+        return run_info(self.policy, self.backend,
+                        {**self.trace.meta, "stages": stage_counts(self.trace.workflows)})
 
     def _execute(self) -> RunResult:
         wall0 = time.perf_counter()
@@ -320,6 +321,12 @@ class Run:
     def _tick(self, task: TaskView, t: float) -> None:
         assert self.progress is not None
         self.progress(len(self.loop.book.finishes), len(self.trace.tasks), t)
+
+
+def stage_counts(workflows: Mapping[str, Workflow]) -> dict[str, int]:
+    """Stages per workflow, for the run's metadata: a replay of the log shows a
+    task's progress out of them (its events only name the stages it reached)."""
+    return {name: len(wf.stages) for name, wf in workflows.items()}
 
 
 def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunInfo:

@@ -56,7 +56,7 @@ from topasd.model import (
     Workflow,
 )
 from topasd.profiles import HardwareProfile, get_profile
-from topasd.runner import EventLoop, RunResult, run_info
+from topasd.runner import EventLoop, RunResult, run_info, stage_counts
 from topasd.scheduler import ALL_POLICY_NAMES
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 from workflows.builtin import BUILTIN, Workload, load_workload
@@ -855,7 +855,7 @@ class Service:
         meta = {"daemon": True, "workload": self.workload.name if self.workload else None,
                 "rate": self.feeder.rate if self.feeder else None,
                 "tasks": self.settings.tasks, "seed": self.settings.seed,
-                "speed": self.settings.speed}
+                "speed": self.settings.speed, "stages": stage_counts(self.registry)}
         self.store_sink.run_started(run_info(self.policy, self.backend, meta))
         self._thread = threading.Thread(target=self._main, name="topasd-engine", daemon=True)
         self._thread.start()
