@@ -523,7 +523,7 @@ class _Replaying:
         elif kind == "request_finish":
             self.requests_finished += 1
             del self.requests[rid]
-        elif kind == "request_withdraw":  # its caller went away before it ran
+        elif kind == "request_withdraw":  # waiting or running: its caller went away
             del self.requests[rid]
 
     def _prefix(self, t: float, kind: str, agent: str, tokens: int, value: float) -> None:

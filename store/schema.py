@@ -128,7 +128,7 @@ def m003_param_change_first_decision(db: Database) -> None:
 
 @migration
 def m004_request_withdrawn(db: Database) -> None:
-    """`requests.withdrawn`: when a request was taken back before it ran (its
+    """`requests.withdrawn`: when a request was taken back unfinished (its
     client went away); NULL for every other request, and in older logs."""
     db["requests"].add_column("withdrawn", float)
 

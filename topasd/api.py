@@ -899,7 +899,7 @@ class _Collector:
                 ("topasd_tasks_arrived", "Tasks arrived.", c[EventKind.TASK_ARRIVE]),
                 ("topasd_tasks_finished", "Tasks finished.", c[EventKind.TASK_FINISH]),
                 ("topasd_requests_finished", "Requests finished.", c[EventKind.REQUEST_FINISH]),
-                ("topasd_requests_withdrawn", "Requests taken back before they ran (their "
+                ("topasd_requests_withdrawn", "Requests taken back unfinished (their "
                  "client went away).", c[EventKind.REQUEST_WITHDRAW]),
                 ("topasd_decisions", "Policy decisions.", m.decisions),
                 ("topasd_prefix_computes", "Prefixes recomputed by prefill.",

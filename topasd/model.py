@@ -583,7 +583,7 @@ class EventKind(StrEnum):
     REQUEST_START = "request_start"  # first prefill chunk ran (service starts)
     PREFILL_END = "prefill_end"
     REQUEST_FINISH = "request_finish"
-    # a request taken back before it ran: its caller went away (`note`: why)
+    # a request taken back before it finished: its caller went away (`note`: why)
     REQUEST_WITHDRAW = "request_withdraw"
     PREEMPT = "preempt"  # by the policy's decision
     RETRACT = "retract"  # by the engine: a decode step ran out of KV

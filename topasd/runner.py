@@ -125,7 +125,7 @@ class RequestOwner(Protocol):
     def on_finish(self, request_id: int, t: float) -> DriverStep: ...
 
     def on_withdraw(self, request_id: int, t: float, why: str) -> DriverStep:
-        """The backend took the request back before it ran (REQUEST_WITHDRAW)."""
+        """The backend took the request back before it finished (REQUEST_WITHDRAW)."""
 
 
 class EventLoop:

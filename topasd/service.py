@@ -110,7 +110,7 @@ class Unavailable(ServiceError):
 
 
 class Withdrawn(ServiceError):
-    """A call taken back before it ran: its client went away (nobody reads the
+    """A call taken back before it finished: its client went away (nobody reads the
     reply; 499 is the status logs use for a client that closed the request)."""
 
     status = 499
@@ -604,19 +604,15 @@ class _Calls:
         _remember(self.closed, task.key, how, KEEP_CLOSED_KEYS)
 
     def on_finish(self, request_id: int, t: float) -> DriverStep:
-        call = self.by_request.pop(request_id)
+        call = self._leave(request_id)
         task, req, spec = call.task, call.request, call.spec
-        task.in_flight -= 1
-        task.last_wall = time.monotonic()
         step = DriverStep()
         if spec.last_in_stage and req.stage not in task.done:
             task.done.add(req.stage)
             step.stages_done.append(req.stage)
         if spec.last_in_task:
             task.closing = True
-        if task.ended():
-            step.task_done = True
-            self.close(task, f"finished at t={t:.3f}s")
+        step.task_done = self._end_if_done(task, t)
         result = CallResult(req.id, req.task_id, req.workflow, req.stage, req.agent, req.round,
                             req.prefix_tokens + req.input_tokens, req.output_tokens,
                             req.ready_at, t, step.task_done, spec.task_key)
@@ -625,25 +621,34 @@ class _Calls:
         return step
 
     def on_withdraw(self, request_id: int, t: float, why: str) -> DriverStep:
-        """The engine took a waiting call back: a retry gets its round; the task
-        ends now if this was all it waited for (its last call finished first)."""
-        call = self.by_request.pop(request_id)
+        """The engine took a call back: a retry gets its round; the task ends now
+        if this was all it waited for (its last call finished first)."""
+        call = self._leave(request_id)
         task, req = call.task, call.request
-        task.in_flight -= 1
-        task.last_wall = time.monotonic()
         task.give_back_round(req.stage, req.round)
         log.info("request %d (task %d, stage %s, round %d) withdrawn: %s", req.id,
                  req.task_id, req.stage, req.round, why)
         if not call.future.done():
             call.future.set_exception(Withdrawn(f"request {request_id} was withdrawn at "
                                                 f"t={t:.3f}s: {why}"))
-        step = DriverStep()
-        if task.ended():
-            step.task_done = True
-            self.close(task, f"finished at t={t:.3f}s")
-        elif task.key is None and not task.in_flight:  # no task_id: no retry can reach it
-            self.orphaned(task, f"its only call was withdrawn ({why})")
+        step = DriverStep(task_done=self._end_if_done(task, t))
+        if not step.task_done and task.key is None and not task.in_flight:
+            self.orphaned(task, f"its only call was withdrawn ({why})")  # no id: no retry
         return step
+
+    def _leave(self, request_id: int) -> _Call:
+        """A call's request is done with the engine (finished or withdrawn)."""
+        call = self.by_request.pop(request_id)
+        call.task.in_flight -= 1
+        call.task.last_wall = time.monotonic()
+        return call
+
+    def _end_if_done(self, task: _OpenTask, t: float) -> bool:
+        """True, closing `task`, when it has ended (see `_OpenTask.ended`)."""
+        if not task.ended():
+            return False
+        self.close(task, f"finished at t={t:.3f}s")
+        return True
 
     def find(self, future: Future[CallResult]) -> _Call | None:
         """The call in flight that `future` belongs to, if any."""
@@ -918,8 +923,8 @@ class Service:
         return self._command(self._cmd_call, spec, deferred=True)
 
     def withdraw_call(self, future: Future[CallResult], why: str) -> Future[bool]:
-        """Take back the call of `future` unless the engine admitted it (its
-        client went away); True when the engine took it back."""
+        """Take back the call of `future`, waiting or running (its client went
+        away); True when the engine took it back (False: it had finished)."""
         return self._command(self._cmd_withdraw, future, why)
 
     def get_task(self, task_id: int) -> Future[dict[str, Any]]:

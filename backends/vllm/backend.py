@@ -231,7 +231,7 @@ class VllmBackend(EventBuffer):
         if lv is not None:
             req, generated = lv.req, lv.generated
             computing = self._await_prefix.get(req.agent, [])
-            if request_id in computing:  # another admitted request computes the prefix
+            if request_id in computing:  # not its prefix computer any more (see below)
                 computing.remove(request_id)
         elif request_id in self._waiting:
             req = self._waiting.pop(request_id)
