@@ -1,6 +1,8 @@
 """TOPAS's opt-in extensions beyond the paper, on the five workloads.
 
-`preempt=False` keeps every running request; `hol_age` holds KV room for the
+`preempt=False` keeps every running request; `preempt_margin=1` keeps a
+preemption only when its candidate scores at least its own J_redo + J_revoke;
+`hol_age` holds KV room for the
 oldest waiting request once its task has waited that long, as EASY
 backfilling does; `pack_order="arrival"` has GreedyPack serve tasks in arrival
 order (docs/topas.md, "Extensions"). All are off by default; this
@@ -36,6 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no preemption": {"preempt": False},
     "hol 200 s": {"hol_age": 200.0},
     "arrival order": {"pack_order": "arrival"},
+    "preempt margin 1": {"preempt_margin": 1.0},
     "arrival order, hol 0 s, no preemption, rho 16": {
         "pack_order": "arrival", "hol_age": 0.0, "preempt": False, "rho": 16.0},
 }

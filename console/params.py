@@ -39,6 +39,8 @@ FIELDS: tuple[Field, ...] = (
     Field("reservation", "reservation", "choice", choices=("optimistic", "full"),
           help="decode KV reservation d_r"),
     Field("preempt", "preempt", "bool", help="allow preemption (extension: off keeps Q_t)"),
+    Field("preempt_margin", "preempt_margin", "float",
+          help="a preemption's score must be this many times its cost (extension; 0: off)"),
     Field("hol_age", "hol_age", "float", nullable=True,
           help="hold KV for the oldest request after this wait, s (extension; empty: off)",
           empty="off"),

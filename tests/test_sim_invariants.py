@@ -135,6 +135,7 @@ LIVE_CHANGES = st.fixed_dictionaries({}, optional={
     "seed": st.integers(0, 5),
     "reuse": st.booleans(), "aging": st.booleans(), "preempt": st.booleans(),
     "hol_age": st.sampled_from([None, 0.0, 0.5, 1e7]),
+    "preempt_margin": st.sampled_from([0.0, 1.0, 1000.0]),
     "reservation": st.sampled_from(["full", "optimistic"]),
     "pack_order": st.sampled_from(["ratio", "arrival"]),
 })

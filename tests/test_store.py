@@ -311,6 +311,9 @@ def test_every_decision_candidate_and_event_is_in_the_file(tmp_path: Path) -> No
         assert r["finished"] == ev.t and r["output_tokens"] == ev.tokens
         assert r["task_id"] == ev.task_id and r["stage"] == ev.stage and r["agent"] == ev.agent
         assert r["ready"] <= r["admitted"] <= r["started"] <= r["finished"]
+    ready = {ev.request_id: ev.tokens for ev in tee.events if ev.kind is EventKind.REQUEST_READY}
+    assert {r["request_id"]: r["input_tokens"] for r in reqs} == ready  # from arrival on
+    assert all(n > 0 for n in ready.values())
     pre = sum(1 for ev in tee.events if ev.kind in (EventKind.PREEMPT, EventKind.RETRACT))
     assert sum(r["preemptions"] + r["retractions"] for r in reqs) == pre
 

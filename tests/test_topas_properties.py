@@ -98,6 +98,9 @@ class CheckedTopas(TopasPolicy):
             assert len(d.admit) <= self.params.k and len(d.preempt) <= self.params.k
         if not self.params.preempt:
             assert d.preempt == ()
+        margin = self.params.preempt_margin  # extension: a preemption earns its cost back
+        for t in (c.terms for c in d.candidates if margin and c.preempt):
+            assert t.total >= margin * (t.j_redo + t.j_revoke)
         if self.params.hol_age is not None and view.waiting and d.admit:
             # the head of line keeps its room: nothing else admitted into it
             hol = min(view.waiting, key=lambda r: (r.task_arrival, r.id))
@@ -114,15 +117,17 @@ class CheckedTopas(TopasPolicy):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 1, 2, 5]), st.sampled_from([1, 2, 6]),
        st.sampled_from([0.0, 1.0, 20.0]), st.sampled_from([0.0, 2.0]),
-       st.sampled_from([(True, None), (False, None), (True, 0.0), (False, 1.0)]),
+       st.sampled_from([(True, None, 0.0), (False, None, 0.0), (True, 0.0, 0.0),
+                        (False, 1.0, 0.0), (True, None, 1.0)]),
        st.sampled_from(["ratio", "arrival"]))
 def test_topas_decisions_keep_the_papers_constraints(
         case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
-        extensions: tuple[bool, float | None], pack_order: str) -> None:
+        extensions: tuple[bool, float | None, float], pack_order: str) -> None:
     trace, budget = case
-    preempt, hol_age = extensions
+    preempt, hol_age, preempt_margin = extensions
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
-                         preempt=preempt, hol_age=hol_age, pack_order=pack_order)
+                         preempt=preempt, hol_age=hol_age, pack_order=pack_order,
+                         preempt_margin=preempt_margin)
     pol = CheckedTopas(params)
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     result = Run(trace, pol, SimBackend(profile)).execute()

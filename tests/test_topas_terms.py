@@ -324,6 +324,30 @@ def test_without_preemption_every_candidate_keeps_the_running_requests() -> None
         assert all(9 not in c.preempt for c in d.candidates) or preempt
 
 
+def test_preempt_margin_keeps_a_preemption_only_when_it_earns_its_cost_back() -> None:
+    """The case above: the paper swaps (score 1.63 against J_redo + J_revoke =
+    0.1). With `preempt_margin` m, a preempting candidate needs a score of at
+    least m times its cost: just under the ratio it still preempts, just over
+    it TOPAS waits, and no logged candidate preempts below its floor."""
+    running = request(9, 9, CHAIN, "c", running=True, generated=1, started_at=99.0,
+                      output_tokens=1000)
+    waiting = request(1, 1, CHAIN, "a", input_tokens=10, output_tokens=10)
+    tasks = [task(9, CHAIN, a="done", b="done", c="active"), task(1, CHAIN, a="active")]
+    v = view(CHAIN, tasks, [running], [waiting], t=100.0, budget=1120)
+    paper = policy().decide(v)
+    terms = paper.chosen_candidate.terms
+    cost = terms.j_redo + terms.j_revoke
+    ratio = terms.total / cost
+    assert paper.preempt == (9,) and cost > 0 and ratio > 1
+    for margin, swaps in ((0.99 * ratio, True), (1.01 * ratio, False)):
+        d = policy(preempt_margin=margin).decide(v)
+        assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
+        for c in d.candidates:
+            if c.preempt:
+                t = c.terms
+                assert t.total >= margin * (t.j_redo + t.j_revoke)
+
+
 @pytest.mark.parametrize(("pack_order", "admitted"), [("ratio", 2), ("arrival", 1)])
 def test_pack_order_arrival_serves_the_older_task_first(pack_order: str, admitted: int) -> None:
     """One request fits. The paper's order packs the young task's small

@@ -177,7 +177,8 @@ class SGLangBackend:
                 "lower the stage's tokens")
         self._requests[request.id] = request
         self._events.append(EngineEvent(self.t, EventKind.REQUEST_READY, request.id,
-                                        request.task_id, request.agent, request.stage))
+                                        request.task_id, request.agent, request.stage,
+                                        tokens=request.input_tokens))
         kwargs: dict[str, Any] = {
             "input_ids": list(input_ids),
             "sampling_params": {"max_new_tokens": request.output_tokens,

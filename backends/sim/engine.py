@@ -294,7 +294,7 @@ class SimBackend(EventBuffer):
 
     def _enqueue(self, req: Request, t: float) -> None:
         self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
-        self._emit(t, EventKind.REQUEST_READY, req)
+        self._emit(t, EventKind.REQUEST_READY, req, tokens=req.input_tokens)
         self._need_schedule = True
 
     def _admit(self, req: Request, reservation: Reservation) -> None:

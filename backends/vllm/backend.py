@@ -444,7 +444,7 @@ class VllmBackend(EventBuffer):
         if not self.native:
             self.sched.register_prefix(req.agent, self.sched.requests[vid], req.prefix_tokens)
         self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
-        self._emit(t, EventKind.REQUEST_READY, req)
+        self._emit(t, EventKind.REQUEST_READY, req, tokens=req.input_tokens)
         self._need_schedule = True
 
     def _requeue(self, lv: _Live, t: float) -> None:

@@ -31,6 +31,9 @@ class TopasParams:
     aging: bool = True  # task aging (off in topas-base / topas-noaging)
     # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
     preempt: bool = True  # False: every candidate keeps every running request
+    # a candidate that preempts must score at least this times its J_redo + J_revoke
+    # (hysteresis: the admissions must earn the preemption back 1 + m times); 0: off
+    preempt_margin: float = 0.0
     hol_age: float | None = None  # reserve KV for the oldest task's waiting request once
     # that task is this old (s since its arrival), as EASY backfilling does; None: off
     # d_r's decode reservation (Eq. 2): "optimistic" uses the engine's estimate
@@ -76,6 +79,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "rho": (0.0, 1000.0),
     "h_age": (1e-3, 1e7),
     "hol_age": (0.0, 1e7),
+    "preempt_margin": (0.0, 1000.0),
     "m": (0, 16),
     "k": (0, 100_000),
     "b_swap": (1e3, 1e13),

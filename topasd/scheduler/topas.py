@@ -532,7 +532,7 @@ class _Search(SearchBounds):
         """GreedyPack(R): every feasible allocation on the way to a full pack."""
         hit = self.packs.get(resident)
         if hit is None:
-            hit = self.packs[resident] = self._greedy_pack(resident)
+            hit = self.packs[resident] = self._earns_preemption(self._greedy_pack(resident))
             for st in hit:
                 if st.total > self.best_total and not st.is_empty:
                     self.best_total = st.total
@@ -621,6 +621,16 @@ class _Search(SearchBounds):
             row = self._row(r)
             merged[row] = merged.get(row, 0.0) + self._dhat(r)
         return tuple(sorted(merged.items()))
+
+    def _earns_preemption(self, states: list[_State]) -> list[_State]:
+        """With `preempt_margin` m > 0, the states of a pack that preempts whose
+        score is below m * (J_redo + J_revoke) (an extension; removing states
+        keeps every pruning bound valid)."""
+        m = self.params.preempt_margin
+        if not (m and states and states[0].pack.preempt):
+            return states
+        floor = m * (states[0].pack.j_redo + states[0].pack.j_revoke)
+        return [s for s in states if s.total >= floor]
 
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
