@@ -21,8 +21,8 @@ APP = [
 ]
 DASHBOARD = [
     Binding("p", "params", "Params", id="console.params"),
-    Binding("t", "focus('tasks')", "Tasks", id="console.focus_tasks"),
-    Binding("d", "focus('decisions')", "Decisions", id="console.focus_decisions"),
+    Binding("t", "focus('tasks')", "Tasks", show=False, id="console.focus_tasks"),
+    Binding("d", "focus('decisions')", "Decisions", show=False, id="console.focus_decisions"),
     Binding("c", "focus('candidates')", "Candidates", show=False, id="console.focus_candidates"),
     Binding("s", "sort_tasks", "Sort", id="console.sort_tasks"),
     Binding("n", "toggle_noop", "No-ops", id="console.toggle_noop"),

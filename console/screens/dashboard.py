@@ -63,7 +63,7 @@ class Dashboard(Screen[None]):
             yield DecisionDetailView(id="detail")
         if self.replay:
             yield CursorBar(id="cursor")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)  # `?` lists ctrl+p
 
     def on_mount(self) -> None:
         self.query_one("#decisions", DecisionFeed).focus()
