@@ -49,7 +49,9 @@ CANDIDATE_SQL = (
 # param change: (t, wall_ts, name, old_json, new_json, source, from_decision)
 PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source, "
              "from_decision) VALUES ({run}, ?, ?, ?, ?, ?, ?, ?)")
-# The requests and tasks rows that one frame's events touched, folded in.
+# The requests and tasks rows that one frame's events touched, folded in. A request's
+# input_tokens is its own input (beyond its agent's prefix) from its arrival
+# (`request_ready`; 0 there means not given), else its first admission's.
 REQUESTS_SQL = """
 INSERT INTO requests (run_id, request_id, task_id, stage, agent, ready, admitted, started,
                       finished, input_tokens, output_tokens, service_s, preemptions, retractions,

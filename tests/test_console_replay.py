@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from textual.widgets import Button, DataTable, Input, Label, Static
+from textual.widgets import Button, DataTable, Input, Label, Select, Static, Switch
 
 from console.app import ConsoleApp
 from console.screens.params import ParamsScreen
@@ -342,6 +342,17 @@ def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
         assert isinstance(app.screen, ParamsScreen)
         beta = app.screen.query_one("#param-beta", Input)
         assert beta.value == "20" and beta.disabled
+        # the fixture predates the extensions: shown at the defaults it ran with
+        # (the preempt switch showed off, though that run preempted)
+        assert app.screen.query_one("#param-preempt", Switch).value is True
+        assert app.screen.query_one("#param-preempt_margin", Input).value == "0"
+        assert app.screen.query_one("#param-pack_order", Select).value == "ratio"
+        heights = {str(lab.render()): lab.size.height for lab in app.screen.query(".param-label")}
+        assert len(set(heights.values())) == 1, heights  # no label wraps (preempt_margin did)
+        answer = str(app.screen.query_one("#answer", Static).render())
+        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order: not in this "
+                               "log (an older topasd wrote it), shown at the defaults it ran "
+                               "with"), answer
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is app.dashboard

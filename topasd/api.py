@@ -421,6 +421,8 @@ def _params_patch_model() -> type[BaseModel]:
             desc += "; null: derived (observed / the backend's)"
         if name == "hol_age":
             desc += "; null: off (an extension beyond the paper, see docs/topas.md)"
+        if name in ("preempt", "preempt_margin"):
+            desc += "; an extension beyond the paper (docs/topas.md)"
         if name == "pack_order":
             desc += "; 'arrival' is an extension beyond the paper (docs/topas.md)"
         if hint is bool:

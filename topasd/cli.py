@@ -137,7 +137,7 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
               help="Candidates per decision written to --db (default: all).")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A TOPAS parameter for the TOPAS policies of this replay, repeatable "
-                   "(beta=10, rho=3, H_age=30, M=6, K=0, hol_age=200, preempt=false, ...); "
+                   "(beta=10, rho=3, H_age=30, M=6, K=0, preempt_margin=1, hol_age=200, ...); "
                    "the baselines take none.")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, model: str | None,

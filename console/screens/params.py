@@ -86,7 +86,8 @@ class ParamsScreen(Screen[None]):
             assert self.replay_t is not None and self.console.replay is not None
             policy, params = self.console.replay.params(self.replay_t)
             changes = self.console.replay.param_changes(self.replay_t)
-            self.fill({"policy": policy, "params": params, "ranges": {},
+            newer = _newer_than_the_log(params)
+            self.fill({"policy": policy, "params": {**newer, **params}, "ranges": {},
                        "policies": [policy], "version": len(changes)})
             shown = changes[-REPLAY_CHANGES:]
             older = len(changes) - len(shown)
@@ -95,7 +96,10 @@ class ParamsScreen(Screen[None]):
                              + "".join(f"\n  t={c['t']:.2f}s {_label(c['name'])}: "
                                        f"{text_of(c['old']) or '∅'} → "
                                        f"{text_of(c['new']) or '∅'} ({c['source']})"
-                                       for c in shown)))
+                                       for c in shown)
+                             + (f"\n{', '.join(map(_label, newer))}: not in this log (an older "
+                                "topasd wrote it), shown at the defaults it ran with"
+                                if newer else "")))
             return
         self.run_worker(self._load(), exclusive=True, group="params-load")
 
@@ -270,6 +274,18 @@ class ParamsScreen(Screen[None]):
                                     + ", ".join(_label(k) for k in edited) + " not sent",
                                     severity="warning", timeout=6)
         self.app.pop_screen()
+
+
+def _newer_than_the_log(params: dict[str, Any]) -> dict[str, Any]:
+    """The TOPAS parameters a TOPAS run's log lacks (it was written before they
+    existed, and ran as their defaults, off for every extension), at those
+    defaults; none for a baseline (no parameters)."""
+    if not params:
+        return {}
+    from topasd.scheduler.params import TopasParams  # only the defaults
+
+    defaults = TopasParams()
+    return {f.name: getattr(defaults, f.name) for f in FIELDS if f.name not in params}
 
 
 def _label(name: str) -> str:

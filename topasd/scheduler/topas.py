@@ -623,9 +623,9 @@ class _Search(SearchBounds):
         return tuple(sorted(merged.items()))
 
     def _earns_preemption(self, states: list[_State]) -> list[_State]:
-        """With `preempt_margin` m > 0, the states of a pack that preempts whose
-        score is below m * (J_redo + J_revoke) (an extension; removing states
-        keeps every pruning bound valid)."""
+        """Drop a preempting pack's states that score below m * (J_redo +
+        J_revoke), m = `preempt_margin` (an extension; 0 keeps them all).
+        Removing states keeps every pruning bound valid."""
         m = self.params.preempt_margin
         if not (m and states and states[0].pack.preempt):
             return states
