@@ -32,7 +32,7 @@ class TopasParams:
     # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
     preempt: bool = True  # False: every candidate keeps every running request
     # a candidate that preempts must score at least this times its J_redo + J_revoke
-    # (hysteresis: the admissions must earn the preemption back 1 + m times); 0: off
+    # (J_admit - J_move + V_reuse >= (1 + m) times that cost); 0: off
     preempt_margin: float = 0.0
     hol_age: float | None = None  # reserve KV for the oldest task's waiting request once
     # that task is this old (s since its arrival), as EASY backfilling does; None: off
