@@ -45,7 +45,7 @@ class RunRow:
 
     @property
     def label(self) -> str:
-        return f"run {self.id} ({self.policy}, {self.workload or '?'}, {self.status})"
+        return f"run {self.id} ({self.policy}, {self.workload or 'no workload'}, {self.status})"
 
 
 def runs(db: Database) -> list[RunRow]:

@@ -214,7 +214,7 @@ def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
     (["-p", "topas", "--param", "preempt=maybe"], "must be true or false"),
     (["-p", "topas", "--param", "gamma=1"], "gamma"),
     (["-p", "topas", "--param", "rho"], "expected NAME=VALUE"),
-    (["--rate", "5"], "--rate only shape a trace made from --workload"),
+    (["--rate", "5"], "--rate only shapes a trace made from --workload"),
     (["-n", "1000", "--seed", "9"], "--tasks, --seed only shape a trace"),
 ])
 def test_replay_usage_errors(trace_file: Path, args: list[str], says: str) -> None:

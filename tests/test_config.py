@@ -133,6 +133,33 @@ def test_bad_config_files(tmp_path: Path) -> None:
         load_settings({}, config=str(tmp_path / "missing.toml"), environ={})
 
 
+def test_two_workflows_may_not_share_a_name(tmp_path: Path) -> None:
+    """A spec named like a built-in workflow, the --workload's or another spec
+    is refused: later ones used to win silently, and a built-in workload's
+    tasks then ran on the wrong stages (KeyError in the engine loop)."""
+    spec = ("name: {name}\nagents: {{P: {{prefix_tokens: 100}}}}\n"
+            "stages:\n  - {{name: plan, agent: P, input_tokens: 10, output_tokens: 10}}\n")
+    for name in ("chain3", "mine"):
+        for copy in ("1", "2"):
+            (tmp_path / f"{name}{copy}.yaml").write_text(spec.format(name=name))
+    clashes = [
+        ({"workload": "chain3", "workflows": [str(tmp_path / "chain31.yaml")]},
+         "'chain3' is taken by the built-in workload 'chain3'"),
+        ({"workflows": [str(tmp_path / "chain31.yaml")]}, "the built-in workload 'chain3'"),
+        ({"workflows": [str(tmp_path / "mine1.yaml"), str(tmp_path / "mine2.yaml")]},
+         f"'mine' is taken by the workflow spec '{tmp_path / 'mine1.yaml'}'"),
+        ({"workload": str(tmp_path / "mine1.yaml"), "workflows": [str(tmp_path / "mine2.yaml")]},
+         f"'mine' is taken by the workload '{tmp_path / 'mine1.yaml'}'"),
+    ]
+    for flags, words in clashes:
+        with pytest.raises(ConfigError, match="rename it") as err:
+            load_settings(flags, environ={})
+        assert words in str(err.value), str(err.value)
+    fine = load_settings({"workload": "chain3", "workflows": [str(tmp_path / "mine1.yaml")]},
+                         environ={})
+    assert fine.settings.workflows == [str(tmp_path / "mine1.yaml")]
+
+
 def test_cli_start_reports_bad_input_in_one_line(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

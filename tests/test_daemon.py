@@ -298,7 +298,11 @@ def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Pa
     spec = str(_spec(tmp_path))
     # the built-in driver feeds 12 tasks at engine-time arrivals (deterministic)
     with Daemon(tmp_path, "--workload", spec, "--rate", "50", "--tasks", "12") as d:
-        assert d.http.get("/v1/params").json()["params"]["beta"] == 20.0
+        got = d.http.get("/v1/params").json()
+        assert got["params"]["beta"] == 20.0
+        ranges = got["ranges"]  # integer parameters have integer bounds
+        assert ranges["m"] == [0, 16] and all(isinstance(v, int) for v in ranges["m"])
+        assert isinstance(ranges["beta"][1], float)
         d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 12)
         r = d.http.patch("/v1/params", json={"beta": 0})
         assert r.status_code == 200, r.text
@@ -437,6 +441,35 @@ def test_react_rounds_early_task_end_and_abandoned_tasks(tmp_path: Path) -> None
         assert d.stop() == 0
 
 
+def test_a_named_agents_prefix_is_its_first_system_prompt(tmp_path: Path) -> None:
+    """A later call of the agent with another system prompt keeps the agent's
+    prefix and sends its own system prompt as input: usage counts it, and a
+    call that cannot fit is 422 (it used to run with the first call's size)."""
+    with Daemon(tmp_path) as d:
+        def call(system: str, agent: str = "agY", user: str = "go") -> httpx.Response:
+            return d.http.post("/v1/chat/completions", json={
+                "model": "m", "max_tokens": 8,
+                "messages": [{"role": "system", "content": system},
+                             {"role": "user", "content": user}],
+                "topasd": {"agent": agent}})
+
+        short, other = "s" * 40, "o" * 400  # 10 and 100 tokens
+        first = call(short)
+        assert first.json()["usage"]["prompt_tokens"] == 10 + 1, first.text
+        same = call(short, user="u" * 80)
+        assert same.json()["usage"]["prompt_tokens"] == 10 + 20, same.text
+        changed = call(other)
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["usage"]["prompt_tokens"] == 10 + 100 + 1, changed.text
+        huge = "h" * 100_000  # 25,000 tokens: more than the 18,000-token budget
+        for agent in ("agY", "agZ"):  # a known agent and a new one alike
+            refused = call(huge, agent=agent)
+            assert refused.status_code == 422 and "KV tokens" in refused.text, refused.text
+        rows = d.http.get("/v1/state").json()
+        assert rows["counts"]["tasks_in_flight"] == 0
+        assert d.stop() == 0
+
+
 def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         tmp_path: Path) -> None:
     with Daemon(tmp_path) as d:
@@ -454,6 +487,8 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         err(h.post("/v1/tasks", content=b'{"workflow": "\xff"}',
                    headers={"content-type": "application/json"}), 400, "not valid JSON",
             "UTF-8")
+        err(h.post("/v1/tasks", content=b"\xff\xfe",  # a UTF-16 BOM: json reads it so
+                   headers={"content-type": "application/json"}), 400, "not UTF-8 text")
         err(h.post("/v1/tasks", content=b"[" * 5000 + b"]" * 5000,
                    headers={"content-type": "application/json"}), 400, "nested too deeply")
         err(h.post("/v1/tasks", content=b"", headers={"content-type": "application/json"}),

@@ -325,7 +325,8 @@ class ParamsInfo(BaseModel):
     policy: str
     params: dict[str, Any]
     version: int = Field(description="Increments with every effective change.")
-    ranges: dict[str, list[float]] = Field(description="[low, high] of each parameter.")
+    ranges: dict[str, list[int | float]] = Field(
+        description="[low, high] of each parameter (integers for the integer ones).")
     aliases: dict[str, str]
     policies: list[str]
 
@@ -740,6 +741,14 @@ def _completion_spec(body: CompletionRequest, settings: Settings) -> CallSpec:
                     **_meta_fields(body.topasd))
 
 
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _usage(r: CallResult) -> Usage:
     return Usage(prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
                  total_tokens=r.prompt_tokens + r.completion_tokens)
@@ -1064,6 +1073,8 @@ def _install_errors(app: FastAPI) -> None:
         for e in errors:
             if e.get("type") == "json_invalid":
                 why = (e.get("ctx") or {}).get("error", "")
+                if not _is_utf8(await request.body()):
+                    why = "not UTF-8 text"
                 return _error(400, "invalid_request_error",
                               f"the body is not valid JSON ({why}); send a JSON object")
             if tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing":

@@ -247,7 +247,8 @@ def _load_or_generate(trace_file: str | None, workload: str | None, rate: float 
                                            ("--tasks", "tasks" in given),
                                            ("--seed", "seed" in given)) if used]
         if ignored:
-            raise TopasError(f"{', '.join(ignored)} only shape a trace made from --workload; "
+            verb = "shapes" if len(ignored) == 1 else "shape"
+            raise TopasError(f"{', '.join(ignored)} only {verb} a trace made from --workload; "
                              f"TRACE_FILE {trace_file} already fixes its tasks (drop them)")
         return load_trace(trace_file)
     if not workload:
@@ -492,7 +493,8 @@ def native_status() -> None:
 @click.option("--hicache-size", type=click.IntRange(min=0), default=None,
               help="sglang: host KV pool per rank, GB.")
 @click.option("--profile", default=None, metavar="NAME",
-              help=f"Hardware profile of the simulator [default: {DEFAULT_PROFILE}].")
+              help=f"Hardware profile of the simulator: {', '.join(sorted(PROFILES))} "
+                   f"[default: {DEFAULT_PROFILE}].")
 @click.option("--budget", type=click.IntRange(min=1), default=None,
               help="Override the profile's KV budget (tokens); with --backend sglang, "
                    "at most the pool SGLang reports.")

@@ -280,19 +280,40 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
 
 
 def _check_specs(settings: Settings, sources: Mapping[str, str]) -> None:
-    """The workload and workflow spec files load (a bad one stops the start
-    with the setting and where it came from, `--print-config` included)."""
-    from workflows.builtin import load_workload
+    """The workload and workflow spec files load, and no two workflows share a
+    name (a bad one stops the start with the setting and where it came from,
+    `--print-config` included)."""
+    from workflows.builtin import BUILTIN, load_workload
     from workflows.spec import load_workflow
 
     checks = [("workload", settings.workload, load_workload)] if settings.workload else []
     checks += [("workflows", path, load_workflow) for path in settings.workflows]
+    taken = _builtin_workflow_names()
     for name, value, load in checks:
         try:
-            load(value)  # type: ignore[operator]
+            loaded = load(value)  # type: ignore[operator]
         except TopasError as exc:
             raise ConfigError(f"setting {name} = {value!r} (from "
                               f"{sources.get(name, 'default')}): {exc}") from None
+        if name == "workload" and value in BUILTIN:
+            continue  # its names are taken already, by itself
+        for wf in loaded.workflows if name == "workload" else [loaded]:
+            if wf.name in taken:
+                raise ConfigError(
+                    f"setting {name} = {value!r} (from {sources.get(name, 'default')}): "
+                    f"its workflow name {wf.name!r} is taken by {taken[wf.name]}; rename "
+                    "it (the spec's `name:`) so that every task and call gets the "
+                    "workflow it names")
+            kind = "workload" if name == "workload" else "workflow spec"
+            taken[wf.name] = f"the {kind} {value!r}"
+
+
+def _builtin_workflow_names() -> dict[str, str]:
+    """Workflow name -> the built-in workload that defines it."""
+    from workflows.builtin import BUILTIN, load_workload
+
+    return {wf.name: f"the built-in workload {w!r}"
+            for w in BUILTIN for wf in load_workload(w).workflows}
 
 
 def raw_setting(name: str, flags: Mapping[str, Any] | None = None, *,

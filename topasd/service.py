@@ -814,6 +814,7 @@ class Service:
                                   lambda: self.params_version)
         self.active: dict[str, Workflow] = {}  # workflows in use (the policy's view)
         self._agent_sizes: dict[str, int] = {}
+        self._system_keys: dict[str, str] = {}  # agents that a call's system prompt defined
         self.driver = TaskDriver(self.active)
         self.loop = EventLoop(self.active, self.policy, self.backend, self.recorder,
                               driver=self.driver)
@@ -1171,14 +1172,16 @@ class Service:
         wf, stage, task = self._call_target(spec)
         agent = wf.stages[stage].agent
         prefix = wf.agents[agent].prefix_tokens
-        need = prefix + spec.input_tokens + spec.output_tokens
+        own = spec.input_tokens + (self._uncached_system(agent, spec)
+                                   if wf.name.startswith(SYNTHESIZED) else 0)
+        need = prefix + own + spec.output_tokens
         if need > self.limit.tokens:
             fix = ("lower max_tokens or shorten the prompt" if prefix + 2 <= self.limit.tokens
                    else f"the prefix of agent {agent!r} alone does not leave room: give the "
                         "daemon a larger --budget" + (f", or a spec of {wf.name!r} with a "
                         "shorter prefix" if spec.workflow in self.registry else ""))
             raise Invalid(f"the call needs {need} KV tokens (prefix {prefix} + input "
-                          f"{spec.input_tokens} + max_tokens {spec.output_tokens}) but "
+                          f"{own} + max_tokens {spec.output_tokens}) but "
                           f"{self.limit.what}; {fix}")
         opened = task is None
         if task is None:
@@ -1188,7 +1191,7 @@ class Service:
         task.in_flight += 1
         task.last_wall = time.monotonic()
         req = Request(id=self.driver.new_request_id(), task_id=task.id, workflow=wf.name,
-                      stage=stage, agent=agent, round=k, input_tokens=spec.input_tokens,
+                      stage=stage, agent=agent, round=k, input_tokens=own,
                       output_tokens=spec.output_tokens, ready_at=self.backend.t,
                       task_arrival=self.loop.book.arrivals[task.id], prefix_tokens=prefix)
         self.calls.by_request[req.id] = _Call(task, req, spec, fut)
@@ -1217,7 +1220,7 @@ class Service:
             raise Invalid("topasd.last_in_stage=false needs topasd.task_id: without an id no "
                           "later call can continue (or end) this stage; send a task_id")
         if spec.workflow is None or spec.workflow.startswith(SYNTHESIZED):
-            wf = self._synthesized(spec.agent or spec.system_key, spec.system_tokens)
+            wf = self._synthesized(spec.agent or spec.system_key, spec)
             return wf, wf.topo_order[0], self._continued(wf.name, wf.topo_order[0], spec)
         if spec.workflow not in self.registry:
             raise Invalid(f"topasd.workflow: unknown workflow {spec.workflow!r}; registered: "
@@ -1463,17 +1466,27 @@ class Service:
         self.active[name] = wf
         return wf
 
-    def _synthesized(self, agent: str, prefix_tokens: int) -> Workflow:
-        """The one-stage workflow `agent:<agent>` of calls without a registered workflow."""
+    def _synthesized(self, agent: str, spec: CallSpec) -> Workflow:
+        """The one-stage workflow `agent:<agent>` of calls without a registered
+        workflow; a new agent's prefix is this call's system prompt."""
         name = f"{SYNTHESIZED}{agent}"
         wf = self.active.get(name)
         if wf is None:
-            size = self._agent_sizes.get(agent, prefix_tokens)
+            if agent not in self._agent_sizes:
+                self._system_keys[agent] = spec.system_key
+            size = self._agent_sizes.get(agent, spec.system_tokens)
             wf = Workflow(name, {agent: Agent(agent, size)}, {"call": Stage("call", agent)},
                           f"calls of agent {agent} (synthesized)")
             self._agent_sizes[agent] = size
             self.active[name] = wf
         return wf
+
+    def _uncached_system(self, agent: str, spec: CallSpec) -> int:
+        """Tokens of a system prompt that is not its agent's prefix: an agent that
+        a call's system prompt defined keeps that prefix, and a later call with
+        another system prompt sends its own as input (no prefix-cache hit)."""
+        key = self._system_keys.get(agent)
+        return spec.system_tokens if key is not None and key != spec.system_key else 0
 
     def _fit_problem(self, record: TaskRecord) -> str | None:
         problem = record.oversized_round(self.active[record.workflow], self.limit.tokens)
@@ -1530,7 +1543,7 @@ def _middle(workload: Workload) -> float:
 
 def _registry(workload: Workload | None, specs: tuple[Workflow, ...]) -> dict[str, Workflow]:
     """Every workflow a task or call may name: the built-ins, the --workload and
-    the --workflow spec files (later ones win on a name clash)."""
+    the --workflow spec files (`config.load_settings` refused name clashes)."""
     out: dict[str, Workflow] = {}
     for name in BUILTIN:
         for wf in load_workload(name).workflows:
