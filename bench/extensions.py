@@ -39,6 +39,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hol 200 s": {"hol_age": 200.0},
     "arrival order": {"pack_order": "arrival"},
     "preempt margin 1": {"preempt_margin": 1.0},
+    "preempt margin 1, arrival order, hol 400 s": {
+        "preempt_margin": 1.0, "pack_order": "arrival", "hol_age": 400.0},
     "arrival order, hol 0 s, no preemption, rho 16": {
         "pack_order": "arrival", "hol_age": 0.0, "preempt": False, "rho": 16.0},
 }

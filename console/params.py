@@ -120,4 +120,5 @@ def text_of(value: Any) -> str:
 
 
 def _num(x: float) -> str:
-    return f"{x:g}"
+    """A range bound as typed: integers in full (seed's 2147483647), others short."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e10 else f"{x:g}"

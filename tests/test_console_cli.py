@@ -62,6 +62,9 @@ def test_form_sends_only_valid_changes() -> None:
     assert changes == {}
     assert errors == {"beta": "beta: in [0, 1000]", "m": "M: an integer",
                       "rho": "rho: a number"}
+    _, errors = validate("topas", {**text, "seed": "-1"}, "topas", {**current, "seed": 0},
+                         {**ranges, "seed": (0, 2**31 - 1)}, policies)
+    assert errors == {"seed": "seed: in [0, 2147483647]"}  # not 2.14748e+09
     assert validate("topas-base", text, "topas", current, ranges, policies) == (
         {"policy": "topas-base"}, {})
     assert validate("fcfs", {**text, "beta": "1"}, "topas", current, ranges, policies) == (

@@ -132,7 +132,7 @@ def agent_key(system_prompt: str) -> str:
     return "sys-" + hashlib.sha256(system_prompt.encode()).hexdigest()[:10]
 
 
-_WORDS = ("the", "sim", "ran", "one", "new", "job", "for", "you", "and", "all")
+_WORDS = ("the", "job", "ran", "one", "new", "run", "for", "you", "and", "all")
 
 
 def filler_text(tokens: int) -> str:

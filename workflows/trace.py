@@ -72,7 +72,7 @@ class Trace:
         """Every request (prefix + input + output) must fit the KV budget alone,
         and an engine's context (`context`: its length in tokens, and the fix)."""
         limit, what, fix = budget_tokens, f"the KV budget is {budget_tokens}", (
-            "use a profile with a larger budget (--budget) or shorten the request")
+            "give a larger --budget (or a profile with a larger one) or shorten the request")
         if context is not None and context[0] < budget_tokens:
             limit, what, fix = context[0], f"the engine's context is {context[0]}", context[1]
         for task in self.tasks:
