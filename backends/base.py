@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Protocol
 
 from topasd.model import (
@@ -39,6 +39,21 @@ class EventBuffer:
     def _drain(self) -> Iterator[EngineEvent]:
         events, self._events = self._events, []
         yield from events
+
+
+def kept_to_drop(kept: Iterable[str], tokens: Callable[[str], float],
+                 room: float) -> list[str]:
+    """Kept prefixes (`keep_evicted`, oldest eviction first) that give up their KV
+    so that the rest fit `room`: the oldest go first."""
+    order = list(kept)
+    held = sum(tokens(a) for a in order)
+    out: list[str] = []
+    for agent in order:
+        if held <= room:
+            break
+        held -= tokens(agent)
+        out.append(agent)
+    return out
 
 
 def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mapping[int, Request],

@@ -549,6 +549,8 @@ class _Replaying:
             ready = False
             if xfer != "offload":
                 xfer, until = None, None
+        elif kind == "prefix_drop":  # a kept copy gave up its room
+            loc, host = "none", False
         self.prefixes[agent] = (size, loc, ready, host, xfer, until)
 
 

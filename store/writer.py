@@ -75,9 +75,12 @@ class WriterProcess:
 
     def __init__(self, path: Path) -> None:
         try:
+            # its own session: a signal to the daemon's process group (Ctrl-C,
+            # `timeout`) must not reach it before `_child.main` ignores signals
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(CHILD), str(path)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                start_new_session=True)
         except OSError as exc:
             raise StoreError(f"cannot start the decision-log writer ({exc})") from None
         self._send_lock = threading.Lock()

@@ -54,7 +54,8 @@ class CheckedSim(SimBackend):
         assert used <= self.profile.budget_tokens, (
             f"{where} at t={self._t}: {used} KV tokens held, budget {self.profile.budget_tokens}")
         # the same sum, from first principles
-        prefixes = sum(p.tokens for p in self._prefixes.values() if p.location is Location.GPU)
+        prefixes = sum(p.tokens for p in self._prefixes.values()
+                       if p.location is Location.GPU or p.kept)  # a kept copy holds KV too
         requests = sum(lv.req.input_tokens + lv.generated for lv in self._running.values())
         assert prefixes + requests == used
         CheckedSim.checks += 1
@@ -161,6 +162,7 @@ def scenarios(draw):
     knobs = {  # overrides of the `small` profile
         "budget_tokens": budget,
         "host_cache": draw(st.booleans()),
+        "keep_evicted": draw(st.booleans()),  # evicted prefixes held in free KV
         "mixed_chunk": draw(st.booleans()),
         # a slow host link keeps prefixes loading while other agents decode
         "swap_bytes_per_s": draw(st.sampled_from([1e9, 1e9, 3e7])),

@@ -231,6 +231,41 @@ def test_a_request_with_an_empty_input_can_be_preempted_before_its_prefill() -> 
     check_stream(trace, sink)
 
 
+@pytest.mark.parametrize("room_for", [1, 3])
+def test_a_kept_prefix_comes_back_at_once_or_gives_up_its_room(room_for: int) -> None:
+    """`keep_evicted` (an engine without a host tier): TOPAS evicts every idle
+    prefix, and the prefix's KV stays in free memory. With room for all three
+    prefixes each is computed once and later loads take the kept copy back; with
+    room for one, each admission of another agent drops the kept copy first."""
+    wf = workflow_from_dict({"name": "w", "agents": {a: {"prefix_tokens": 512} for a in "ABC"},
+                             "stages": [{"name": "a", "agent": "A"},
+                                        {"name": "b", "agent": "B", "after": ["a"]},
+                                        {"name": "c", "agent": "C", "after": ["b"]}]})
+    one = (RoundSpec(64, 32, 0.0),)
+    tasks = tuple(TaskRecord(i, "w", 5.0 * i, {"a": one, "b": one, "c": one}) for i in range(3))
+    trace = Trace({"w": wf}, tasks, {})
+    profile = get_profile("small").with_overrides(
+        budget_tokens=512 * room_for + 96, host_cache=False, keep_evicted=True)
+    backend = CheckedSim(profile)
+    sink = RecordingSink()
+    result = Run(trace, make_policy("topas"), backend, sink=sink).execute()
+    assert sorted(result.finishes) == [0, 1, 2]
+    check_stream(trace, sink)
+    kinds = [ev.kind for ev in sink.events]
+    taken_back = [ev for ev in sink.events if ev.kind is EventKind.PREFIX_LOAD_START]
+    assert all(ev.note == "kept in free KV" for ev in taken_back)
+    if room_for == 3:  # computed once each, then always taken back
+        assert backend.stats.prefix_computes == 3 and EventKind.PREFIX_DROP not in kinds
+        assert backend.stats.prefix_loads == len(taken_back) == 6
+    else:  # no room beside another agent's prefix: every switch recomputes
+        assert backend.stats.prefix_computes == 9 and not taken_back
+        assert kinds.count(EventKind.PREFIX_DROP) == 8
+    no_host = replace(profile, keep_evicted=False)  # the engine before: recompute
+    plain = Run(trace, make_policy("topas"), CheckedSim(no_host)).execute()
+    assert plain.stats.prefix_computes == 9
+    assert max(result.jct.values()) <= max(plain.jct.values())
+
+
 def test_budget_check_catches_an_overfull_engine() -> None:
     """The budget instrumentation is live: with the engine's own feasibility
     check switched off, a state of 10 + 5 tokens in a 12-token pool trips it."""

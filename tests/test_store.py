@@ -509,6 +509,9 @@ def test_runs_of_one_store_share_one_writer_and_a_dead_writer_is_an_error(
         pids.append(store.writer().proc.pid)
     assert pids[0] == pids[1]  # started once, shared by both runs
     writer = store.writer()
+    # a signal to this process's group (Ctrl-C) never reaches it, even while it starts
+    assert os.getsid(writer.proc.pid) != os.getsid(0)
+    assert os.getpgid(writer.proc.pid) != os.getpgid(0)
     sink = store.sink()
     sink.run_started(RunInfo("fcfs", "sim", "small", {}, "dag4", 0, {}))
     os.kill(writer.proc.pid, signal.SIGKILL)

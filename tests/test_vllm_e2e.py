@@ -179,10 +179,12 @@ def test_the_logged_residency_is_what_vllm_holds(runs: Runs, policy: str) -> Non
         if policy == "topas":
             assert set(d["chosen_resident"]) == resident
     for row in o.backend.audit:
-        # pinned in vLLM's block pool <=> resident and computed in the log's state
-        assert row.pinned == row.book_ready
-        # no cached prefix block of an agent the policy evicted or never loaded
-        assert row.cached <= row.book_gpu
+        # pinned in vLLM's block pool <=> resident and computed in the log's state,
+        # or evicted and kept (its blocks stay pinned until their room is needed)
+        assert row.pinned == row.book_ready | row.book_kept
+        assert not row.book_ready & row.book_kept
+        # no cached prefix block of an agent the policy dropped or never loaded
+        assert row.cached <= row.book_gpu | row.book_kept
         if row.decisions:
             assert row.book_gpu == after[max(row.decisions)]
     # the pool is too small for two agents beside a request: one at a time
@@ -206,6 +208,32 @@ def test_vllm_runs_the_simulators_schedule_step_for_step(runs: Runs, policy: str
     assert real.jct == pytest.approx(sim.jct, rel=1e-9, abs=1e-9)
     assert real.stats.preemptions == sim.stats.preemptions
     assert real.stats.prefix_computes == sim.stats.prefix_computes
+    assert real.stats.prefix_loads == sim.stats.prefix_loads  # kept prefixes taken back
+
+
+def test_an_evicted_prefix_keeps_its_blocks_and_vllm_reuses_them(runs: Runs) -> None:
+    """TOPAS evicts every idle prefix (the paper's state); with room to spare the
+    backend keeps the prefix's blocks pinned, and the next load takes them back:
+    vLLM computes each prefix once and prefills exactly what FCFS (which never
+    evicts here) prefills. Before, every eviction meant a recompute."""
+    trace = chain3_cpu(tasks=4, rate=1.0, seed=3, input_tokens=64, output_tokens=64)
+    prefill: dict[str, int] = {}
+    for name in ("topas", "fcfs"):
+        backend = make_backend(str(runs.model), budget_tokens=8192, profile=runs.profile,
+                               clock="profile", audit=True, record=True)
+        try:
+            result = Run(trace, make_policy(name), backend).execute()
+        finally:
+            backend.close()
+        assert sorted(result.finishes) == [t.id for t in trace.tasks]
+        assert backend.stats.prefix_computes == 3  # once per agent
+        prefill[name] = sum(s.prefill_tokens for s in backend.samples)
+        for row in backend.audit:
+            assert row.pinned == row.book_ready | row.book_kept
+        if name == "topas":
+            assert backend.stats.prefix_loads >= 3  # kept copies taken back
+            assert any(row.book_kept for row in backend.audit)
+    assert prefill["topas"] == prefill["fcfs"]
 
 
 def test_replay_cli_runs_the_vllm_backend(runs: Runs, tmp_path: Path) -> None:

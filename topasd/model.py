@@ -594,6 +594,7 @@ class EventKind(StrEnum):
     PREFIX_OFFLOAD_START = "prefix_offload_start"
     PREFIX_OFFLOAD_END = "prefix_offload_end"
     PREFIX_EVICT = "prefix_evict"
+    PREFIX_DROP = "prefix_drop"  # a kept copy (`keep_evicted`) gave up its room
     STAGE_FINISH = "stage_finish"
     TASK_FINISH = "task_finish"
     TASK_ABANDON = "task_abandon"  # an application's task that will see no more calls (`note`)

@@ -33,6 +33,10 @@ class HardwareProfile:
     chunk_tokens: int = 8192  # chunked-prefill budget per step
     max_prefill_tokens: int = 16384  # input tokens one SGLang admission round takes
     host_cache: bool = True  # evicted prefixes keep a host copy (HiCache-like)
+    # without a host tier: an evicted ready prefix keeps its KV in free memory
+    # (location HOST, loaded back at once) until a decision needs the room,
+    # oldest first (vLLM's prefix cache, the blocks pinned by the backend)
+    keep_evicted: bool = False
     # SGLang's optimistic admission (schedule_policy.py / scheduler.py)
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.098  # 0.7 x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14

@@ -10,6 +10,9 @@ KV accounting (tokens): a prefix on GPU (ready or loading/computing) holds
 `prefix_tokens`; a running request holds its input and generated tokens. A
 decode step needs one free token per decoding request; when none is left the
 engine evicts idle prefixes (LRU) and then retracts requests, as SGLang does.
+With `keep_evicted` (no host tier), a ready prefix the policy evicts keeps its
+KV in free memory (location HOST, loaded back at once) until the state after a
+decision, or a decode step, needs the room: then the oldest go (`PREFIX_DROP`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from backends.base import EventBuffer, InfeasibleDecision, decision_problems
+from backends.base import EventBuffer, InfeasibleDecision, decision_problems, kept_to_drop
 from topasd.model import (
     Decision,
     EngineEvent,
@@ -43,7 +46,7 @@ _READY, _LOAD_END, _BACKUP_END = 0, 1, 2
 
 class _Prefix:
     __slots__ = ("agent", "backup_pending", "cancelled", "compute_left", "host_copy",
-                 "last_used", "location", "ready", "ready_at", "tokens")
+                 "kept", "last_used", "location", "ready", "ready_at", "tokens")
 
     def __init__(self, agent: str, tokens: int, location: Location) -> None:
         self.agent = agent
@@ -56,6 +59,7 @@ class _Prefix:
         self.ready_at: float | None = None
         self.compute_left = 0
         self.cancelled = 0  # generation counter: stale transfer ends are ignored
+        self.kept = False  # evicted, its KV kept in free memory (`keep_evicted`)
 
 
 class _Live:
@@ -138,6 +142,7 @@ class SimBackend(EventBuffer):
         self.ratio = profile.init_new_token_ratio
         self.batch_is_full = False
         self._prefixes: dict[str, _Prefix] = {}
+        self._kept: dict[str, None] = {}  # kept prefixes, oldest eviction first
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
         self._timed: list[tuple[float, int, int, object]] = []
@@ -239,6 +244,10 @@ class SimBackend(EventBuffer):
             self._load(agent)
         for rid in decision.admit:
             self._admit(self._waiting.pop(rid), decision.reservation)
+        if self._kept:
+            self._drop_kept(self.profile.budget_tokens - self._demand(
+                {a for a, p in self._prefixes.items() if p.location is Location.GPU},
+                list(self._running.values()), [], decision.reservation))
         if decision.admit or decision.preempt or decision.load or decision.evict:
             self._prefix_view = None
         self.batch_is_full = decision.blocked
@@ -323,15 +332,38 @@ class SimBackend(EventBuffer):
                 self._prefill.remove(agent)
                 p.compute_left = 0
         keep_copy = self.profile.host_cache and (p.host_copy or p.backup_pending)
-        p.location = Location.HOST if keep_copy else Location.NONE
+        p.kept = self.profile.keep_evicted and p.ready and not keep_copy
+        p.location = Location.HOST if keep_copy or p.kept else Location.NONE
         p.ready = False
         p.ready_at = None
         self._prefix_view = None
+        if p.kept:
+            self._kept[agent] = None
+            self._emit(self._t, EventKind.PREFIX_OFFLOAD_END, agent=agent, tokens=p.tokens,
+                       note="kept in free KV")
         self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note=why)
+
+    def _drop_kept(self, room: float) -> None:
+        """Kept prefixes give up their KV, oldest first, until the rest fit `room`."""
+        for agent in kept_to_drop(self._kept, lambda a: self._prefixes[a].tokens, room):
+            p = self._prefixes[agent]
+            del self._kept[agent]
+            p.kept, p.location = False, Location.NONE
+            self._prefix_view = None
+            self._emit(self._t, EventKind.PREFIX_DROP, agent=agent, tokens=p.tokens,
+                       note="its room was needed")
 
     def _load(self, agent: str) -> None:
         p = self._prefixes[agent]
         p.ready = False
+        if p.kept:  # its KV is still there: resident at once
+            del self._kept[agent]
+            p.kept, p.location = False, Location.GPU
+            self.stats.prefix_loads += 1
+            self._emit(self._t, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens,
+                       note="kept in free KV")
+            self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
+            return
         if p.location is Location.HOST:
             start = max(self._t, self._link_free_at)
             self._link_free_at = p.ready_at = start + self.profile.t_swap(p.tokens)
@@ -583,12 +615,15 @@ class SimBackend(EventBuffer):
         return sum(1 for lv in self._running.values() if lv.in_prefill)
 
     def _used_tokens(self) -> int:
-        used = sum(p.tokens for p in self._prefixes.values() if p.location is Location.GPU)
+        used = sum(p.tokens for p in self._prefixes.values()
+                   if p.location is Location.GPU or p.kept)
         return used + sum(lv.kv for lv in self._running.values())
 
     def _make_room(self, batch: int) -> bool:
         """Decode is out of KV: evict idle prefixes (LRU), then retract (SGLang)."""
         budget = self.profile.budget_tokens
+        self._drop_kept(budget - self._used_tokens() - batch + sum(
+            self._prefixes[a].tokens for a in self._kept))
         busy = {lv.req.agent for lv in self._running.values()}
         idle = sorted((p.last_used, p.agent) for p in self._prefixes.values()
                       if p.location is Location.GPU and p.ready and p.agent not in busy)
@@ -633,8 +668,8 @@ class SimBackend(EventBuffer):
     def _prefix_states(self) -> dict[str, PrefixState]:
         if self._prefix_view is None:
             self._prefix_view = {
-                a: PrefixState(a, p.tokens, p.location, p.ready, p.host_copy, p.last_used,
-                               p.ready_at)
+                a: PrefixState(a, p.tokens, p.location, p.ready, p.host_copy or p.kept,
+                               p.last_used, p.ready_at)
                 for a, p in self._prefixes.items()
             }
         return self._prefix_view

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from backends.base import EventBuffer, InfeasibleDecision, decision_problems
+from backends.base import EventBuffer, InfeasibleDecision, decision_problems, kept_to_drop
 from backends.vllm.tiny import read_model_config
 from backends.vllm.tokens import SyntheticTokens
 from topasd.model import (
@@ -117,15 +117,17 @@ class AuditRow:
     cached: frozenset[str]
     book_ready: frozenset[str]  # the backend's view: on GPU and ready
     book_gpu: frozenset[str]  # the backend's view: on GPU (ready or computing)
+    book_kept: frozenset[str]  # the backend's view: evicted, blocks still pinned
 
 
 class _Prefix:
-    __slots__ = ("agent", "last_used", "location", "ready", "ready_at", "tokens")
+    __slots__ = ("agent", "kept", "last_used", "location", "ready", "ready_at", "tokens")
 
     def __init__(self, agent: str, tokens: int) -> None:
         self.agent = agent
         self.tokens = tokens
         self.location = Location.NONE
+        self.kept = False  # evicted by the policy, its blocks still pinned
         self.ready = False
         self.last_used = 0.0
         self.ready_at: float | None = None
@@ -197,6 +199,7 @@ class VllmBackend(EventBuffer):
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
         self._prefixes: dict[str, _Prefix] = {}
+        self._kept: dict[str, None] = {}  # kept prefixes, oldest eviction first
         self._vid: dict[int, str] = {}
         self._tid: dict[str, int] = {}
         self._events: list[EngineEvent] = []
@@ -306,7 +309,7 @@ class VllmBackend(EventBuffer):
             budget_tokens=self.budget_tokens,
             new_token_ratio=1.0,
             new_request_ratio=1.0,
-            prefixes={a: PrefixState(a, p.tokens, p.location, p.ready, False, p.last_used,
+            prefixes={a: PrefixState(a, p.tokens, p.location, p.ready, p.kept, p.last_used,
                                      p.ready_at) for a, p in self._prefixes.items()},
             running=tuple(self._snapshot(lv) for lv in self._running.values()),
             waiting=tuple(self._as_view(r) for r in self._waiting.values()),
@@ -345,12 +348,12 @@ class VllmBackend(EventBuffer):
             self.stats.preemptions += 1
             self._emit(t, EventKind.PREEMPT, lv.req, tokens=lv.generated, note="policy")
         for agent in decision.evict:
-            p = self._prefixes[agent]
-            p.location, p.ready, p.ready_at = Location.NONE, False, None
-            plan.residency.append(("evict", agent))
-            self._emit(t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note="policy")
+            self._evict(agent, plan)
         for agent in decision.load:
             p = self._prefixes[agent]
+            if p.kept:  # its blocks are still pinned: resident at once
+                self._take_back(agent)
+                continue
             p.location, p.ready = Location.GPU, False
             plan.residency.append(("keep", agent))
             self.stats.prefix_computes += 1
@@ -363,11 +366,53 @@ class VllmBackend(EventBuffer):
             self._touched[rid] = f"admitted by decision {decision.seq} at t={t:.3f}"
             self._prefixes[req.agent].last_used = t
             self._emit(t, EventKind.REQUEST_ADMIT, req, tokens=req.input_tokens + req.generated)
+        if self._kept:
+            self._drop_kept(plan)
         self.batch_is_full = decision.blocked
         self._retry = decision.retry
         self.sched.plan(plan)
         if plan.preempt or plan.admit or any(op == "evict" for op, _ in plan.residency):
             self._pending.append(_Pending(decision.seq, list(decision.preempt)))
+
+    def _evict(self, agent: str, plan: Any) -> None:
+        """A policy eviction: a computed prefix keeps its pinned blocks as a kept
+        copy (location HOST, as the simulator's `keep_evicted`); one still being
+        computed is dropped."""
+        p = self._prefixes[agent]
+        p.kept = p.ready
+        p.location = Location.HOST if p.kept else Location.NONE
+        p.ready, p.ready_at = False, None
+        if p.kept:
+            self._kept[agent] = None
+            self._emit(self._t, EventKind.PREFIX_OFFLOAD_END, agent=agent, tokens=p.tokens,
+                       note="kept in free KV")
+        else:
+            plan.residency.append(("evict", agent))
+        self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note="policy")
+
+    def _take_back(self, agent: str) -> None:
+        p = self._prefixes[agent]
+        del self._kept[agent]
+        p.kept, p.location, p.ready, p.ready_at = False, Location.GPU, True, self._t
+        self.stats.prefix_loads += 1
+        self._emit(self._t, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens,
+                   note="kept in free KV")
+        self._emit(self._t, EventKind.PREFIX_LOAD_END, agent=agent, tokens=p.tokens)
+
+    def _drop_kept(self, plan: Any) -> None:
+        """Kept prefixes unpin their blocks, oldest first, until they fit beside
+        what the decision holds (vLLM then reuses the blocks)."""
+        gpu = [a for a, p in self._prefixes.items() if p.location is Location.GPU]
+        used = (sum(self._prefixes[a].tokens for a in gpu)
+                + sum(self._footprint(lv.req) for lv in self._running.values()))
+        room = self.budget_tokens - used
+        for agent in kept_to_drop(self._kept, lambda a: self._prefixes[a].tokens, room):
+            p = self._prefixes[agent]
+            del self._kept[agent]
+            p.kept, p.location = False, Location.NONE
+            plan.residency.append(("evict", agent))
+            self._emit(self._t, EventKind.PREFIX_DROP, agent=agent, tokens=p.tokens,
+                       note="its room was needed")
 
     # ----------------------------------------------------------- validation
 
@@ -613,7 +658,7 @@ class VllmBackend(EventBuffer):
             engine_preempted=tuple(sorted(self._tid.get(v, -1) for v in rec.engine_preempted)),
             pinned=pinned, cached=cached,
             book_ready=frozenset(a for a in gpu if self._prefixes[a].ready),
-            book_gpu=frozenset(gpu)))
+            book_gpu=frozenset(gpu), book_kept=frozenset(self._kept)))
 
     # ---------------------------------------------------------------- misc
 
@@ -640,11 +685,12 @@ def cpu_profile(budget_tokens: int, chunk_tokens: int,
         t_kv_read_per_token_s=CPU_FIT["kv"],
         t_overhead_s=CPU_FIT["overhead"],
         kv_bytes_per_token=float(kv_bytes),
-        swap_bytes_per_s=1e12,  # no host link: an evicted prefix is dropped, not moved
+        swap_bytes_per_s=1e12,  # no host link: a kept prefix comes back at once
         budget_tokens=budget_tokens,
         chunk_tokens=chunk_tokens,
         max_prefill_tokens=chunk_tokens,
         host_cache=False,
+        keep_evicted=True,  # the backend keeps an evicted prefix's blocks pinned
         init_new_token_ratio=1.0,
         min_new_token_ratio=1.0,
         mixed_chunk=True,
