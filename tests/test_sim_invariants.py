@@ -361,3 +361,21 @@ def test_mixed_prefill_step_leaves_room_for_its_decode_tokens() -> None:
               if ev.kind is EventKind.REQUEST_ADMIT and ev.task_id == 3]
     assert admits[0] == 698.0
     assert backend.peak_used >= 2097
+
+
+@pytest.mark.parametrize("keep_evicted", [False, True])
+def test_the_engine_evicting_an_idle_prefix_for_room_frees_it(keep_evicted: bool) -> None:
+    """Decode runs out of KV beside an idle prefix that FCFS left resident: the
+    engine evicts it, and that frees its room even with `keep_evicted` (a kept
+    copy would hold it, and the engine would retract instead)."""
+    trace = two_agent_trace([("Y", 0.0, 1, 60), ("X", 20.0, 1, 2)], {"X": 100, "Y": 0})
+    profile = get_profile("unit").with_overrides(budget_tokens=155, host_cache=False,
+                                                 keep_evicted=keep_evicted)
+    backend = CheckedSim(profile)
+    sink = RecordingSink()
+    result = Run(trace, OrderPolicy("fcfs", BASELINES["fcfs"]), backend, sink=sink).execute()
+    assert set(result.finishes) == {0, 1}
+    evicts = [ev for ev in sink.events if ev.kind is EventKind.PREFIX_EVICT]
+    assert [(ev.agent, ev.note) for ev in evicts] == [("X", "engine")]
+    assert backend.stats.retractions == 0
+    assert not any(ev.kind is EventKind.PREFIX_OFFLOAD_END for ev in sink.events)

@@ -324,7 +324,9 @@ class SimBackend(EventBuffer):
         self._emit(self._t, kind, req, tokens=live.generated)
         self._prefix_view = None
 
-    def _evict(self, agent: str, why: str) -> None:
+    def _evict(self, agent: str, why: str, *, keep: bool = True) -> None:
+        """Off the GPU: to its host copy, kept in free KV (`keep_evicted`, unless
+        the engine evicts it for room: `keep=False`), or dropped."""
         p = self._prefixes[agent]
         if not p.ready:
             p.cancelled += 1
@@ -332,7 +334,7 @@ class SimBackend(EventBuffer):
                 self._prefill.remove(agent)
                 p.compute_left = 0
         keep_copy = self.profile.host_cache and (p.host_copy or p.backup_pending)
-        p.kept = self.profile.keep_evicted and p.ready and not keep_copy
+        p.kept = keep and self.profile.keep_evicted and p.ready and not keep_copy
         p.location = Location.HOST if keep_copy or p.kept else Location.NONE
         p.ready = False
         p.ready_at = None
@@ -630,7 +632,7 @@ class SimBackend(EventBuffer):
         for _, agent in idle:
             if budget - self._used_tokens() >= batch:
                 break
-            self._evict(agent, "engine")
+            self._evict(agent, "engine", keep=False)  # its room is what is needed
         if budget - self._used_tokens() >= batch:
             return True
         self._retract()
