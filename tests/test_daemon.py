@@ -965,3 +965,34 @@ def test_a_call_the_engine_refuses_leaves_no_task_open(tmp_path: Path) -> None:
             "SELECT kind, task_id, note FROM engine_events WHERE kind LIKE 'task_%'"))
     assert [(r["kind"], r["note"]) for r in rows] == [
         ("task_arrive", "agent:solo"), ("task_abandon", "the engine refused its first call")]
+
+
+def test_a_signal_while_the_engine_starts_stops_the_daemon_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM takes seconds to start: a SIGTERM then used to kill the daemon (exit
+    143, no log). Now the daemon comes up, drains at once, and returns 0 with
+    its run in the store."""
+    import topasd.api as api
+    from topasd.config import load_settings
+
+    class SlowStart(api.Service):
+        def __init__(self, settings: Any) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while the engine starts
+            super().__init__(settings)
+
+    monkeypatch.setattr(api, "Service", SlowStart)
+    settings = load_settings({"port": 0, "db": str(tmp_path / "t.db"),
+                              "runtime_file": str(tmp_path / "d.json")}, environ={}).settings
+    def too_early(signum: int, frame: Any) -> None:  # what the signal met before
+        raise AssertionError("SIGTERM came before serve() took it: without the fix the "
+                             "default action would have killed the daemon")
+
+    before = signal.signal(signal.SIGTERM, too_early)
+    try:
+        assert api.serve(settings) == 0
+        assert signal.getsignal(signal.SIGTERM) is too_early  # handlers restored
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not (tmp_path / "d.json").exists()
+    with Store(tmp_path / "t.db", create=False) as store:
+        assert q.get_run(store.db).status == "done"

@@ -1174,26 +1174,39 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
         raise AlreadyRunning(f"a daemon already runs (pid {other.get('pid')}, "
                              f"{other.get('url')}); stop it with `{stop_command(runtime)}` or "
                              "give this one another --runtime-file")
-    sock = _bind(settings.host, settings.port)
-    port = sock.getsockname()[1]
-    try:
-        service = Service(settings)
-    except BaseException:
-        sock.close()
-        raise
-    service.start()
     stop = threading.Event()
     signals: list[int] = []
+    services: list[Service] = []  # the service, once started
 
     def handle(signum: int, frame: Any) -> None:
         signals.append(signum)
-        if len(signals) > 1:  # a second signal: stop now
+        if len(signals) > 1 and services:  # a second signal: stop now
             log.warning("received %s again: the grace period is cut short, running work "
                         "stops now", signal.Signals(signum).name)
-            service.drain(0.0)
+            services[0].drain(0.0)
         stop.set()
 
+    # before the engine starts (vLLM takes seconds): a signal then stops the
+    # daemon cleanly once it is up, exit code 0, instead of killing it
     old = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        sock = _bind(settings.host, settings.port)
+        port = sock.getsockname()[1]
+        try:
+            service = Service(settings)
+        except BaseException:
+            sock.close()
+            raise
+    except BaseException:
+        for s, h in old.items():
+            signal.signal(s, h)
+        raise
+    for s in old:  # again: an engine may have installed its own while starting
+        signal.signal(s, handle)
+    service.start()
+    services.append(service)
+    if len(signals) > 1:
+        service.drain(0.0)
     code = 0
     server: uvicorn.Server | None = None
     thread: threading.Thread | None = None
