@@ -51,7 +51,8 @@ PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, sou
              "from_decision) VALUES ({run}, ?, ?, ?, ?, ?, ?, ?)")
 # The requests and tasks rows that one frame's events touched, folded in. A request's
 # input_tokens is its own input (beyond its agent's prefix) from its arrival
-# (`request_ready`; 0 there means not given), else its first admission's.
+# (`request_ready`; 0 there means not given), else its first admission's. Its
+# output_tokens: what it generated, at its finish or when it was withdrawn.
 REQUESTS_SQL = """
 INSERT INTO requests (run_id, request_id, task_id, stage, agent, ready, admitted, started,
                       finished, input_tokens, output_tokens, service_s, preemptions, retractions,
@@ -63,7 +64,8 @@ SELECT run_id, request_id, max(task_id), max(stage), max(agent),
        max(CASE kind WHEN 'request_finish' THEN t END),
        coalesce(min(CASE kind WHEN 'request_ready' THEN nullif(tokens, 0) END),
                 min(CASE kind WHEN 'request_admit' THEN tokens END)),
-       max(CASE kind WHEN 'request_finish' THEN tokens END),
+       coalesce(max(CASE kind WHEN 'request_finish' THEN tokens END),
+                max(CASE kind WHEN 'request_withdraw' THEN tokens END)),
        max(CASE kind WHEN 'request_finish' THEN value END),
        sum(kind = 'preempt'), sum(kind = 'retract'),
        max(CASE kind WHEN 'request_withdraw' THEN t END)

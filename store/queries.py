@@ -42,15 +42,33 @@ class RunRow:
     params: dict[str, Any] = field(default_factory=dict)
     trace_meta: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None
+    switched_to: tuple[str, ...] = ()  # policies switched to live (the daemon), in order
 
     @property
     def label(self) -> str:
-        return f"run {self.id} ({self.policy}, {self.workload or 'no workload'}, {self.status})"
+        return (f"run {self.id} ({self.policies_text}, {self.workload or 'no workload'}, "
+                f"{self.status})")
+
+    @property
+    def policies_text(self) -> str:
+        """The policy, or the policies it ran in turn: "topas → fcfs"."""
+        seq = [self.policy, *self.switched_to]
+        if len(seq) <= 3:
+            return " → ".join(seq)
+        return f"{seq[0]} → … → {seq[-1]} ({len(seq) - 1} switches)"
 
 
 def runs(db: Database) -> list[RunRow]:
     """Every run in the file, oldest first."""
-    return [_run_row(r) for r in db.query("SELECT * FROM runs ORDER BY id")]
+    return [_switches(db, _run_row(r)) for r in db.query("SELECT * FROM runs ORDER BY id")]
+
+
+def _switches(db: Database, run: RunRow) -> RunRow:
+    """`run` with the policies the daemon switched to live."""
+    to = tuple(str(_loads(r["new"])) for r in db.query(
+        "SELECT new FROM param_changes WHERE run_id = ? AND name = 'policy' ORDER BY t, id",
+        [run.id]))
+    return replace(run, switched_to=to) if to else run
 
 
 def get_run(db: Database, run_id: int | None = None) -> RunRow:
@@ -60,12 +78,12 @@ def get_run(db: Database, run_id: int | None = None) -> RunRow:
         if row is None:
             raise StoreError(f"{_file(db)}: the decision log holds no runs yet (a daemon or "
                              "`topasd replay --db` writes them)")
-        return _run_row(row)
+        return _switches(db, _run_row(row))
     row = next(db.query("SELECT * FROM runs WHERE id = ?", [run_id]), None)
     if row is None:
         have = ", ".join(f"{r.id} ({r.policy})" for r in runs(db)) or "none"
         raise StoreError(f"{_file(db)}: no run {run_id} in the decision log; runs: {have}")
-    return _run_row(row)
+    return _switches(db, _run_row(row))
 
 
 def _file(db: Database) -> str:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -591,6 +591,10 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         assert q.params_at(store.db, run, last) == ("topas", asdict(TopasParams(k=2)))
         decided_by = {row["policy"] for row in store.db.query("SELECT policy FROM runs")}
         assert decided_by == {"topas"}  # the run keeps the policy it started with
+        assert run.switched_to == ("lpm", "topas")  # and its label says what ran
+        assert run.label.startswith(f"run {run.id} (topas → lpm → topas, ")
+        many = replace(run, switched_to=("lpm", "fcfs", "spf", "topas"))
+        assert many.policies_text == "topas → … → topas (4 switches)"
 
 
 def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:

@@ -138,10 +138,12 @@ def test_a_withdrawal_ends_a_task_that_waited_only_for_it_and_frees_its_round(
         assert d.stop() == 0
     store = Store(tmp_path / "topasd.db", create=False)
     try:
-        rows = store.db.execute("SELECT request_id, withdrawn, admitted, finished, input_tokens "
-                                "FROM requests WHERE withdrawn IS NOT NULL").fetchall()
+        rows = store.db.execute("SELECT request_id, withdrawn, admitted, finished, input_tokens, "
+                                "output_tokens FROM requests WHERE withdrawn IS NOT NULL"
+                                ).fetchall()
         assert len(rows) == 2 and all(r[2] is None and r[3] is None for r in rows)
         assert all(r[4] > 0 for r in rows), "a never-admitted request keeps its input size"
+        assert all(r[5] == 0 for r in rows), "it generated nothing (not NULL: unknown)"
         ended = store.db.execute("SELECT count(*) FROM engine_events WHERE kind = "
                                  "'task_finish' AND task_id = ?", [last["task_id"]]).fetchone()
         assert ended[0] == 1
