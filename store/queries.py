@@ -16,6 +16,7 @@ import numpy as np
 from sqlite_utils import Database
 
 from store.db import StoreError
+from topasd.model import KEPT_NOTE
 
 # ------------------------------------------------------------------- runs
 
@@ -514,7 +515,7 @@ class _Replaying:
         if rid is not None:
             self._request(t, kind, rid, task, agent, stage, tokens)
         elif kind.startswith("prefix_") and agent is not None:
-            self._prefix(t, kind, agent, tokens, value)
+            self._prefix(t, kind, agent, tokens, value, note)
         elif kind == "task_arrive":
             self.arrived += 1
             self.tasks[task] = (note or None, t, frozenset())
@@ -544,12 +545,15 @@ class _Replaying:
         elif kind == "request_withdraw":  # waiting or running: its caller went away
             del self.requests[rid]
 
-    def _prefix(self, t: float, kind: str, agent: str, tokens: int, value: float) -> None:
+    def _prefix(self, t: float, kind: str, agent: str, tokens: int, value: float,
+                note: str | None = None) -> None:
         size, loc, ready, host, xfer, until = self.prefixes.get(
             agent, (tokens, "none", False, False, None, None))
         size = tokens or size
         if kind == "prefix_load_start":
             loc, ready, xfer, until = "gpu", False, "load", t + (value or 0.0)
+            if note == KEPT_NOTE:  # the kept copy is the resident one again
+                host = False
         elif kind == "prefix_compute_start":
             loc, ready, xfer, until = "gpu", False, "compute", None
         elif kind in ("prefix_load_end", "prefix_compute_end"):

@@ -603,6 +603,9 @@ class EventKind(StrEnum):
     DECISION_DROPPED = "decision_dropped"
 
 
+KEPT_NOTE = "kept in free KV"  # the note of a kept copy's offload end and its take-back
+
+
 @dataclass(frozen=True, slots=True)
 class EngineEvent:
     """One flat event row. `value` is a duration in seconds where one applies

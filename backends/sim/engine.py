@@ -12,7 +12,8 @@ decode step needs one free token per decoding request; when none is left the
 engine evicts idle prefixes (LRU) and then retracts requests, as SGLang does.
 With `keep_evicted` (no host tier), a ready prefix the policy evicts keeps its
 KV in free memory (location HOST, loaded back at once) until the state after a
-decision, or a decode step, needs the room: then the oldest go (`PREFIX_DROP`).
+decision (counted as `_validate` counts it), or a prefill or decode step's new
+tokens, need the room: then the oldest go (`PREFIX_DROP`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from backends.base import EventBuffer, InfeasibleDecision, decision_problems, kept_to_drop
 from topasd.model import (
+    KEPT_NOTE,
     Decision,
     EngineEvent,
     EngineView,
@@ -244,10 +246,12 @@ class SimBackend(EventBuffer):
             self._load(agent)
         for rid in decision.admit:
             self._admit(self._waiting.pop(rid), decision.reservation)
-        if self._kept:
+        if self._kept:  # the room the decision's state holds, counted as `_validate` does
+            admitted = set(decision.admit)
             self._drop_kept(self.profile.budget_tokens - self._demand(
                 {a for a, p in self._prefixes.items() if p.location is Location.GPU},
-                list(self._running.values()), [], decision.reservation))
+                [lv for rid, lv in self._running.items() if rid not in admitted],
+                [self._running[rid].req for rid in decision.admit], decision.reservation))
         if decision.admit or decision.preempt or decision.load or decision.evict:
             self._prefix_view = None
         self.batch_is_full = decision.blocked
@@ -342,8 +346,13 @@ class SimBackend(EventBuffer):
         if p.kept:
             self._kept[agent] = None
             self._emit(self._t, EventKind.PREFIX_OFFLOAD_END, agent=agent, tokens=p.tokens,
-                       note="kept in free KV")
+                       note=KEPT_NOTE)
         self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note=why)
+
+    def _room_beside(self, tokens: int) -> float:
+        """Free KV, kept copies counted free, once `tokens` more are taken."""
+        kept = sum(self._prefixes[a].tokens for a in self._kept)
+        return self.profile.budget_tokens - self._used_tokens() + kept - tokens
 
     def _drop_kept(self, room: float) -> None:
         """Kept prefixes give up their KV, oldest first, until the rest fit `room`."""
@@ -363,7 +372,7 @@ class SimBackend(EventBuffer):
             p.kept, p.location = False, Location.GPU
             self.stats.prefix_loads += 1
             self._emit(self._t, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens,
-                       note="kept in free KV")
+                       note=KEPT_NOTE)
             self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
             return
         if p.location is Location.HOST:
@@ -483,6 +492,8 @@ class SimBackend(EventBuffer):
     def _prefill_step(self) -> None:
         """One chunked-prefill step over the FIFO (mixed: plus one decode token each)."""
         decoding = self._mixed_decoders() if self.profile.mixed_chunk else []
+        if self._kept:  # first tokens and decode tokens come before kept copies
+            self._drop_kept(self._room_beside(self._first_tokens_due() + len(decoding)))
         if decoding and (self.profile.budget_tokens - self._used_tokens()
                          - self._first_tokens_due() < len(decoding)):
             decoding = []  # no KV for the decode tokens: prefill alone this step
@@ -624,8 +635,7 @@ class SimBackend(EventBuffer):
     def _make_room(self, batch: int) -> bool:
         """Decode is out of KV: evict idle prefixes (LRU), then retract (SGLang)."""
         budget = self.profile.budget_tokens
-        self._drop_kept(budget - self._used_tokens() - batch + sum(
-            self._prefixes[a].tokens for a in self._kept))
+        self._drop_kept(self._room_beside(batch))
         busy = {lv.req.agent for lv in self._running.values()}
         idle = sorted((p.last_used, p.agent) for p in self._prefixes.values()
                       if p.location is Location.GPU and p.ready and p.agent not in busy)

@@ -41,6 +41,7 @@ from backends.base import EventBuffer, InfeasibleDecision, decision_problems, ke
 from backends.vllm.tiny import read_model_config
 from backends.vllm.tokens import SyntheticTokens
 from topasd.model import (
+    KEPT_NOTE,
     Decision,
     EngineEvent,
     EngineView,
@@ -186,7 +187,10 @@ class VllmBackend(EventBuffer):
             seed=seed, kv_bytes_per_token=kv_bytes_per_token(cfg))
         self.budget_tokens = self.sched.kv_cache_manager.block_pool.get_num_free_blocks() \
             * block_size
-        self.profile = profile or cpu_profile(self.budget_tokens, chunk_tokens, cfg)
+        # whatever profile gives the costs, this engine has no host tier and keeps an
+        # evicted prefix's blocks while there is room (the simulator's `keep_evicted`)
+        self.profile = replace(profile or cpu_profile(self.budget_tokens, chunk_tokens, cfg),
+                               host_cache=False, keep_evicted=True)
         self._costs = self.profile.cost_hints()
         self.stats = VllmStats()
         self.samples: list[StepSample] = []
@@ -379,13 +383,13 @@ class VllmBackend(EventBuffer):
         copy (location HOST, as the simulator's `keep_evicted`); one still being
         computed is dropped."""
         p = self._prefixes[agent]
-        p.kept = p.ready
+        p.kept = p.ready and self.profile.keep_evicted
         p.location = Location.HOST if p.kept else Location.NONE
         p.ready, p.ready_at = False, None
         if p.kept:
             self._kept[agent] = None
             self._emit(self._t, EventKind.PREFIX_OFFLOAD_END, agent=agent, tokens=p.tokens,
-                       note="kept in free KV")
+                       note=KEPT_NOTE)
         else:
             plan.residency.append(("evict", agent))
         self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note="policy")
@@ -396,7 +400,7 @@ class VllmBackend(EventBuffer):
         p.kept, p.location, p.ready, p.ready_at = False, Location.GPU, True, self._t
         self.stats.prefix_loads += 1
         self._emit(self._t, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens,
-                   note="kept in free KV")
+                   note=KEPT_NOTE)
         self._emit(self._t, EventKind.PREFIX_LOAD_END, agent=agent, tokens=p.tokens)
 
     def _drop_kept(self, plan: Any) -> None:
