@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -61,15 +61,29 @@ class RunRow:
 
 def runs(db: Database) -> list[RunRow]:
     """Every run in the file, oldest first."""
-    return [_switches(db, _run_row(r)) for r in db.query("SELECT * FROM runs ORDER BY id")]
+    switched = _policy_switches(db)
+    return [_with_switches(_run_row(r), switched)
+            for r in db.query("SELECT * FROM runs ORDER BY id")]
+
+
+def _policy_switches(db: Database, run_id: int | None = None) -> dict[int, list[str]]:
+    """The policies each run (or run `run_id`) switched to live, in order (one query)."""
+    where, args = ("AND run_id = ?", [run_id]) if run_id is not None else ("", [])
+    out: dict[int, list[str]] = {}
+    for r in db.query("SELECT run_id, new FROM param_changes WHERE name = 'policy' "
+                      f"{where} ORDER BY run_id, t, id", args):
+        out.setdefault(r["run_id"], []).append(str(_loads(r["new"])))
+    return out
+
+
+def _with_switches(run: RunRow, switched: Mapping[int, list[str]]) -> RunRow:
+    to = switched.get(run.id)
+    return replace(run, switched_to=tuple(to)) if to else run
 
 
 def _switches(db: Database, run: RunRow) -> RunRow:
     """`run` with the policies the daemon switched to live."""
-    to = tuple(str(_loads(r["new"])) for r in db.query(
-        "SELECT new FROM param_changes WHERE run_id = ? AND name = 'policy' ORDER BY t, id",
-        [run.id]))
-    return replace(run, switched_to=to) if to else run
+    return _with_switches(run, _policy_switches(db, run.id))
 
 
 def get_run(db: Database, run_id: int | None = None) -> RunRow:
