@@ -9,7 +9,7 @@ import pytest
 
 from topasd.model import Dist, Workflow
 from topasd.profiles import DEFAULT_PROFILE, get_profile
-from workflows.builtin import BUILTIN, load_workload
+from workflows.builtin import BUILTIN, builtin_workflows, load_workload
 from workflows.trace import Trace, generate_trace
 
 BUDGET = 18_000
@@ -125,3 +125,15 @@ def test_metagpt_sop_shape() -> None:
     assert agents == ["ProductManager", "Architect", "ProjectManager", "Engineer",
                       "CodeReviewer", "QaEngineer"]
     assert wf.is_chain
+
+
+def test_builtin_workloads_load_once_and_name_every_workflow() -> None:
+    """Start-up reads the built-ins twice (the name-clash check and the
+    service's registry): both get the same objects, parsed once."""
+    assert all(load_workload(name) is load_workload(name) for name in BUILTIN)
+    names = builtin_workflows()
+    assert set(names) == {wf.name for w in BUILTIN for wf in load_workload(w).workflows}
+    for name, (workload, wf) in names.items():
+        assert wf in load_workload(workload).workflows and wf.name == name
+    with pytest.raises(TypeError):
+        names["chain3"] = names["dag4"]  # type: ignore[index]

@@ -283,12 +283,12 @@ def _check_specs(settings: Settings, sources: Mapping[str, str]) -> None:
     """The workload and workflow spec files load, and no two workflows share a
     name (a bad one stops the start with the setting and where it came from,
     `--print-config` included)."""
-    from workflows.builtin import BUILTIN, load_workload
+    from workflows.builtin import BUILTIN, builtin_workflows, load_workload
     from workflows.spec import load_workflow
 
     checks = [("workload", settings.workload, load_workload)] if settings.workload else []
     checks += [("workflows", path, load_workflow) for path in settings.workflows]
-    taken = _builtin_workflow_names()
+    taken = {name: f"the built-in workload {w!r}" for name, (w, _) in builtin_workflows().items()}
     for name, value, load in checks:
         try:
             loaded = load(value)  # type: ignore[operator]
@@ -306,14 +306,6 @@ def _check_specs(settings: Settings, sources: Mapping[str, str]) -> None:
                     "workflow it names")
             kind = "workload" if name == "workload" else "workflow spec"
             taken[wf.name] = f"the {kind} {value!r}"
-
-
-def _builtin_workflow_names() -> dict[str, str]:
-    """Workflow name -> the built-in workload that defines it."""
-    from workflows.builtin import BUILTIN, load_workload
-
-    return {wf.name: f"the built-in workload {w!r}"
-            for w in BUILTIN for wf in load_workload(w).workflows}
 
 
 def raw_setting(name: str, flags: Mapping[str, Any] | None = None, *,

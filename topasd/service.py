@@ -59,7 +59,7 @@ from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import EventLoop, RunResult, run_info, stage_counts
 from topasd.scheduler import ALL_POLICY_NAMES
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
-from workflows.builtin import BUILTIN, Workload, load_workload
+from workflows.builtin import Workload, builtin_workflows, load_workload
 from workflows.driver import DriverStep, TaskDriver
 from workflows.spec import load_workflow
 from workflows.trace import TaskRecord, check_rate, sample_task, trace_tasks
@@ -1544,10 +1544,7 @@ def _middle(workload: Workload) -> float:
 def _registry(workload: Workload | None, specs: tuple[Workflow, ...]) -> dict[str, Workflow]:
     """Every workflow a task or call may name: the built-ins, the --workload and
     the --workflow spec files (`config.load_settings` refused name clashes)."""
-    out: dict[str, Workflow] = {}
-    for name in BUILTIN:
-        for wf in load_workload(name).workflows:
-            out[wf.name] = wf
+    out = {name: wf for name, (_, wf) in builtin_workflows().items()}
     for wf in (*(workload.workflows if workload else ()), *specs):
         out[wf.name] = wf
     return out

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from topasd.model import TopasError, Workflow, WorkflowError
@@ -32,10 +35,10 @@ def _spec_path(name: str) -> Path:
 
 
 def load_workload(name_or_path: str) -> Workload:
-    """A built-in workload by name, or a spec file by path."""
+    """A built-in workload by name (loaded once per process), or a spec file by path."""
     if name_or_path in BUILTIN:
-        path = _spec_path(name_or_path)
-    elif Path(name_or_path).exists():
+        return _builtin_workload(name_or_path)
+    if Path(name_or_path).exists():
         path = Path(name_or_path)
     elif Path(name_or_path).suffix in SPEC_SUFFIXES or os.sep in name_or_path:
         raise TopasError(f"workflow spec file {name_or_path!r} does not exist: check the path, "
@@ -43,8 +46,20 @@ def load_workload(name_or_path: str) -> Workload:
     else:
         raise TopasError(f"unknown workload {name_or_path!r}: use one of {', '.join(BUILTIN)} "
                          "or the path of a workflow spec file")
-    data = spec_dict(path)
-    return workload_from_dict(data, str(path))
+    return workload_from_dict(spec_dict(path), str(path))
+
+
+@functools.cache
+def _builtin_workload(name: str) -> Workload:
+    path = _spec_path(name)
+    return workload_from_dict(spec_dict(path), str(path))
+
+
+@functools.cache
+def builtin_workflows() -> Mapping[str, tuple[str, Workflow]]:
+    """Workflow name -> (the built-in workload that defines it, the workflow)."""
+    return MappingProxyType({wf.name: (w, wf) for w in BUILTIN
+                             for wf in load_workload(w).workflows})
 
 
 MULTI_KEYS = ("name", "description", "notes", "operating_points", "workflows")
