@@ -151,7 +151,7 @@ def test_the_sglang_backend_refuses_a_request_larger_than_the_engines_kv_pool(
     finally:
         backend.close()  # type: ignore[attr-defined]
     assert kinds.count(EventKind.REQUEST_READY) == 1
-    assert [c["rid"] for c in engine.calls] == ["topasd-2"]
+    assert [c["rid"] for c in engine.calls] == ["topasd-2."]
 
 
 def test_without_a_reported_pool_the_sglang_backend_uses_the_profiles(tmp_path: Path) -> None:
@@ -194,3 +194,24 @@ def test_the_daemon_checks_fits_against_the_engines_pool(tmp_path: Path,
         assert svc.profile.budget_tokens == 300
     finally:
         svc.store.close()
+
+
+@pytest.mark.parametrize(("option", "value", "why"), [
+    ("enable_dp_attention", True, "attention-DP ranks hold different queues"),
+    ("pp_size", 2, "every pipeline stage would ask the daemon"),
+    ("enable_priority_scheduling", True, "re-sort TOPAS's admission order"),
+    ("schedule_policy", "lpm", "TOPAS orders admissions itself"),
+    ("speculative_algorithm", "EAGLE", "keys the radix cache differently"),
+])
+def test_sglang_options_the_adapter_cannot_serve_are_refused(option: str, value: object,
+                                                              why: str) -> None:
+    """An SGLang option that would make SGLang's scheduler (or its ranks)
+    disagree with TOPAS's decisions is refused up front, naming it and why."""
+    from backends.sglang import SGLangOptions
+    from topasd.model import TopasError
+
+    with pytest.raises(TopasError, match=rf"SGLang option {option}=.* not supported .*{why}"):
+        SGLangOptions("m", extra={option: value})
+    default = {"pp_size": 1, "schedule_policy": "fcfs"}.get(option)
+    same = SGLangOptions("m", extra={option: default})
+    assert same.server_args()["schedule_policy"] == "fcfs"

@@ -241,7 +241,10 @@ def test_a_running_call_whose_client_leaves_frees_its_kv(tmp_path: Path) -> None
 class AbortingEngine:
     """Stands in for sglang.Engine: `async_generate` waits until finished or
     aborted; an abort of a waiting request makes it raise, as SGLang's
-    tokenizer manager does for a non-streamed call (ValueError)."""
+    tokenizer manager does for a non-streamed call (ValueError). The abort
+    reaches SGLang's scheduler, which aborts every request whose rid starts
+    with the given one (`Scheduler.abort_request`: `req.rid.startswith`); those
+    return normally, with finish_reason "abort"."""
 
     def __init__(self) -> None:
         self.aborted: list[str] = []
@@ -258,8 +261,19 @@ class AbortingEngine:
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self.aborted.append(rid)
         fut = self.rid_to_state.pop(rid, None)
-        if fut is not None:  # SGLang ignores an abort of a request it does not hold
-            fut.set_exception(ValueError(f"Abort request {rid}"))
+        if fut is None:  # SGLang ignores an abort of a request it does not hold
+            return
+        fut.set_exception(ValueError(f"Abort request {rid}"))
+        self.scheduler_abort(rid)
+
+    def scheduler_abort(self, rid: str) -> None:
+        """What SGLang's scheduler does with an abort: every held rid that
+        starts with `rid` returns, its finish_reason "abort"."""
+        for other in [o for o in self.rid_to_state if o.startswith(rid)]:
+            reason = {"type": "abort", "message": f"Abort request {rid}"}
+            fut = self.rid_to_state.pop(other)
+            fut.get_loop().call_soon_threadsafe(fut.set_result, {
+                "text": "", "meta_info": {"completion_tokens": 0, "finish_reason": reason}})
 
     def finish(self, loop: asyncio.AbstractEventLoop, rid: str, tokens: int) -> None:
         fut = self.rid_to_state.pop(rid)
@@ -296,8 +310,8 @@ def test_the_sglang_backend_aborts_a_waiting_request_in_sglang() -> None:
         while sum(e.kind is EventKind.REQUEST_WITHDRAW for e in events) < 2:
             assert time.monotonic() < deadline, "no REQUEST_WITHDRAW of 3"
             events += backend.run_until(backend.t + 0.05)
-        assert sorted(engine.aborted) == ["topasd-2", "topasd-3"]
-        engine.finish(backend._loop, "topasd-1", 4)
+        assert sorted(engine.aborted) == ["topasd-2.", "topasd-3."]
+        engine.finish(backend._loop, "topasd-1.", 4)
         while not any(e.kind is EventKind.REQUEST_FINISH for e in events):
             assert time.monotonic() < deadline, "no REQUEST_FINISH"
             events += backend.run_until(backend.t + 0.05)
@@ -450,3 +464,43 @@ def test_withdrawing_the_running_call_lets_the_blocked_one_in(tmp_path: Path,
         svc.drain(0.0)
         svc.wait_stopped(30)
         svc.close()
+
+
+def test_withdrawing_a_request_aborts_no_other_in_sglang() -> None:
+    """SGLang's scheduler aborts every rid that starts with the aborted rid:
+    withdrawing request 1 must leave requests 10 and 11 running. A request
+    SGLang aborts without a withdrawal finishes with an error note, never as
+    a normal finish."""
+    from backends.sglang import SGLangOptions
+    from backends.sglang.backend import SGLangBackend
+
+    engine = AbortingEngine()
+    backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
+                            endpoint=f"ipc:///tmp/topasd-withdraw-pfx-{os.getpid()}.sock",
+                            engine_factory=lambda o: engine)
+    events: list[EngineEvent] = []
+    try:
+        for rid in (1, 10, 11):
+            backend.submit(_request(rid, output=4))
+        deadline = time.monotonic() + 10
+        while len(engine.rid_to_state) < 3:
+            assert time.monotonic() < deadline, "SGLang never held the requests"
+            events += backend.run_until(backend.t + 0.02)
+        assert backend.withdraw(1, "client gone")
+        while not any(e.kind is EventKind.REQUEST_WITHDRAW for e in events):
+            assert time.monotonic() < deadline, "no REQUEST_WITHDRAW"
+            events += backend.run_until(backend.t + 0.05)
+        assert sorted(engine.rid_to_state) == ["topasd-10.", "topasd-11."]
+        engine.scheduler_abort("topasd-10.")  # SGLang aborts it on its own (not withdrawn)
+        engine.finish(backend._loop, "topasd-11.", 4)
+        while not backend.idle():
+            assert time.monotonic() < deadline, "requests 10 and 11 never ended"
+            events += backend.run_until(backend.t + 0.05)
+    finally:
+        backend.close()
+    ends = {e.request_id: e for e in events
+            if e.kind in (EventKind.REQUEST_WITHDRAW, EventKind.REQUEST_FINISH)}
+    assert ends[1].kind is EventKind.REQUEST_WITHDRAW
+    assert ends[11].kind is EventKind.REQUEST_FINISH and ends[11].note == ""
+    assert ends[10].kind is EventKind.REQUEST_FINISH
+    assert ends[10].note == "error: SGLang aborted it: Abort request topasd-10."

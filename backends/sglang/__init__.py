@@ -17,6 +17,24 @@ from topasd.model import TopasError
 
 SUPPORTED_SGLANG = "0.5.23"  # the one version the contract tests pin
 
+# SGLang options the adapter cannot serve, and why (each would make SGLang's own
+# scheduler disagree with TOPAS's decisions, or the ranks disagree with each other)
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "enable_dp_attention": (False, "attention-DP ranks hold different queues, while the "
+                            "adapter syncs a decision over the whole TP group; use dp_size "
+                            "(replicas) instead"),
+    "pp_size": (1, "every pipeline stage would ask the daemon on its own"),
+    "disaggregation_mode": ("null", "prefill/decode disaggregation is not supported"),
+    "enable_priority_scheduling": (False, "SGLang would re-sort TOPAS's admission order"),
+    "enable_priority_preemption": (False, "SGLang would preempt beside TOPAS"),
+    "speculative_algorithm": (None, "speculative decoding keys the radix cache differently "
+                              "from the agent prefixes TOPAS pins"),
+    "enable_lora": (None, "LoRA requests are cached under their adapter, not under the "
+                    "agent prefixes TOPAS pins"),
+    "schedule_policy": ("fcfs", "TOPAS orders admissions itself; SGLang's policy must "
+                        "leave the queue order alone"),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class SGLangOptions:
@@ -37,6 +55,13 @@ class SGLangOptions:
     load_format: str | None = None  # "dummy": random weights (the GPU check)
     context_length: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # any other ServerArgs field
+
+    def __post_init__(self) -> None:
+        for name, value in self.extra.items():
+            if name in UNSUPPORTED and value not in (UNSUPPORTED[name][0], None, False):
+                default, why = UNSUPPORTED[name]
+                raise TopasError(f"SGLang option {name}={value!r} is not supported with "
+                                 f"topasd: {why}. Leave it at {default!r}")
 
     def server_args(self) -> dict[str, Any]:
         """Keyword arguments for `sglang.Engine` (None means SGLang's default)."""

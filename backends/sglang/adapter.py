@@ -133,6 +133,9 @@ class TopasScheduler:
         self._key: tuple[frozenset[int], frozenset[int]] | None = None
         self._retry = False
         self._seq = 0
+        self._passes = 0  # prefill passes seen (the same on every rank)
+        self._refusals = 0  # passes in a row SGLang refused the whole plan, idle
+        self._retry_pass = 0  # the pass at which a refused plan is decided again
         # the running batch of the prefill pass under way: SGLang passes it to
         # the hooked method and stores it in `running_batch` only after the pass
         self._batch: Any = None
@@ -150,6 +153,7 @@ class TopasScheduler:
         for req in sched.waiting_queue:
             meta = self._learn(req, now)
             if meta is not None:
+                self._note_retraction(req, meta, now)
                 waiting.append(self._request(req, meta, RequestState.WAITING))
         for req in self._running_reqs(sched):
             meta = self._learn(req, now)
@@ -173,6 +177,17 @@ class TopasScheduler:
                  frozenset(r.id for r in running)),
             seq=self._seq,
         )
+
+    def _note_retraction(self, req: Any, meta: WorkflowMeta, now: float) -> None:
+        """An admitted request back in the queue was retracted by SGLang itself
+        (`retract_decode`, a decode step out of KV): report it (RETRACT)."""
+        rid = meta.request_id
+        if rid not in self.admitted_at:
+            return
+        del self.admitted_at[rid]
+        self.preemptions[rid] = self.preemptions.get(rid, 0) + 1
+        self.events.append(EngineEvent(now, EventKind.RETRACT, rid, meta.task_id, meta.agent,
+                                       meta.stage, tokens=len(req.output_ids), note="sglang"))
 
     def _forget(self, present: frozenset[int]) -> None:
         """Drop the records of requests SGLang no longer holds (finished or
@@ -236,23 +251,26 @@ class TopasScheduler:
             return Location.GPU, False
         key = RadixKey(array("q", ids))
         need = len(key.page_aligned(cache.page_size))
-        on_device, _, _ = cache.tree_core.match_full_device_prefix(key)
+        on_device, node, _ = cache.tree_core.match_full_device_prefix(key)
         if not sched.enable_hierarchical_cache:
             return (Location.GPU if on_device >= need else Location.NONE), False
-        # HiCache: the full match (touches LRU order of the matched host nodes).
+        if on_device >= need:  # read-only: no LRU touch, no split
+            return Location.GPU, bool(cache.is_backuped(node))
+        # HiCache, not wholly on device: the full match (touches the LRU order of
+        # the matched nodes) tells how much the host pool holds
         match = cache.match_prefix(MatchPrefixParams(key=key))
-        if on_device >= need:
-            return Location.GPU, bool(cache.is_backuped(match.last_device_node))
         host = match.device_prefix_len + match.host_hit_length
         return (Location.HOST, True) if host >= need else (Location.NONE, False)
 
     # ---------------------------------------------------------- deciding
 
     def needs_decision(self, snap: EngineSnapshot) -> bool:
-        """A request arrived, left or was retracted, or the last decision asked
-        to decide again once its plan was used up."""
+        """A request arrived, left or was retracted, the last decision asked
+        to decide again once its plan was used up, or SGLang refused the plan
+        with nothing running (asked again after 1, 2, 4, ... 64 passes)."""
         expected = self._key
-        return expected is None or snap.key != expected or (self._retry and not self.plan)
+        return (expected is None or snap.key != expected or (self._retry and not self.plan)
+                or (self._refusals > 0 and self._passes >= self._retry_pass))
 
     def step(self, sched: Any) -> Decision | None:
         """Pin what became cached, decide if something changed, carry it out."""
@@ -275,10 +293,12 @@ class TopasScheduler:
     def _is_leader(self) -> bool:
         return bool(getattr(self.sync, "is_leader", True))
 
-    def snapshot_key(self, sched: Any) -> tuple[frozenset[int], frozenset[int]]:
-        """The key the state has now (after an apply)."""
+    def snapshot_key(self, sched: Any, admitted: Iterable[Any] = ()
+                     ) -> tuple[frozenset[int], frozenset[int]]:
+        """The key the state has now (after an apply, or after a pass whose
+        `admitted` batch SGLang merges into the running batch at the next one)."""
         waiting = {m.request_id for m in map(read_meta, sched.waiting_queue) if m is not None}
-        running = {m.request_id for m in map(read_meta, self._running_reqs(sched))
+        running = {m.request_id for m in map(read_meta, [*self._running_reqs(sched), *admitted])
                    if m is not None}
         return frozenset(waiting | running), frozenset(running)
 
@@ -333,19 +353,24 @@ class TopasScheduler:
         batch = self.running_batch(sched)
         chunked = sched.chunked_req
         metas = [read_meta(r) for r in batch.reqs]
-        victims = [i for i, m in enumerate(metas) if m is not None and m.request_id in wanted]
+        ending = _ending(sched, batch)
+        victims = [i for i, m in enumerate(metas) if m is not None and m.request_id in wanted
+                   and id(batch.reqs[i]) not in ending]
         found = {metas[i].request_id for i in victims}  # type: ignore[union-attr]
         for rid in sorted(wanted - found):
             why = ("in a chunked prefill (SGLang retracts decoding requests only)"
                    if chunked is not None and (m := read_meta(chunked)) is not None
-                   and m.request_id == rid else "not running")
+                   and m.request_id == rid else
+                   "finishing, aborted or in a beam group (SGLang's retract path skips it)"
+                   if rid in {m.request_id for i, m in enumerate(metas) if m is not None
+                              and id(batch.reqs[i]) in ending} else "not running")
             report.skipped.append(f"preempt {rid}: {why}")
         if not victims:
             return
         keep = [i for i in range(len(batch.reqs)) if i not in set(victims)]
         reqs = [batch.reqs[i] for i in victims]
-        for n, idx in enumerate(victims):
-            batch.release_req(idx, len(victims) - n - 1 + len(keep))
+        for idx in victims:  # 0: no extra LRU eviction; no host backup (PD decode only):
+            batch.release_req(idx, 0, offload_kv=False)  # re-admission re-prefills it
         batch.filter_batch(keep_indices=keep)
         batch.batch_is_full = False
         for req in reqs:
@@ -360,6 +385,8 @@ class TopasScheduler:
                                            meta.agent, meta.stage, tokens=len(req.output_ids)))
 
     def _pin(self, sched: Any, agent: str) -> None:
+        """Lock the radix-tree node that ends exactly at the agent's prefix."""
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
         from sglang.srt.mem_cache.radix_cache import RadixKey
 
         ids = self.prefix_ids.get(agent)
@@ -370,10 +397,14 @@ class TopasScheduler:
             return
         cache = sched.tree_cache
         key = RadixKey(array("q", ids))
-        matched, node, _ = cache.tree_core.match_full_device_prefix(key)
-        if matched >= len(key.page_aligned(cache.page_size)) and matched > 0:
-            self.pins[agent] = cache.lock(node)
-            self.want.discard(agent)
+        matched, node, pinned = cache.tree_core.match_full_device_prefix(key)
+        if matched < len(key.page_aligned(cache.page_size)) or matched == 0:
+            return
+        if pinned > matched:  # the deepest node runs past the prefix (a request's own
+            # tokens): a lock on it would pin them too; split it at the prefix's end
+            node = cache.match_prefix(MatchPrefixParams(key=key)).last_device_node
+        self.pins[agent] = cache.lock(node)
+        self.want.discard(agent)
 
     def _unpin(self, sched: Any, agent: str) -> None:
         lock = self.pins.pop(agent, None)
@@ -412,23 +443,29 @@ class TopasScheduler:
         may have merged the last prefill batch into it, not yet stored in
         `sched.running_batch`)."""
         self._batch = kwargs.get("running_batch", args[1] if len(args) > 1 else None)
+        self._passes += 1
         try:
             self.step(sched)
             before = list(sched.waiting_queue)
             planned, held = self.planned_queue(before)
             sched.waiting_queue = planned
+            result: Any = None
             try:
-                return original(sched, *args, **kwargs)
+                result = original(sched, *args, **kwargs)
+                return result
             finally:
-                self._after_pass(sched, before, held)
+                self._after_pass(sched, before, held, result)
         finally:
             self._batch = None
 
-    def _after_pass(self, sched: Any, before: list[Any], held: list[Any]) -> None:
+    def _after_pass(self, sched: Any, before: list[Any], held: list[Any], result: Any) -> None:
+        """Record the pass's admissions, restore the held requests to the queue,
+        and key the state as the next pass will see it."""
         left = sched.waiting_queue
         still = {id(r) for r in left}
         kept = {id(r) for r in held}
         now = self.clock()
+        planned = bool(self.plan)
         for req in before:
             meta = read_meta(req)
             if meta is None or id(req) in still or id(req) in kept:
@@ -448,8 +485,37 @@ class TopasScheduler:
         merged = list(left) + [h for h in held if id(h) not in still]  # no duplicates
         merged.sort(key=lambda r: order.get(id(r), len(order)))
         sched.waiting_queue = merged
+        # SGLang 0.5.23 returns (the new prefill batch, the running batch) and merges
+        # the first into the second only at the next pass: count both as running
+        new_batch, running = result if isinstance(result, tuple) else (result, None)
+        if running is not None:
+            self._batch = running
+        admitted = list(new_batch.reqs) if new_batch is not None else []
+        self._note_refusal(sched, planned and len(self.plan) > 0 and not admitted, admitted)
         if self._key is not None:
-            self._key = self.snapshot_key(sched)
+            self._key = self.snapshot_key(sched, admitted)
+
+    def _note_refusal(self, sched: Any, refused: bool, admitted: list[Any]) -> None:
+        """SGLang's admission check turned the whole plan down with nothing
+        running: nothing will change the state, so decide again after 1, 2,
+        4, ... 64 passes; from the third refusal in a row release every pin
+        (SGLang's accounting holds less room than the view said)."""
+        if not refused or self._running_reqs(sched):
+            self._refusals = 0
+            return
+        self._refusals += 1
+        if self._passes >= self._retry_pass:  # decided again at this pass (or the first)
+            self._retry_pass = self._passes + min(64, 1 << (self._refusals - 1))
+        if self._refusals >= 3 and self.pins:
+            cache = sched.tree_cache
+            log.warning("topasd: SGLang refused the plan %s %d times with nothing "
+                        "running (available %s, evictable %s, protected %s tokens): "
+                        "releasing the pinned prefixes %s", self.plan, self._refusals,
+                        sched.token_to_kv_pool_allocator.available_size(),
+                        cache.evictable_size(), cache.protected_size(), sorted(self.pins))
+            for agent in sorted(self.pins):
+                self._unpin(sched, agent)
+                self.released.add(agent)
 
     def take_events(self) -> list[EngineEvent]:
         events, self.events = self.events, []
@@ -498,6 +564,18 @@ class RankSync:
 
         payload = [_portable(decision)] if self.is_leader else []
         return broadcast_pyobj(payload, self.rank, self.cpu_group, src=self.src)[0]
+
+
+def _ending(sched: Any, batch: Any) -> set[int]:
+    """ids of the running requests SGLang's own retract path never retracts:
+    finished or aborted ones (`to_finish`), beam-group members, and those whose
+    in-flight result finishes them (overlap scheduling)."""
+    out = {id(r) for r in batch.reqs if r.finished() or getattr(r, "to_finish", None)
+           is not None or getattr(r, "beam_group", None) is not None}
+    inflight = getattr(sched, "_reqs_finishing_inflight", None)
+    if callable(inflight):
+        out |= {id(r) for r in inflight(batch)}
+    return out
 
 
 def _portable(decision: Decision | None) -> Decision | None:

@@ -183,7 +183,7 @@ class SGLangBackend:
             "input_ids": list(input_ids),
             "sampling_params": {"max_new_tokens": request.output_tokens,
                                 "ignore_eos": True},
-            "rid": f"topasd-{request.id}",
+            "rid": engine_rid(request.id),
             "kv_hints": kv_hints_envelope(meta_of(request)),
         }
         if self.options.dp_size > 1:
@@ -193,7 +193,9 @@ class SGLangBackend:
     async def _generate(self, rid: int, kwargs: dict[str, Any]) -> None:
         try:
             out = await self.engine.async_generate(**kwargs)
-            self._done.put((rid, self.t, None, _completion_tokens(out)))
+            aborted = _abort_message(out)
+            note = None if aborted is None else f"error: SGLang aborted it: {aborted}"
+            self._done.put((rid, self.t, note, _completion_tokens(out)))
         except Exception as exc:  # reported as a finish with a note; the run goes on
             self._done.put((rid, self.t, f"error: {exc}", None))
 
@@ -245,7 +247,7 @@ class SGLangBackend:
     async def _abort(self, rid: int) -> None:
         """Abort once SGLang's tokenizer manager holds the request (an abort
         before that is ignored), unless it ended first."""
-        manager, key = self.engine.tokenizer_manager, f"topasd-{rid}"
+        manager, key = self.engine.tokenizer_manager, engine_rid(rid)
         known = getattr(manager, "rid_to_state", None)
         deadline = time.monotonic() + ABORT_WAIT_S
         while (known is not None and key not in known and rid in self._requests
@@ -329,6 +331,23 @@ class SGLangBackend:
             elif ev.kind is EventKind.PREFIX_EVICT:
                 self.stats.prefix_evictions += 1
             self._events.append(ev)
+
+
+def engine_rid(request_id: int) -> str:
+    """The rid SGLang knows a request by. SGLang's scheduler aborts every
+    request whose rid *starts with* the aborted one's, so no rid may be a
+    prefix of another: "topasd-1." is not a prefix of "topasd-10."."""
+    return f"topasd-{request_id}."
+
+
+def _abort_message(reply: Any) -> str | None:
+    """Why SGLang aborted a request that `async_generate` returned without an
+    error (`meta_info.finish_reason` of type "abort"), else None."""
+    meta = reply.get("meta_info") if isinstance(reply, dict) else None
+    reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    if not isinstance(reason, dict) or reason.get("type") != "abort":
+        return None
+    return str(reason.get("message") or "no reason given")
 
 
 def _completion_tokens(reply: Any) -> int | None:

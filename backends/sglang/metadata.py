@@ -9,6 +9,8 @@ is plain Python: the daemon and the scheduler plugin both import it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -17,6 +19,9 @@ ACTION_TYPE = "topasd.workflow"
 ACTION_VERSION = "1"
 PROTOCOL_VERSION = "1"
 CUSTOM_PARAMS_KEY = "topasd"
+CACHE_ATTR = "_topasd_meta"  # the parsed metadata, kept on the scheduler's Req
+_UNSET = object()
+log = logging.getLogger("topasd.sglang")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +78,24 @@ def custom_params(meta: WorkflowMeta) -> dict[str, Any]:
 
 def read_meta(req: Any) -> WorkflowMeta | None:
     """The metadata on a scheduler-side `Req` (kv_hints first, then
-    custom_params), or None for a request topasd did not send."""
+    custom_params), or None for a request topasd did not send or whose
+    metadata is malformed (logged once; SGLang serves it as untracked).
+    Parsed once per `Req` (kept on it as `_topasd_meta`)."""
+    cached = getattr(req, CACHE_ATTR, _UNSET)
+    if cached is not _UNSET:
+        return cached  # type: ignore[no-any-return]
+    try:
+        meta = _parse_meta(req)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("topasd: request %s has malformed topasd metadata (%s); SGLang "
+                    "serves it without TOPAS", getattr(req, "rid", "?"), exc)
+        meta = None
+    with contextlib.suppress(AttributeError):  # a Req without a __dict__: parse again
+        setattr(req, CACHE_ATTR, meta)
+    return meta
+
+
+def _parse_meta(req: Any) -> WorkflowMeta | None:
     hints = getattr(req, "kv_hints", None)
     for action in getattr(hints, "actions", None) or ():
         if action.action_type == ACTION_TYPE and action.action_version == ACTION_VERSION:

@@ -97,12 +97,13 @@ class CpuEngine:
     # ------------------------------------------------------ scheduler steps
 
     def prefill_pass(self, prefill_delayer_single_pass: Any = None,
-                     running_batch: Any = None) -> Any:
+                     running_batch: Any = None) -> tuple[Any, Any]:
         """Scheduler._get_new_batch_prefill_raw's core on the pass's
         `running_batch` (default: `self.running_batch`): walk the waiting queue
-        through a PrefillAdder, then init/prepare the extend batch, run it (one
-        output token each), checkpoint the KV and merge into the running batch,
-        which becomes `self.running_batch` (as SGLang's loop stores it)."""
+        through a PrefillAdder, then init/prepare the extend batch and run it
+        (one output token each, KV checkpointed). Returns (the new batch or
+        None, the running batch) as SGLang does, without merging them: SGLang
+        merges at the next `get_next_batch_to_run` (`end_pass` here)."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
         from sglang.srt.mem_cache.common import checkpoint_kv_cache
@@ -123,7 +124,7 @@ class CpuEngine:
                 break
         can_run = list(adder.can_run_list)
         if not can_run:
-            return None
+            return None, running
         assert adder.new_chunked_req is None, "the CPU engine runs whole prefills only"
         chosen = set(map(id, can_run))
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in chosen]
@@ -134,11 +135,20 @@ class CpuEngine:
         for req in batch.reqs:
             req.output_ids.append(7)
             checkpoint_kv_cache(req, self.tree_cache)
-        if running.is_empty():
-            self.running_batch = batch
-        else:
-            running.merge_batch(batch)
         self.passes.append([r.rid for r in can_run])
+        return batch, running
+
+    def end_pass(self, result: tuple[Any, Any]) -> Any:
+        """What SGLang's loop does with a pass's result: store the running
+        batch, and merge the new batch into it (at the next
+        `get_next_batch_to_run`). Returns the new batch (or None)."""
+        batch, running = result
+        self.running_batch = running
+        if batch is not None:
+            if running.is_empty():
+                self.running_batch = batch
+            else:
+                running.merge_batch(batch)
         return batch
 
     def decode_step(self) -> None:

@@ -9,6 +9,7 @@ allocator behaviour, and the Scheduler attributes the adapter reads.
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import pickle
 import re
@@ -80,10 +81,11 @@ def topas_for(decider: Any) -> TopasScheduler:
 
 
 def run_pass(topas: TopasScheduler, eng: CpuEngine, running_batch: Any = None) -> Any:
-    """The hooked call as SGLang 0.5.23 makes it (keyword arguments)."""
-    return topas.around_prefill(
+    """The hooked call as SGLang 0.5.23 makes it (keyword arguments), then the
+    loop's merge of its new batch; returns the new batch (or None)."""
+    return eng.end_pass(topas.around_prefill(
         lambda sched, **kw: sched.prefill_pass(**kw), eng, prefill_delayer_single_pass=None,
-        running_batch=eng.running_batch if running_batch is None else running_batch)
+        running_batch=eng.running_batch if running_batch is None else running_batch))
 
 
 # ----------------------------------------------------------------- version
@@ -387,6 +389,68 @@ def test_a_pass_without_an_answer_asks_again_at_the_next_pass() -> None:
     assert len(asked) == 2 and [r.rid for r in batch.reqs] == ["rid-0"]
 
 
+def test_an_admitting_pass_needs_no_second_decision() -> None:
+    """SGLang returns a pass's new batch beside the running batch and merges
+    them at the next pass: the state keyed after the pass counts the new
+    batch as running, so the next pass, with nothing changed, asks nothing."""
+    eng = CpuEngine()
+    for i in range(2):
+        eng.submit(meta(i, "plan"), dyn(i), 8)
+    asked: list[int] = []
+
+    def decide(snap: EngineSnapshot) -> Decision:
+        asked.append(snap.seq)
+        return Decision(0.0, "t", admit=tuple(r.id for r in snap.waiting))
+
+    topas = topas_for(decide)
+    batch = run_pass(topas, eng)
+    assert [r.rid for r in batch.reqs] == ["rid-0", "rid-1"]
+    for _ in range(3):
+        eng.decode_step()
+        assert run_pass(topas, eng) is None
+    assert len(asked) == 1
+    eng.submit(meta(2, "plan"), dyn(2), 8)  # an arrival changes the state
+    run_pass(topas, eng)
+    assert len(asked) == 2 and eng.running_rids() == ["rid-0", "rid-1", "rid-2"]
+
+
+def test_a_plan_sglang_refuses_with_nothing_running_is_decided_again() -> None:
+    """A decision SGLang's admission check turns down while nothing runs would
+    leave the state unchanged for ever. The adapter decides again after 1, 2,
+    4, ... passes, and from the third refusal in a row releases its pins, so
+    SGLang's LRU makes the room the decision needed."""
+    eng = CpuEngine(kv_size=256)
+    topas = topas_for(scripted())
+    _cached_idle_prefix(eng, topas, "plan", 0)
+    eng.submit(meta(1, "plan"), dyn(1), 4)
+    topas.apply(eng, Decision(0.0, "t", load=("plan",), admit=(1,)))  # `plan` resident
+    run_pass(topas, eng)
+    finished = eng.running_batch.reqs[0]
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    finished.finished_reason = object()
+    release_kv_cache(finished, eng.tree_cache, checkpoint=True)
+    eng.running_batch.filter_batch(keep_indices=[])
+    assert "plan" in topas.pins
+    # request 2 fits the pool only without the pinned prefix: 32 + 24 + 180 > 256 - 40
+    eng.submit(meta(2, "code"), dyn(2, 24), 180)
+    asked: list[int] = []
+
+    def decide(snap: EngineSnapshot) -> Decision:  # a decision blind to the pin's room
+        asked.append(topas._passes)
+        return Decision(0.0, "t", load=("code",), admit=(2,))
+
+    topas.decider = decide
+    passes = 0
+    while not eng.running_rids():
+        passes += 1
+        assert passes < 40, f"request 2 never admitted (asked at passes {asked})"
+        run_pass(topas, eng)
+    assert eng.running_rids() == ["rid-2"] and "plan" not in topas.pins
+    gaps = [b - a for a, b in itertools.pairwise(asked)]
+    assert len(asked) >= 3 and gaps == sorted(gaps) and max(gaps) >= 2  # backing off
+
+
 def test_preempting_an_unknown_request_is_reported_not_done() -> None:
     eng = CpuEngine()
     eng.submit(meta(0), dyn(0), 8)
@@ -415,6 +479,64 @@ def test_records_of_requests_sglang_dropped_are_forgotten(monkeypatch: Any) -> N
     assert sorted(topas.first_seen) == [4, 5] and topas.preemptions == {5: 2}
     assert [r.queued_at for r in snap.waiting] == [r.queued_at for r in first.waiting[4:]]
     assert snap.waiting[1].preemptions == 2
+
+
+def test_a_retraction_by_sglang_is_reported() -> None:
+    """SGLang's own decode-time retraction (`retract_decode`: release_req, then
+    back to the queue) puts an admitted request back in the waiting queue:
+    the view reports it as a RETRACT event and counts it."""
+    from topasd.model import EventKind
+
+    eng = CpuEngine()
+    for i in range(2):
+        eng.submit(meta(i), dyn(i), 8)
+    topas = topas_for(scripted(Decision(0.0, "t", admit=(0, 1))))
+    run_pass(topas, eng)
+    eng.decode_step()
+    topas.take_events()
+    batch = eng.running_batch
+    victim = batch.reqs[1]
+    batch.release_req(1, 1)  # what retract_decode does with its victim
+    batch.filter_batch(keep_indices=[0])
+    eng._add_request_to_queue(victim, is_retracted=True)
+    snap = topas.snapshot(eng)
+    assert [r.id for r in snap.waiting] == [1] and snap.waiting[0].preemptions == 1
+    events = [(e.kind, e.request_id, e.note) for e in topas.take_events()]
+    assert events == [(EventKind.RETRACT, 1, "sglang")]
+    topas.snapshot(eng)
+    assert topas.take_events() == []  # reported once
+
+
+def test_a_request_sglang_is_finishing_or_aborting_is_not_preempted() -> None:
+    """SGLang's retract path skips requests it is ending (an abort sets
+    `to_finish`): preempting one would put an aborted request back in the
+    queue, so the adapter skips it and reports why."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    eng = CpuEngine()
+    for i in range(2):
+        eng.submit(meta(i), dyn(i), 8)
+    topas = topas_for(scripted(Decision(0.0, "t", admit=(0, 1))))
+    run_pass(topas, eng)
+    eng.running_batch.reqs[0].to_finish = FINISH_ABORT("client gone")
+    report = topas.apply(eng, Decision(0.0, "t", preempt=(0, 1)))
+    assert report.preempted == [1]
+    assert report.skipped == ["preempt 0: finishing, aborted or in a beam group (SGLang's "
+                              "retract path skips it)"]
+    assert eng.running_rids() == ["rid-0"] and eng.waiting_rids() == ["rid-1"]
+
+
+def test_malformed_metadata_leaves_the_request_to_sglang() -> None:
+    """A request whose topasd metadata is malformed must not take the
+    scheduler down: it is served as untracked, after the plan."""
+    eng = CpuEngine()
+    eng.submit(meta(0), dyn(0), 8)
+    bad = eng.submit(meta(1), dyn(1), 8, via="custom_params")
+    bad.sampling_params.custom_params["topasd"] = {"request_id": "x"}
+    assert read_meta(bad) is None
+    topas = topas_for(scripted(Decision(0.0, "t", admit=(0,))))
+    batch = run_pass(topas, eng)
+    assert [r.rid for r in batch.reqs] == ["rid-0", "rid-1"]
 
 
 # ----------------------------------------------------------------- prefixes
@@ -475,7 +597,7 @@ def test_a_loaded_prefix_is_pinned_once_cached_even_after_its_request_finished()
     from sglang.srt.mem_cache.common import release_kv_cache
 
     eng = CpuEngine()
-    eng.submit(meta(0, "plan"), dyn(0), 2)
+    eng.submit(meta(0, "plan"), dyn(0, 200), 2)  # its own 200 tokens follow the prefix
     topas = topas_for(scripted(Decision(0.0, "t", load=("plan",), admit=(0,)),
                                Decision(0.0, "t")))
     run_pass(topas, eng)
@@ -487,8 +609,11 @@ def test_a_loaded_prefix_is_pinned_once_cached_even_after_its_request_finished()
     eng.submit(meta(1, "code"), dyn(1), 2)  # an arrival; the decision keeps `plan`
     run_pass(topas, eng)
     assert "plan" in topas.pins
+    # the pin holds the prefix's 40 tokens, not request 0's cached 200 behind them
+    assert eng.tree_cache.protected_size() == len(PREFIXES["plan"])
     eng.tree_cache.evict(EvictParams(num_tokens=10_000))  # SGLang's LRU, needing room
     assert topas.snapshot(eng).prefixes["plan"].location is Location.GPU
+    assert eng.tree_cache.protected_size() == len(PREFIXES["plan"])
 
 
 def test_admitting_onto_a_cached_prefix_reuses_it() -> None:
@@ -567,7 +692,7 @@ RANK_CHILD = """
     topas = TopasScheduler(decider, clock=clock, sync=sync)
     tc._scenario(eng)
     for _ in range(5):
-        topas.around_prefill(lambda s: s.prefill_pass(), eng)
+        eng.end_pass(topas.around_prefill(lambda s: s.prefill_pass(), eng))
         eng.decode_step()
     out = (eng.waiting_rids(), eng.running_rids(),
            eng.token_to_kv_pool_allocator.available_size(), topas.decisions)

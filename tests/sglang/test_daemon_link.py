@@ -67,8 +67,8 @@ def test_scheduler_asks_daemon_decides_and_the_plan_is_admitted() -> None:
         decider = RemoteDecider(LeaderChannel(endpoint, replica=1, timeout_s=20))
         topas = TopasScheduler(decider, clock=Clock())
         decider.topas = topas
-        leader = threading.Thread(target=lambda: topas.around_prefill(
-            lambda s: s.prefill_pass(), eng))
+        leader = threading.Thread(target=lambda: eng.end_pass(topas.around_prefill(
+            lambda s: s.prefill_pass(), eng)))
         leader.start()
         wf = chain3()
         tasks = {3: TaskView(3, "chain3", 0.0, {v: StageProgress() for v in wf.topo_order})}
