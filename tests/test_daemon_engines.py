@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,13 +116,15 @@ class PoolReportingEngine:
         return None
 
 
-def _sglang_backend(tmp_path: Path, engine: PoolReportingEngine) -> object:
+def _sglang_backend(tmp_path: Path, engine: PoolReportingEngine,
+                    require_plugin: bool = False) -> object:
     from backends.sglang import SGLangOptions
     from backends.sglang.backend import SGLangBackend
     from topasd.profiles import get_profile
 
     return SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
-                         endpoint=f"ipc://{tmp_path}/link.sock", engine_factory=lambda o: engine)
+                         endpoint=f"ipc://{tmp_path}/link.sock", engine_factory=lambda o: engine,
+                            require_plugin=require_plugin)
 
 
 def _request(rid: int, input_tokens: int, output_tokens: int) -> object:
@@ -215,3 +218,35 @@ def test_sglang_options_the_adapter_cannot_serve_are_refused(option: str, value:
     default = {"pp_size": 1, "schedule_policy": "fcfs"}.get(option)
     same = SGLangOptions("m", extra={option: default})
     assert same.server_args()["schedule_policy"] == "fcfs"
+
+
+def test_the_sglang_backend_stops_when_sglang_schedules_without_the_plugin(
+        tmp_path: Path) -> None:
+    """A request SGLang finishes before its scheduler ever asked the daemon
+    means the topasd plugin is not loaded in SGLang's scheduler (SGLang ran
+    its own FCFS): the backend stops with the fix instead of logging a run
+    TOPAS never scheduled. Once the scheduler has spoken, finishes are fine."""
+    from backends.sglang.channel import LeaderChannel
+    from topasd.model import EventKind, TopasError
+
+    backend = _sglang_backend(tmp_path, PoolReportingEngine(pool=300), require_plugin=True)
+    try:
+        backend.submit(_request(1, input_tokens=10, output_tokens=4))  # type: ignore
+        with pytest.raises(TopasError, match=r"without its scheduler ever asking topasd: the "
+                                             r"topasd plugin is not loaded .*SGLANG_PLUGINS"):
+            list(backend.run_until(backend.t + 0.5))  # type: ignore[attr-defined]
+    finally:
+        backend.close()  # type: ignore[attr-defined]
+    backend = _sglang_backend(tmp_path, PoolReportingEngine(pool=300), require_plugin=True)
+    leader = LeaderChannel(backend.endpoint, replica=0, timeout_s=5)  # type: ignore
+    try:  # the plugin's scheduler asks at its first pass (the backend answers None)
+        asking = threading.Thread(target=leader.decide, args=(1, None, []))
+        asking.start()
+        while asking.is_alive():
+            list(backend.run_until(backend.t + 0.05))  # type: ignore[attr-defined]
+        backend.submit(_request(2, input_tokens=10, output_tokens=4))  # type: ignore
+        kinds = [ev.kind for ev in backend.run_until(backend.t + 0.3)]  # type: ignore
+    finally:
+        leader.close()
+        backend.close()  # type: ignore[attr-defined]
+    assert EventKind.REQUEST_FINISH in kinds

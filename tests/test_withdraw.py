@@ -292,7 +292,8 @@ def test_the_sglang_backend_aborts_a_waiting_request_in_sglang() -> None:
     engine.register_after_s = 0.3  # the withdrawal comes before SGLang holds the request
     backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
                             endpoint=f"ipc:///tmp/topasd-withdraw-{os.getpid()}.sock",
-                            engine_factory=lambda o: engine)
+                            engine_factory=lambda o: engine,
+                            require_plugin=False)  # a stand-in: no scheduler
     try:
         backend.submit(_request(1, output=4))
         backend.submit(_request(2, output=4))
@@ -477,7 +478,8 @@ def test_withdrawing_a_request_aborts_no_other_in_sglang() -> None:
     engine = AbortingEngine()
     backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
                             endpoint=f"ipc:///tmp/topasd-withdraw-pfx-{os.getpid()}.sock",
-                            engine_factory=lambda o: engine)
+                            engine_factory=lambda o: engine,
+                            require_plugin=False)  # a stand-in: no scheduler
     events: list[EngineEvent] = []
     try:
         for rid in (1, 10, 11):

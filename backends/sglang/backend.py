@@ -125,8 +125,15 @@ class SGLangBackend:
     name = "sglang"
 
     def __init__(self, options: SGLangOptions, profile: Any, *, endpoint: str | None = None,
-                 engine_factory: Callable[[SGLangOptions], Any] = start_engine) -> None:
+                 engine_factory: Callable[[SGLangOptions], Any] = start_engine,
+                 require_plugin: bool = True) -> None:
+        """`require_plugin`: a request SGLang finishes before its replica's
+        scheduler ever spoke to the daemon means the topasd plugin is not
+        loaded there, and SGLang schedules without TOPAS: stop with the fix
+        (off only for stand-in engines that have no scheduler)."""
         self.options = options
+        self.require_plugin = require_plugin
+        self._spoke: set[int] = set()  # replicas whose scheduler has reached the daemon
         self.profile = profile
         self.costs = profile.cost_hints()
         self.stats = SGLangStats()
@@ -280,6 +287,7 @@ class SGLangBackend:
 
     def _collect(self, wait_s: float) -> None:
         for ident, msg in self.channel.poll(wait_s):
+            self._spoke.add(msg.replica)
             self._dropped(msg.replica, msg.dropped)
             if isinstance(msg, DecideRequest):
                 self._scheduler_events(msg.events)
@@ -301,6 +309,7 @@ class SGLangBackend:
                                                 req.agent, req.stage, tokens=tokens or 0,
                                                 note=why))
                 continue
+            self._check_plugin(req, note)
             started = self._started.pop(rid, t)
             self.stats.requests_finished += 1
             if tokens is None:  # no count in the reply (an error, or a stand-in engine)
@@ -311,6 +320,16 @@ class SGLangBackend:
             self._events.append(EngineEvent(t, EventKind.REQUEST_FINISH, rid, req.task_id,
                                             req.agent, req.stage, tokens=tokens,
                                             value=t - started, note=note or ""))
+
+    def _check_plugin(self, req: Request, note: str | None) -> None:
+        replica = self.replica(req.task_id)
+        if self.require_plugin and note is None and replica not in self._spoke:
+            raise TopasError(
+                f"SGLang finished request {req.id} (replica {replica}) without its scheduler "
+                "ever asking topasd: the topasd plugin is not loaded in SGLang's scheduler, "
+                "so SGLang scheduled without TOPAS. Install topasd in the engine's "
+                "environment (pip install -e '.[sglang]') and, if SGLANG_PLUGINS is set, "
+                "add topasd to it (docs/sglang.md)")
 
     def _dropped(self, replica: int, seqs: Sequence[int]) -> None:
         """Log the decisions a leader stopped waiting for (never carried out)."""

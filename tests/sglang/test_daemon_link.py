@@ -44,7 +44,8 @@ def test_scheduler_asks_daemon_decides_and_the_plan_is_admitted() -> None:
     fake = RecordingEngine()
     endpoint = f"ipc:///tmp/topasd-link-{os.getpid()}.sock"
     backend = SGLangBackend(SGLangOptions("dummy", dp_size=2), get_profile("small"),
-                            endpoint=endpoint, engine_factory=lambda o: fake)
+                            endpoint=endpoint, engine_factory=lambda o: fake,
+                            require_plugin=False)  # a stand-in: no scheduler
     try:
         backend.submit(_request(5, task=3))
         backend.submit(_request(6, task=4))
@@ -108,7 +109,8 @@ class ClippingEngine(RecordingEngine):
 def test_a_finish_reports_the_tokens_sglang_generated() -> None:
     endpoint = f"ipc:///tmp/topasd-link-clip-{os.getpid()}.sock"
     backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"), endpoint=endpoint,
-                            engine_factory=lambda o: ClippingEngine())
+                            engine_factory=lambda o: ClippingEngine(),
+                            require_plugin=False)  # a stand-in: no scheduler
     try:
         backend.submit(_request(5, task=3))  # asks for 4 tokens
         finishes = [ev for ev in backend.run_until(backend.t + 0.3)
@@ -128,7 +130,8 @@ def test_a_decision_the_leader_stopped_waiting_for_is_logged_as_dropped() -> Non
 
     endpoint = f"ipc:///tmp/topasd-link-drop-{os.getpid()}.sock"
     backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"), endpoint=endpoint,
-                            engine_factory=lambda o: RecordingEngine())
+                            engine_factory=lambda o: RecordingEngine(),
+                            require_plugin=False)  # a stand-in: no scheduler
     leader = LeaderChannel(endpoint, replica=0, timeout_s=0.2)
     snap = EngineSnapshot(budget_tokens=100, new_token_ratio=0.7, prefixes={}, running=(),
                           waiting=(), batch_is_full=False, chunk_tokens=8192,
