@@ -214,6 +214,8 @@ def test_replay_params_tune_only_the_topas_policies(trace_file: Path) -> None:
     (["-p", "topas", "--param", "preempt=maybe"], "must be true or false"),
     (["-p", "topas", "--param", "gamma=1"], "gamma"),
     (["-p", "topas", "--param", "rho"], "expected NAME=VALUE"),
+    (["-p", "topas", "--param", "beta=3", "--param", "Beta=5"],
+     "--param: Beta is given twice; give each parameter once"),
     (["--rate", "5"], "--rate only shapes a trace made from --workload"),
     (["-n", "1000", "--seed", "9"], "--tasks, --seed only shape a trace"),
 ])
@@ -633,3 +635,10 @@ def test_replay_reads_a_trace_from_standard_input(tmp_path: Path) -> None:
     bad = subprocess.run(args, input='{"type": "header"\n', capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: <stdin>:1: not valid JSON")
+
+
+def test_a_budget_beyond_any_engine_is_refused(trace_file: Path) -> None:
+    """A typo'd --budget (10**12 tokens) would let a typo'd request run for
+    ever: it is bounded."""
+    res = invoke("replay", str(trace_file), "--budget", str(10**12))
+    assert res.exit_code == 2 and "is not in the range 1<=x<=1000000000" in res.output

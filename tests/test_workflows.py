@@ -175,6 +175,15 @@ SPEC_FILE_ERRORS = [  # (file, text, what the error says, from the file's name o
      r"cyc\.yaml: workflow 'wf': the stage graph has a cycle"),
     ("broken.yaml", "name: [unclosed\n", r"broken\.yaml: not valid YAML"),
     ("list.yaml", "- a\n- b\n", "must be a mapping"),
+    ("quoted.yaml", SPEC + "  - {name: a, agent: A, output_tokens: '100'}\n",
+     r"output_tokens: expected a number .*got the text '100' \(write it without quotes\)"),
+    ("noclip.yaml", SPEC + "  - {name: a, agent: A, output_tokens: "
+                           "{lognormal: {median: 100, sigma: 1}}}\n",
+     r"values must lie in \[1, 1e\+07\], but \{\"lognormal\": \{\"median\": 100, "
+     r"\"sigma\": 1\}\} reaches \[0, inf\]; give the lognormal clips within the range "
+     r"\(low: 1, high: at most 1e\+07\)"),
+    ("deep.json", "{\"name\": " + "[" * 5000 + "]" * 5000 + "}", r"deep\.json: nested too "
+                                                                    "deeply to read"),
 ]
 
 
@@ -189,6 +198,28 @@ def test_spec_file_errors_name_the_file(tmp_path: Path, name: str, text: str,
     if name == "broken.yaml":  # at the file's line and column (not "<unicode string>")
         assert "unicode string" not in str(err.value)
         assert "line 2, column 1: while parsing a flow sequence" in str(err.value)
+
+
+def test_yaml_exponents_are_numbers_as_in_json(tmp_path: Path) -> None:
+    """PyYAML (YAML 1.1) reads `1e3` as text; a spec reads it as the number a
+    user (and JSON) means, so the field's range applies to it."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(SPEC + "  - {name: a, agent: A, output_tokens: 1e3, tool_wait_s: 2.5E1}\n")
+    stage = load_workflow(path).stages["a"]
+    assert stage.profile.output_tokens.mean() == 1000.0
+    assert stage.profile.tool_wait_s.mean() == 25.0
+    path.write_text(SPEC + "  - {name: a, agent: A, tool_wait_s: 1.0e12}\n")
+    with pytest.raises(WorkflowError, match=r"tool_wait_s: values must lie in \[0, 1e\+09\]"):
+        load_workflow(path)
+
+
+def test_a_sampled_request_beyond_the_budget_names_the_workload() -> None:
+    wf = workflow_from_dict(spec({"name": "a", "agent": "A"}))
+    trace = generate_trace([wf], 1.0, 2, 0, name="mine")
+    with pytest.raises(TraceError, match=r"^workload 'mine', workflow 'wf': sampled task 0, "
+                                         r"stage 'a', round 0: needs .* or lower the stage's "
+                                         r"sizes \(a prefix, or a distribution's high clip\)"):
+        trace.check_fits(10)
 
 
 def test_a_missing_spec_file_is_named(tmp_path: Path) -> None:
@@ -396,7 +427,21 @@ MALFORMED = {
                       "lacks field 'arrival'"),
     "unknown-workflow": (lambda ls: edit_task(ls, 3, lambda r: r.update(workflow="nope")), 4,
                          "'nope'"),
-    "duplicate-id": (lambda ls: edit_task(ls, 3, lambda r: r.update(id=0)), 4, "appears twice"),
+    "duplicate-id": (lambda ls: edit_task(ls, 3, lambda r: r.update(id=0)), 4,
+                     "appears twice (first on line 3)"),
+    "deep-nesting": (lambda ls: [*ls[:3], ls[3].replace("{", '{"note": ' + "[" * 5000
+                                                         + "]" * 5000 + ", ", 1)], 4,
+                     "nested too deeply"),
+    "huge-tokens": (lambda ls: edit_task(ls, 3, lambda r: r["stages"]["b"].__setitem__(
+        0, [10**12, 4, 0])), 4, "beyond the 1e+07-token bound"),
+    "header-without-version": (lambda ls: [ls[0].replace(', "version": 1', ""), *ls[1:]], 1,
+                               'lacks "version"; add "version": 1'),
+    "header-without-format": (lambda ls: [ls[0].replace(f'"format": "{TRACE_FORMAT}", ', ""),
+                                          *ls[1:]], 1, 'the header lacks "format"'),
+    "pretty-printed": (lambda ls: [json.dumps(json.loads(ls[0]), indent=2) + "\n", *ls[1:]],
+                       1, "spread over several lines (pretty-printed)"),
+    "json-array": (lambda ls: ["[" + ls[0].strip() + "]\n", *ls[1:]], 1,
+                   "not a JSON array"),
     "wrong-stages": (lambda ls: edit_task(ls, 2, lambda r: r["stages"].pop("b")), 3,
                      "exactly the stages"),
     "bad-round": (lambda ls: edit_task(ls, 3, lambda r: r["stages"]["b"].__setitem__(
@@ -433,7 +478,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_trace_names_the_line(case: str) -> None:
     mutate, lineno, says = MALFORMED[case]
-    lines = mutate(good_lines())
+    lines = "".join(mutate(good_lines())).splitlines(keepends=True)
     with pytest.raises(TraceError) as err:
         read_trace(lines, "t.jsonl")
     msg = str(err.value)

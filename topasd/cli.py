@@ -13,10 +13,14 @@ from typing import Any, NoReturn
 
 import click
 
-from topasd.model import INT64_MAX, TopasError
+from topasd.model import INT64_MAX, MAX_BUDGET, TopasError
 from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 from topasd.scheduler import POLICY_NAMES
 from topasd.scheduler import native as compiled_search
+
+# workflows.builtin.BUILTIN, spelled out so that `--help` does not import the
+# workload loader (tests/test_cli.py checks they agree)
+BUILTIN_NAMES = "table1, chain3, dag4, dag10wide, metagpt-sop, metagpt-tl"
 
 BACKENDS = ("sim", "vllm", "sglang")
 REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
@@ -60,8 +64,8 @@ def trace() -> None:
 
 @trace.command("gen")
 @click.option("--workload", "-w", required=True, metavar="NAME|SPEC",
-              help="A built-in workload (table1, chain3, dag4, dag10wide, metagpt-sop, "
-                   "metagpt-tl) or the path of a workflow spec file.")
+              help=f"A built-in workload ({BUILTIN_NAMES}) or the path of a workflow "
+                   "spec file.")
 @click.option("--rate", "-r", type=float, required=True, help="Poisson arrival rate, task/s.")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
               help="Number of task arrivals.")
@@ -92,7 +96,12 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
     from workflows.trace import generate_trace
 
     wl = load_workload(workload)
-    return generate_trace(wl.workflows, rate, tasks, seed, name=wl.name, progress=progress)
+    try:
+        return generate_trace(wl.workflows, rate, tasks, seed, name=wl.name, progress=progress)
+    except KeyboardInterrupt:  # Ctrl-C while sampling: nothing ran or was written
+        click.echo("\ninterrupted while sampling the trace; nothing was run or written",
+                   err=True)
+        sys.exit(130)
 
 
 # ---------------------------------------------------------------- replay
@@ -101,7 +110,8 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
 @main.command()
 @click.argument("trace_file", required=False, type=click.Path(dir_okay=False))
 @click.option("--workload", "-w", metavar="NAME|SPEC",
-              help="Generate the trace from a workload instead of reading TRACE_FILE.")
+              help="Generate the trace from a workload instead of reading TRACE_FILE: "
+                   f"{BUILTIN_NAMES}, or a workflow spec file.")
 @click.option("--rate", "-r", type=float, default=None,
               help="Arrival rate for --workload (default: its middle operating point).")
 @click.option("--tasks", "-n", type=click.IntRange(min=1), default=200, show_default=True,
@@ -125,7 +135,7 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
               type=click.Choice(sorted(PROFILES)),
               help="Hardware profile of the simulator (with --backend vllm, the policy's "
                    "cost hints if given; default: the tiny CPU model's fitted costs).")
-@click.option("--budget", type=click.IntRange(min=1), default=None,
+@click.option("--budget", type=click.IntRange(min=1, max=MAX_BUDGET), default=None,
               help=f"Override the profile's KV budget (tokens) [default: the profile's]; "
                    f"with --backend vllm the KV pool, rounded up to whole blocks "
                    f"[default: {VLLM_BUDGET}].")
@@ -137,8 +147,8 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
               help="Candidates per decision written to --db (default: all).")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A TOPAS parameter for the TOPAS policies of this replay, repeatable "
-                   "(beta=10, rho=3, H_age=30, M=6, K=0, preempt_margin=1, hol_age=200, ...); "
-                   "the baselines take none.")
+                   "(beta=10, rho=3, H_age=30, M=6, K=0, preempt_margin=1, hol_age=200, ...; "
+                   "defaults and ranges: docs/topas.md); the baselines take none.")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, model: str | None,
            clock: str | None, profile: str, budget: int | None, as_json: bool, quiet: bool,
@@ -148,11 +158,19 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     TRACE_FILE is a trace written by `topasd trace gen` (`-` reads it from
     standard input: `topasd trace gen -w chain3 -r 0.3 -o - | topasd replay -`).
 
-    Prints one row per policy: mean/p50/p99 JCT, makespan, throughput,
-    first-task completion, running batch, prefix loads, preemptions,
-    recomputed tokens and decision time. Every policy sees the same trace.
-    With --db, every decision, candidate and engine event of each run is
-    logged to one SQLite file (see `topasd gantt`).
+    -w NAME|SPEC generates the trace instead: NAME a built-in workload, SPEC
+    the path of a YAML or JSON workflow spec (format: docs/trace-format.md).
+
+    Prints one row per policy; every policy sees the same trace. Columns
+    (times in s): mean JCT, p50, p99 (task completion time); makespan (last
+    finish); req/s (LLM requests finished per second); 1st task (first task
+    finished); batch, peak (mean and largest running batch); loads (prefix
+    loads from host), load GB (bytes moved), computes (prefix prefills);
+    preempt (by the policy), retract (by the engine, out of KV), recomp tok
+    (tokens prefilled again after both); dec ms, dec p99 (decision wall
+    time, mean and p99). --json gives the same under longer names. With
+    --db, every decision, candidate and engine event of each run is logged
+    to one SQLite file (see `topasd gantt`).
 
     With --backend vllm the trace runs through a real vLLM engine on this
     CPU, TOPAS (or the baseline) deciding inside vLLM's scheduler; its token
@@ -205,7 +223,9 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
         click.echo(_table(rows, tr.meta, prof, None if clock_used is None
                           else f"vLLM engine, clock {clock_used}"))
         if tuned:
-            click.echo("TOPAS parameters: " + ", ".join(f"{k}={v}" for k, v in tuned.items()))
+            click.echo("TOPAS parameters: " + ", ".join(
+                f"{k}={json.dumps(v) if isinstance(v, bool) or v is None else v}"
+                for k, v in tuned.items()))
 
 
 def _interrupted(name: str, rows: list[dict[str, Any]], store: Any, sink: Any, meta: Any,
@@ -495,7 +515,7 @@ def native_status() -> None:
 @click.option("--profile", default=None, metavar="NAME",
               help=f"Hardware profile of the simulator: {', '.join(sorted(PROFILES))} "
                    f"[default: {DEFAULT_PROFILE}].")
-@click.option("--budget", type=click.IntRange(min=1), default=None,
+@click.option("--budget", type=click.IntRange(min=1, max=MAX_BUDGET), default=None,
               help="Override the profile's KV budget (tokens); with --backend sglang, "
                    "at most the pool SGLang reports.")
 @click.option("--policy", "-p", default=None, metavar="NAME",
@@ -614,7 +634,10 @@ def _param_flags(items: tuple[str, ...]) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise TopasError(f"--param: expected NAME=VALUE, got {item!r}")
-        out[name.strip()] = parse_value(value.strip())
+        key = name.strip()
+        if key.lower() in {k.lower() for k in out}:
+            raise TopasError(f"--param: {key} is given twice; give each parameter once")
+        out[key] = parse_value(value.strip())
     return out
 
 

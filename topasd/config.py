@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topasd.model import INT64_MAX, TopasError, pid_alive, pid_runs_topasd
+from topasd.model import INT64_MAX, MAX_BUDGET, TopasError, pid_alive, pid_runs_topasd
 from topasd.profiles import DEFAULT_PROFILE, PROFILES
 
 ENV_PREFIX = "TOPAS_"
@@ -101,7 +101,7 @@ class Settings(BaseModel):
     hicache: bool = False  # sglang: hierarchical (host) KV cache for prefix moves
     hicache_size: int | None = Field(default=None, ge=0)  # sglang: host pool GB per rank
     profile: str = DEFAULT_PROFILE
-    budget: int | None = Field(default=None, ge=1)
+    budget: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
     policy: str = "topas"
     params: dict[str, Any] = Field(default_factory=dict)
     db: str = "topasd.db"

@@ -68,6 +68,7 @@ def replace_known(obj: Any, what: str, **changes: Any) -> Any:
 
 DIST_KINDS = ("fixed", "uniform", "uniform_int", "lognormal", "choice")
 INT64_MAX = 2**63 - 1  # SQLite INTEGER (signed 64-bit): task ids and seeds in the decision log
+MAX_BUDGET = 10**9  # KV tokens: far beyond any engine's pool; more is a typo
 
 
 def is_int64(x: int) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,10 @@ def parse_dist(spec: DistSpec, where: str,
                             "(a distribution such as lognormal rounds its draws)")
     lo, hi = _support(dist)
     if not (bounds[0] <= lo and hi <= bounds[1]) or math.isnan(lo) or math.isnan(hi):
+        clip = (f"; give the lognormal clips within the range (low: {bounds[0]:g}, high: at "
+                f"most {bounds[1]:g})" if dist.kind == "lognormal" else "")
         raise WorkflowError(f"{where}: values must lie in [{bounds[0]:g}, {bounds[1]:g}], "
-                            f"but {spec!r} reaches [{lo:g}, {hi:g}]")
+                            f"but {json.dumps(spec)} reaches [{lo:g}, {hi:g}]{clip}")
     return dist
 
 
@@ -93,7 +96,10 @@ def _parse_dist(spec: DistSpec, where: str) -> Dist:
         if isinstance(spec, (int, float)):
             return Dist.fixed(spec)
         if not isinstance(spec, dict) or len(spec) != 1:
-            raise WorkflowError("expected a number or a mapping with exactly one kind key")
+            got = (f"the text {spec!r} (write it without quotes)" if isinstance(spec, str)
+                   else json.dumps(spec, default=str))
+            raise WorkflowError("expected a number or a mapping with exactly one kind key "
+                                f"(fixed, uniform, uniform_int, choice, lognormal), got {got}")
         (kind, arg), = spec.items()
         if kind == "fixed":
             return Dist.fixed(float(arg))
@@ -210,6 +216,17 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
         raise WorkflowError(f"{source}: {exc}" if source else str(exc)) from None
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading numbers as YAML 1.2 and JSON do: `1e3` and
+    `1.5e12` are numbers (YAML 1.1 needs a dot and a sign: `1.0e+3`)."""
+
+
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """PyYAML's complaint in one line, at its line and column of the file."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
@@ -228,7 +245,9 @@ def spec_dict(path_or_name: str | Path) -> dict[str, Any]:
             raise WorkflowError(f"{path}: this looks like a trace (JSON Lines with a header), "
                                 "not a workflow spec; pass it as TRACE_FILE (`topasd replay "
                                 f"{path}`), not --workload")
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_SpecLoader)
+    except RecursionError:
+        raise WorkflowError(f"{path}: nested too deeply to read; flatten the spec") from None
     except OSError as exc:
         raise WorkflowError(f"cannot read workflow spec {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:

@@ -8,6 +8,7 @@ tokens, tool wait after the round).
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import re
@@ -20,7 +21,13 @@ from typing import Any, TextIO
 import numpy as np
 
 from topasd.model import TopasError, Workflow, WorkflowError, is_int64
-from workflows.spec import MAX_TIME_S, agent_clash, workflow_from_dict, workflow_to_dict
+from workflows.spec import (
+    MAX_TIME_S,
+    MAX_TOKENS,
+    agent_clash,
+    workflow_from_dict,
+    workflow_to_dict,
+)
 
 TRACE_FORMAT = "topasd-trace"
 TRACE_VERSION = 1
@@ -77,9 +84,15 @@ class Trace:
             limit, what, fix = context[0], f"the engine's context is {context[0]}", context[1]
         for task in self.tasks:
             problem = task.oversized_round(self.workflows[task.workflow], limit)
-            if problem is not None:
-                at = f"{self.source}:{task.line}: " if task.line is not None else ""
-                raise TraceError(f"{at}task {task.id}, {problem} but {what}; {fix}")
+            if problem is None:
+                continue
+            if task.line is not None:  # read from a trace file
+                raise TraceError(f"{self.source}:{task.line}: task {task.id}, {problem} but "
+                                 f"{what}; {fix}")
+            raise TraceError(  # sampled from a workload's stage distributions
+                f"workload {self.meta.get('workload', '?')!r}, workflow {task.workflow!r}: "
+                f"sampled task {task.id}, {problem} but {what}; {fix}, or lower the stage's "
+                "sizes (a prefix, or a distribution's high clip)")
 
 
 # --------------------------------------------------------------------------
@@ -234,15 +247,18 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     workflows: dict[str, Workflow] = {}
     tasks: list[TaskRecord] = []
     meta: dict[str, Any] | None = None
-    seen_ids: set[int] = set()
+    seen_ids: dict[int, int] = {}  # task id -> its line
     defined_on: dict[str, int] = {}
     agents: dict[str, tuple[int, str]] = {}  # agent -> (prefix_tokens, where first given)
-    for lineno, line in enumerate(lines, start=1):
+    numbered = enumerate(lines, start=1)
+    for lineno, line in numbered:
         where = f"{name}:{lineno}"
         if lineno == 1:
             line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark
         if not line.strip():
             continue
+        if meta is None and line.strip() == "{":
+            _refuse_multiline(line, numbered, where)
         rec = _record(line, where, name, first=meta is None)
         kind = rec["type"]
         if lineno == 1 or kind == "header":
@@ -263,8 +279,9 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
         elif kind == "task":
             task = _task(rec, where, workflows, lineno)
             if task.id in seen_ids:
-                raise TraceError(f"{where}: task id {task.id} appears twice")
-            seen_ids.add(task.id)
+                raise TraceError(f"{where}: task id {task.id} appears twice (first on line "
+                                 f"{seen_ids[task.id]}); give each task its own id")
+            seen_ids[task.id] = lineno
             tasks.append(task)
         else:
             raise TraceError(f"{where}: unknown record type {kind!r} "
@@ -298,11 +315,37 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise TraceError(f"{where}: unreadable JSON number ({str(exc).split(':')[0]}); "
                          "write a smaller number") from None
+    except RecursionError:
+        raise TraceError(f"{where}: JSON nested too deeply to read; flatten the line") from None
     if not isinstance(rec, dict) or "type" not in rec:
         if first and isinstance(rec, dict) and _SPEC_KEYS & set(rec):
             raise TraceError(spec_hint)
+        if first and isinstance(rec, list):
+            raise TraceError(f"{where}: a trace is JSON Lines, one record object per line, "
+                             "not a JSON array; write each record on its own line")
         raise TraceError(f"{where}: expected an object with a 'type' field")
     return rec
+
+
+def _refuse_multiline(first: str, numbered: Iterator[tuple[int, str]], where: str) -> None:
+    """A first line of just `{`: a pretty-printed trace record (say so) or a
+    JSON workflow spec (the spec hint); reads on until the object closes."""
+    text = first
+    for _, line in itertools.islice(numbered, 10_000):
+        text += line
+        if line.strip().startswith("}"):
+            try:
+                rec = json.loads(text)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(rec, dict) and rec.get("type") in ("header", "workflow", "task"):
+                raise TraceError(f"{where}: a trace is JSON Lines, one record per line, and "
+                                 "this record is spread over several lines (pretty-printed); "
+                                 "write each record on one line (json.dumps without indent)")
+            break
+    name = where.rsplit(":", 1)[0]
+    raise TraceError(f"{where}: this looks like a workflow spec (YAML or JSON), not a trace; "
+                     f"use --workload {name}")
 
 
 def _workflow(rec: dict[str, Any], where: str) -> Workflow:
@@ -324,8 +367,14 @@ def _header(rec: dict[str, Any], where: str, lineno: int) -> dict[str, Any]:
     if lineno != 1 or rec.get("type") != "header":
         raise TraceError(f"{where}: the header must be the first line and only there")
     if rec.get("format") != TRACE_FORMAT:
-        raise TraceError(f"{where}: not a topasd trace (format {rec.get('format')!r})")
+        got = "lacks \"format\"" if "format" not in rec else \
+            f"has format {json.dumps(rec['format'])}"
+        raise TraceError(f"{where}: not a topasd trace: the header {got}; a topasd trace's "
+                         f"header has \"format\": \"{TRACE_FORMAT}\"")
     version = rec.get("version")
+    if "version" not in rec:
+        raise TraceError(f"{where}: the header lacks \"version\"; add \"version\": "
+                         f"{TRACE_VERSION}")
     if not _is_int(version) or version != TRACE_VERSION:
         raise TraceError(f"{where}: trace version {json.dumps(version)} is not supported "
                          f"(this topasd reads version {TRACE_VERSION})")
@@ -372,6 +421,10 @@ def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
             raise TraceError(f"{where}, round {k}: expected [input_tokens >= 0, output_tokens "
                              f">= 1, tool_wait_s >= 0] as integers and a finite number, "
                              f"got {json.dumps(r)}")
+        if max(r[0], r[1]) > MAX_TOKENS:
+            raise TraceError(f"{where}, round {k}: {max(r[0], r[1])} tokens is beyond the "
+                             f"{MAX_TOKENS:g}-token bound on a round's input and output; "
+                             "is the size a typo?")
         if r[2] > MAX_TIME_S:
             raise TraceError(f"{where}, round {k}: tool_wait_s {json.dumps(r[2])} is beyond the "
                              f"{MAX_TIME_S:g} s bound on trace times; shorten the wait")
