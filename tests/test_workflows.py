@@ -155,6 +155,9 @@ def test_stage_numbers_out_of_range_are_refused(field: str, value: object, says:
     (spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": 10**20}}),
      "agents.A.prefix_tokens: Input should be less than or equal to 10000000"),
     (spec({"name": "a", "agent": "A", "history": "everything"}), "stages.0.history"),
+    (spec({"name": "a", "agent": "A"}, agents={"A": {"prefix_tokens": "100"}}),
+     "agents.A.prefix_tokens: Value error, expected a whole number of tokens, got the text "
+     "'100' (write it without quotes)"),
     ({"name": "wf", "agents": {"A": {"prefix_tokens": 1}}, "stages": []}, "stages"),
     ({"name": "wf", "stages": [{"name": "a", "agent": "A"}]}, "agents"),
 ])
@@ -492,6 +495,20 @@ def test_empty_trace_and_trace_without_tasks() -> None:
         read_trace([], "t.jsonl")
     with pytest.raises(TraceError, match="no task records"):
         read_trace(good_lines()[:2], "t.jsonl")
+
+
+def test_blank_lines_before_the_header_are_skipped() -> None:
+    """docs/trace-format.md: blank lines are skipped, the first ones too."""
+    assert read_trace(["\n", " \n", *good_lines()], "t.jsonl").tasks[1].line == 6
+
+
+def test_a_spec_on_standard_input_gets_advice_it_can_follow() -> None:
+    import yaml
+
+    text = yaml.safe_dump(spec({"name": "a", "agent": "A"}))
+    with pytest.raises(TraceError, match=r"^<stdin>:1: this looks like a workflow spec .*save "
+                                         r"it to a file and pass --workload FILE"):
+        read_trace(text.splitlines(keepends=True), "<stdin>")
 
 
 def test_good_lines_parse() -> None:

@@ -137,6 +137,9 @@ class AgentSpec(BaseModel):
     @field_validator("prefix_tokens", mode="before")
     @classmethod
     def _prefix_not_bool(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            raise ValueError(f"expected a whole number of tokens, got the text {v!r} (write "
+                             "it without quotes)")
         return _no_bool(v)
 
 

@@ -238,7 +238,8 @@ def load_trace(path: str | Path) -> Trace:
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text (byte {exc.start}); a trace is JSON Lines "
+        name = "<stdin>" if str(path) == "-" else path
+        raise TraceError(f"{name}: not UTF-8 text (byte {exc.start}); a trace is JSON Lines "
                          "in UTF-8") from None
 
 
@@ -261,8 +262,8 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
             _refuse_multiline(line, numbered, where)
         rec = _record(line, where, name, first=meta is None)
         kind = rec["type"]
-        if lineno == 1 or kind == "header":
-            meta = _header(rec, where, lineno)
+        if meta is None or kind == "header":
+            meta = _header(rec, where, first=meta is None)
         elif kind == "workflow":
             wf = _workflow(rec, where)
             if wf.name in workflows:
@@ -303,8 +304,7 @@ _SPEC_KEYS = {"stages", "agents", "workflows"}
 def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
     """One line's JSON object, which must have a `type`; on the `first` line of
     content, a workflow spec is named as such."""
-    spec_hint = (f"{where}: this looks like a workflow spec (YAML or JSON), not a trace; use "
-                 f"--workload {name}")
+    spec_hint = f"{where}: {_spec_advice(name)}"
     try:
         rec = json.loads(line.rstrip("\r\n"))  # a column past the end, not 1 of the next line
     except json.JSONDecodeError as exc:
@@ -343,9 +343,15 @@ def _refuse_multiline(first: str, numbered: Iterator[tuple[int, str]], where: st
                                  "this record is spread over several lines (pretty-printed); "
                                  "write each record on one line (json.dumps without indent)")
             break
-    name = where.rsplit(":", 1)[0]
-    raise TraceError(f"{where}: this looks like a workflow spec (YAML or JSON), not a trace; "
-                     f"use --workload {name}")
+    raise TraceError(f"{where}: {_spec_advice(where.rsplit(':', 1)[0])}")
+
+
+def _spec_advice(name: str) -> str:
+    """What to do with a workflow spec given where a trace was expected."""
+    use = (f"use --workload {name}" if name not in ("-", "<stdin>") else
+           "save it to a file and pass --workload FILE (--workload does not read standard "
+           "input)")
+    return f"this looks like a workflow spec (YAML or JSON), not a trace; {use}"
 
 
 def _workflow(rec: dict[str, Any], where: str) -> Workflow:
@@ -363,9 +369,10 @@ def _workflow(rec: dict[str, Any], where: str) -> Workflow:
         raise TraceError(msg if msg.startswith(f"{where}:") else f"{where}: {msg}") from None
 
 
-def _header(rec: dict[str, Any], where: str, lineno: int) -> dict[str, Any]:
-    if lineno != 1 or rec.get("type") != "header":
-        raise TraceError(f"{where}: the header must be the first line and only there")
+def _header(rec: dict[str, Any], where: str, first: bool) -> dict[str, Any]:
+    if not first or rec.get("type") != "header":
+        raise TraceError(f"{where}: the header must be the first line (blank lines aside) "
+                         "and only there")
     if rec.get("format") != TRACE_FORMAT:
         got = "lacks \"format\"" if "format" not in rec else \
             f"has format {json.dumps(rec['format'])}"
