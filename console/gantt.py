@@ -13,18 +13,23 @@ on a seconds axis (not the date-only timeline helper):
   task. Red x: preempted by the policy; orange triangle: retracted by the
   engine. Hover shows task, stage, request and times.
 - `tasks` view: one lane per task (by arrival): the task's span, then its
-  requests coloured by agent.
+  requests coloured by agent. Only tasks with a bar or mark in the window
+  shown get a lane, and at most `max_lanes` (`MAX_LANES`) of them: past that
+  the window ends where the next task starts.
 
-Large runs stay usable: past `max_bars` bars the requests are aggregated
-(agents: merged into busy spans per agent; tasks: one bar per task) and, if
-still too many, the chart shows the run's first `max_bars` bars in a window
-from its start (with the preemption marks inside it). The title says which.
-The HTML embeds plotly.js, so it works offline.
+Large runs stay usable: past `max_bars` bars and marks the requests are
+aggregated (agents: merged into busy spans per agent; tasks: one bar per task)
+and, if still too many, the chart shows the run's first `max_bars` bars and
+marks in a window from its start. The title says which. The HTML embeds
+plotly.js, so it works offline. Names from the log (agents, stages,
+workflows, workload) are shown as text: Plotly's `<b>`-style markup in them is
+escaped.
 """
 
 from __future__ import annotations
 
 import heapq
+import html
 import math
 import os
 import shutil
@@ -34,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import plotly.graph_objects as go
 from plotly.colors import qualitative
@@ -46,6 +51,7 @@ from topasd.model import TopasError
 View = Literal["agents", "tasks"]
 VIEWS: tuple[str, ...] = ("agents", "tasks")
 DEFAULT_MAX_BARS = 4000
+MAX_LANES = 200  # tasks view: more lanes overlap their labels and take Chromium minutes
 LABEL_BARS = 300  # request bars carry a "T<task>.<stage>" label up to this many bars
 LEGEND_PER_ROW = 5  # legend entries a row holds at the default width (for the margin)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -98,6 +104,9 @@ class _Mark:
     hover: str
 
 
+_Item = TypeVar("_Item", _Bar, _Mark)
+
+
 @dataclass
 class Gantt:
     """What was drawn: the figure and how it was reduced."""
@@ -112,36 +121,56 @@ class Gantt:
     window: tuple[float, float]
     notes: list[str] = field(default_factory=list)
 
+    def summary(self, output: str | Path) -> str:
+        """The line the CLI prints after writing `output`."""
+        return (f"wrote {output}: {self.run.label}, {_count(len(self.lanes), 'lane')}, "
+                f"{_count(self.bars, 'bar')}, {_count(self.marks, 'preemption mark')} "
+                f"({self.mode})")
+
 
 # --------------------------------------------------------------------- API
 
 
 def export_gantt(db_path: str | Path, out_html: str | Path, *, run_id: int | None = None,
                  view: str = "agents", window: tuple[float, float] | None = None,
-                 max_bars: int = DEFAULT_MAX_BARS) -> Gantt:
+                 max_bars: int = DEFAULT_MAX_BARS, max_lanes: int = MAX_LANES) -> Gantt:
     """Write the Gantt chart of one run (default: the latest) to `out_html`."""
     out = _output_file(out_html)
     store = Store(db_path, create=False)
     try:
-        gantt = build_gantt(store, run_id=run_id, view=view, window=window, max_bars=max_bars)
+        gantt = build_gantt(store, run_id=run_id, view=view, window=window, max_bars=max_bars,
+                            max_lanes=max_lanes)
     finally:
         store.close()
-    try:
-        gantt.figure.write_html(out, include_plotlyjs=True, full_html=True, div_id="gantt",
+    page = gantt.figure.to_html(include_plotlyjs=True, full_html=True, div_id="gantt",
                                 config={"displaylogo": False, "responsive": True})
+    try:
+        out.write_text(_with_title(page, page_title(gantt.run, gantt.view)), encoding="utf-8")
     except OSError as exc:
         raise GanttError(f"{out}: cannot write ({exc.strerror})") from None
     return gantt
 
 
+def page_title(run: q.RunRow, view: str) -> str:
+    """The HTML page's <title> (plain text): "run 2 (topas, metagpt-sop): tasks view"."""
+    return f"run {run.id} ({run.policies_text}, {run.workload or 'no workload'}): {view} view"
+
+
+def _with_title(page: str, title: str) -> str:
+    """`page` (Plotly's full HTML) with a <title> in its head."""
+    return page.replace("<head>", f"<head>\n    <title>{html.escape(title)}</title>", 1)
+
+
 def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents",
                 window: tuple[float, float] | None = None,
-                max_bars: int = DEFAULT_MAX_BARS) -> Gantt:
+                max_bars: int = DEFAULT_MAX_BARS, max_lanes: int = MAX_LANES) -> Gantt:
     """The figure for one run of `store`."""
     if view not in VIEWS:
         raise GanttError(f"unknown view {view!r}; choose {' or '.join(VIEWS)}")
     if max_bars < 1:
         raise GanttError(f"--max-bars must be at least 1, got {max_bars}")
+    if max_lanes < 1:
+        raise GanttError(f"max_lanes must be at least 1, got {max_lanes}")
     if window is not None and not window[0] < window[1]:
         raise GanttError(f"--window must be START:END with START < END, got {window}")
     run = q.get_run(store.db, run_id)
@@ -154,6 +183,7 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
         lanes, bars, marks, agg = _tasks_view(store, run.id)
     mode, notes = "detailed", []
     win = window or span
+    tasks = len(lanes)
     if window is not None:
         if window[1] < span[0] or window[0] > span[1]:
             raise GanttError(f"--window {window[0]:g}:{window[1]:g} lies outside {run.label} "
@@ -164,20 +194,44 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
             lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, agg)
         mode = "windowed"
         notes.append(f"window {window[0]:g}–{window[1]:g} s of {span[0]:g}–{span[1]:g} s")
-    if len(bars) > max_bars:
-        notes.append(f"{len(bars)} bars exceed --max-bars {max_bars}: requests aggregated "
+    if view == "tasks" and len(lanes) > max_lanes:
+        cut, keep = _first_lanes(bars, marks, max_lanes, win)
+        bars, marks, agg = _in_lanes(bars, keep), _in_lanes(marks, keep), _in_lanes(agg, keep)
+        if cut[1] < win[1]:
+            bars, marks, agg = _clip(bars, cut), _marks_in(marks, cut), _clip(agg, cut)
+            notes.append(f"over {max_lanes} task lanes: showing {cut[0]:g}–{cut[1]:g} s of "
+                         f"{span[0]:g}–{span[1]:g} s (choose another with --window START:END)")
+            win, mode = cut, _with_step(mode, "windowed")
+        lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, agg)
+    if len(bars) + len(marks) > max_bars:
+        notes.append(f"{_things(len(bars), len(marks))} exceed --max-bars {max_bars}: "
+                     "requests aggregated "
                      f"({'busy spans per agent' if view == 'agents' else 'one bar per task'})")
         bars = agg  # preemption marks stay: each sits in its lane at its time
-        mode = "aggregated" if mode == "detailed" else f"{mode}+aggregated"
-    if len(bars) > max_bars:
-        bars, win, left_out = _first_window(bars, max_bars, win)
-        notes.append(_window_note(win, span, left_out, bars[-1].start))
-        mode = f"{mode}+windowed" if "windowed" not in mode else mode
-        marks, outside = _marks_in(marks, win)
+        mode = _with_step(mode, "aggregated")
+    if len(bars) + len(marks) > max_bars:
+        n_marks = len(marks)
+        bars, marks, win, left = _first_window(bars, marks, max_bars, win)
+        notes.append(_window_note(win, span, left))
+        mode = _with_step(mode, "windowed")
+        outside = n_marks - len(marks) - left[1]
         if outside:
-            notes.append(f"{outside} preemption marks outside the window shown not drawn")
+            notes.append(f"{_count(outside, 'preemption mark')} outside the window shown "
+                         "not drawn")
+        if view == "tasks":  # the tasks after the window lose their lanes
+            lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, _clip(agg, win))
+    if view == "tasks" and len(lanes) < tasks:
+        notes.append(f"{len(lanes)} of {_count(tasks, 'task')} shown: those in the window, "
+                     f"at most {max_lanes} (see others with --window START:END)")
     fig = _figure(run, view, lanes, bars, marks, win, notes)
     return Gantt(fig, run, view, lanes, len(bars), len(marks), mode, win, notes)
+
+
+def _with_step(mode: str, step: str) -> str:
+    """`mode` after one more reduction step ("windowed", "aggregated")."""
+    if mode == "detailed":
+        return step
+    return mode if step in mode.split("+") else f"{mode}+{step}"
 
 
 # ------------------------------------------------------------------ views
@@ -186,8 +240,8 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
 def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[_Mark],
                                                      list[_Bar]]:
     db = store.db
-    lanes = q.agents(db, run_id)
-    row = {a: i for i, a in enumerate(lanes)}
+    agents = q.agents(db, run_id)
+    row = {a: i for i, a in enumerate(agents)}
     bars: list[_Bar] = []
     for s in q.prefix_spans(db, run_id):
         if s.agent not in row:
@@ -195,9 +249,9 @@ def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list
         top, h = RESIDENT_BAND if s.kind in ("resident", "compute") else TRANSFER_BAND
         what = {"resident": "prefix on GPU", "compute": "prefix recomputed by prefill",
                 "load": "prefix load host → GPU", "offload": "prefix backup GPU → host"}[s.kind]
-        extra = f"<br>{s.note}" if s.note else ""
+        extra = f"<br>{_esc(s.note)}" if s.note else ""
         bars.append(_Bar(s.kind, row[s.agent] + top, h, s.start, s.end,
-                         f"<b>{s.agent}</b>: {what}<br>{_span(s.start, s.end)}"
+                         f"<b>{_esc(s.agent)}</b>: {what}<br>{_span(s.start, s.end)}"
                          f"<br>{s.tokens} tokens{extra}"))
     prefix_bars = list(bars)
     segs = [s for s in q.request_segments(db, run_id) if s.agent in row]
@@ -216,7 +270,7 @@ def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list
             if s.end_kind in ("preempt", "retract"):
                 marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s)))
     agg = prefix_bars + _busy_spans(by_agent, row)
-    return lanes, bars, marks, agg
+    return [_esc(a) for a in agents], bars, marks, agg
 
 
 def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[_Mark],
@@ -232,7 +286,7 @@ def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[
         start = t.arrival if t.arrival is not None else end
         jct = f"JCT {end - start:.2f} s" if t.completion is not None else "unfinished"
         bars.append(_Bar("task", row[t.task_id] + TASK_BAND[0], TASK_BAND[1], start, end,
-                         f"<b>task {t.task_id}</b> ({t.workflow or '?'})<br>"
+                         f"<b>task {t.task_id}</b> ({_esc(t.workflow or '?')})<br>"
                          f"{_span(start, end)}<br>{jct}"))
     task_bars = list(bars)
     segs = [s for s in q.request_segments(db, run_id) if s.task_id in row]
@@ -249,7 +303,7 @@ def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[
         for s, k in zip(group, slots, strict=True):
             y = row[task_id] + top + k * h
             bars.extend(_segment_bars(s, y, h * 0.9, colour[s.agent or ""],
-                                      f"agent {s.agent}"))
+                                      f"agent {_esc(s.agent)}"))
             if s.end_kind in ("preempt", "retract"):
                 marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s)))
     agg = [_Bar("task", b.y, TASK_BAND[1] + TASK_REQUEST_BAND[1], b.start, b.end, b.hover)
@@ -285,13 +339,13 @@ def _segment_bars(s: q.Segment, y: float, h: float, colour: str,
             service_from = s.prefill_end
         if s.end > service_from or not out:
             out.append(_Bar("service", y, h, service_from, s.end, hover, colour, group,
-                            f"T{s.task_id}.{s.stage}"))
+                            f"T{s.task_id}.{_esc(s.stage)}"))
     return out
 
 
 def _seg_hover(s: q.Segment) -> str:
     lines = [f"<b>request {s.request_id}</b> (admission {s.attempt})",
-             f"task {s.task_id}, stage {s.stage}, agent {s.agent}",
+             f"task {s.task_id}, stage {_esc(s.stage)}, agent {_esc(s.agent)}",
              f"admitted {s.admitted:.3f} s"]
     if s.started is not None:
         lines.append(f"started {s.started:.3f} s")
@@ -342,7 +396,7 @@ def _busy_spans(by_agent: dict[str, list[q.Segment]], row: dict[str, int]) -> li
 def _busy(agent: str, row: dict[str, int], cur: list[Any], top: float, band: float) -> _Bar:
     start, end, n = cur
     return _Bar("busy", row[agent] + top, band * 0.95, start, end,
-                f"<b>{agent}</b>: {n} request admission(s)<br>{_span(start, end)}")
+                f"<b>{_esc(agent)}</b>: {n} request admission(s)<br>{_span(start, end)}")
 
 
 def _clip(bars: list[_Bar], window: tuple[float, float]) -> list[_Bar]:
@@ -351,40 +405,80 @@ def _clip(bars: list[_Bar], window: tuple[float, float]) -> list[_Bar]:
                  b.group, b.label) for b in bars if b.end > t0 and b.start < t1]
 
 
-def _first_window(bars: list[_Bar], max_bars: int, span: tuple[float, float],
-                  ) -> tuple[list[_Bar], tuple[float, float], int]:
-    """The first `max_bars` bars (by start) and the window from `span[0]` holding them.
+def _first_window(bars: list[_Bar], marks: list[_Mark], max_items: int,
+                  span: tuple[float, float],
+                  ) -> tuple[list[_Bar], list[_Mark], tuple[float, float],
+                             tuple[int, int, float]]:
+    """The first `max_items` bars and marks (by start) and the window from
+    `span[0]` holding them.
 
-    The window ends where the next bar starts, so it holds just these bars; when
-    bars tie at the last start taken, it ends at the next later start and the
-    tied bars past the cap are left out (their count is the third value)."""
-    order = sorted(bars, key=lambda b: (b.start, b.y, b.end))
-    chosen, rest = order[:max_bars], order[max_bars:]
+    The window ends where the next bar or mark starts, so it holds just these;
+    when some tie at the last start taken, it ends at the next later start and
+    the tied ones past the cap are left out (the last value: how many bars,
+    how many marks, and their start)."""
+    items = sorted([(b.start, b.y, b.end, 0, i) for i, b in enumerate(bars)]
+                   + [(m.t, m.y, m.t, 1, i) for i, m in enumerate(marks)])
+    chosen, rest = items[:max_items], items[max_items:]
     t0 = span[0]
-    last = chosen[-1].start if chosen else t0
-    later = [b.start for b in rest if b.start > last]
-    t1 = later[0] if later else max([span[1], *(b.end for b in chosen)])
+    last = chosen[-1][0] if chosen else t0
+    later = [it[0] for it in rest if it[0] > last]
+    t1 = later[0] if later else max([span[1], *(it[2] for it in chosen)])
     if t1 <= t0:  # every bar is a point at t0: any width will do
         t1 = t0 + 1.0
-    left_out = len(rest) - len(later)
-    return _clip(chosen, (t0, t1)), (t0, t1), left_out
+    tied = [it[3] for it in rest if it[0] <= last]
+    taken = {(it[3], it[4]) for it in chosen}
+    kept_bars = [b for i, b in enumerate(bars) if (0, i) in taken]
+    kept_marks = [m for i, m in enumerate(marks) if (1, i) in taken]
+    return (_clip(kept_bars, (t0, t1)), kept_marks, (t0, t1),
+            (tied.count(0), tied.count(1), last))
 
 
-def _window_note(win: tuple[float, float], span: tuple[float, float], left_out: int,
-                 tie: float) -> str:
-    """The title note of an automatic window (`tie`: where left-out bars start)."""
+def _window_note(win: tuple[float, float], span: tuple[float, float],
+                 left_out: tuple[int, int, float]) -> str:
+    """The title note of an automatic window (`left_out`: bars, marks left out
+    at the start where the cap fell)."""
     note = (f"still too many bars: showing {win[0]:g}–{win[1]:g} s of "
             f"{span[0]:g}–{span[1]:g} s (choose another with --window START:END)")
-    if left_out:
-        note += (f"; {left_out} more bar{'s' if left_out != 1 else ''} starting at {tie:g} s "
-                 "not drawn (--max-bars)")
+    bars, marks, tie = left_out
+    if bars or marks:
+        note += (f"; {_things(bars, marks, 'more ')} starting at {tie:g} s not drawn "
+                 "(--max-bars)")
     return note
 
 
-def _marks_in(marks: list[_Mark], win: tuple[float, float]) -> tuple[list[_Mark], int]:
-    """The marks inside `win`, and how many fall outside it."""
-    inside = [m for m in marks if win[0] <= m.t <= win[1]]
-    return inside, len(marks) - len(inside)
+def _first_lanes(bars: list[_Bar], marks: list[_Mark], cap: int, win: tuple[float, float],
+                 ) -> tuple[tuple[float, float], set[int]]:
+    """The first `cap` lanes by their first bar or mark, and the window from
+    `win[0]` that ends where the next lane starts (`win` if none starts later:
+    lanes tied at the cut past the cap are left out)."""
+    first: dict[int, float] = {}
+    for lane, t in [(int(b.y), b.start) for b in bars] + [(int(m.y), m.t) for m in marks]:
+        first[lane] = min(t, first.get(lane, t))
+    order = sorted(first, key=lambda i: (first[i], i))
+    chosen = order[:cap]
+    later = [first[i] for i in order[cap:] if chosen and first[i] > first[chosen[-1]]]
+    return (win[0], later[0] if later else win[1]), set(chosen)
+
+
+def _in_lanes(items: list[_Item], lanes: set[int]) -> list[_Item]:
+    """The bars or marks in `lanes`."""
+    return [x for x in items if int(x.y) in lanes]
+
+
+def _marks_in(marks: list[_Mark], win: tuple[float, float]) -> list[_Mark]:
+    """The marks inside `win`, from its start up to (not at) its end."""
+    return [m for m in marks if win[0] <= m.t < win[1]]
+
+
+def _count(n: int, word: str) -> str:
+    """ "1 lane", "2 lanes"."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _things(bars: int, marks: int, more: str = "") -> str:
+    """ "5 bars", "5 bars and 1 mark", "1 more mark" (`more`: "more ")."""
+    parts = [_count(n, more + word) for n, word in ((bars, "bar"), (marks, "mark")) if n]
+    return " and ".join(parts) or _count(0, more + "bar")
 
 
 def _output_file(out_html: str | Path, what: str = "HTML", flag: str = "-o",
@@ -407,6 +501,11 @@ def _output_file(out_html: str | Path, what: str = "HTML", flag: str = "-o",
 def png_file(png: str | Path) -> Path:
     """The PNG file `--png` names, checked as the HTML output is."""
     return _output_file(png, "PNG", "--png", "gantt.png")
+
+
+def _esc(text: object) -> str:
+    """A name from the log as text in Plotly's pseudo-HTML (`<i>B</i>` stays literal)."""
+    return html.escape(str(text), quote=False)
 
 
 def _span(start: float, end: float) -> str:
@@ -445,8 +544,8 @@ def _figure(run: q.RunRow, view: str, lanes: list[str], bars: list[_Bar], marks:
             ))
     n = max(len(lanes), 1)
     lane_px = 90 if view == "agents" else 28
-    title = (f"{run.label}: {run.workload or 'trace'}, profile {run.profile or '?'}, "
-             f"{view} view")
+    title = (f"{_esc(run.label)}: {_esc(run.workload or 'trace')}, "
+             f"profile {_esc(run.profile or '?')}, {view} view")
     if run.summary and "mean_jct_s" in run.summary:
         title += f", mean JCT {run.summary['mean_jct_s']:.3g} s"
         if run.summary.get("tasks_unfinished"):  # a daemon stopped with tasks in flight

@@ -82,11 +82,12 @@ EVENTS = [
 ]
 
 
-def write_log(path: Path, events: list[EngineEvent], policy: str = "hand") -> int:
+def write_log(path: Path, events: list[EngineEvent], policy: str = "hand",
+              workload: str = "synthetic") -> int:
     """A run of hand-made events, recorded through the store's own sink."""
     with Store(path) as store:
         sink = store.sink()
-        sink.run_started(RunInfo(policy, "sim", "unit", {}, "synthetic", 0, {}))
+        sink.run_started(RunInfo(policy, "sim", "unit", {}, workload, 0, {}))
         for ev in events:
             sink.event(ev)
         sink.run_finished(None, None)
@@ -397,24 +398,28 @@ def test_bars_tied_at_the_window_end_fill_the_cap_and_are_noted(tmp_path: Path) 
 
 
 def test_preemption_marks_inside_the_window_are_drawn(tmp_path: Path) -> None:
-    """Marks past the cap: those in the window shown are drawn, only the others
-    are counted as not drawn."""
+    """Marks count toward --max-bars: the window holds the first 10 bars and
+    marks; marks tied at its cut and those past it are counted as not drawn."""
     db = replay_db(tmp_path, "--tasks", "60", "--rate", "1.5")
     with Store(db) as store:
         every = q.preemptions(store.db, 1)
         g = build_gantt(store, max_bars=10)
     assert len(every) > 10 and g.mode == "aggregated+windowed"
-    inside = sorted(m.t for m in every if g.window[0] <= m.t <= g.window[1])
-    assert 0 < len(inside) < len(every)
+    assert g.bars + g.marks == 10 and g.marks > 0
+    inside = [m.t for m in every if g.window[0] <= m.t < g.window[1]]
     drawn = sorted(x for t in g.figure.data if t.type == "scatter" for x in t.x)
-    assert drawn == inside and g.marks == len(inside)
+    assert len(drawn) == g.marks and set(drawn) <= set(inside)
+    tied = len(inside) - len(drawn)
+    if tied:
+        assert f"{tied} more mark{'s' if tied > 1 else ''} starting at" in g.notes[1]
     assert f"{len(every) - len(inside)} preemption marks outside the window shown not drawn" \
         in g.notes
 
 
-def test_preemption_marks_past_the_cap_are_kept_in_the_window(tmp_path: Path) -> None:
-    """Eight preempted requests, cap 4: overlapping ones merge into one busy span
-    and all eight marks stay; apart, the first four spans are shown with theirs."""
+def test_preemption_marks_count_toward_max_bars(tmp_path: Path) -> None:
+    """Eight preempted requests, cap 4: merged into one busy span they still
+    draw 1 bar + 8 marks, so the chart is windowed to its first 4 items (it
+    drew all 9 past the cap); apart, the first two spans with their marks."""
     def preempted(gap: float) -> list[EngineEvent]:
         return [e for i in range(8) for e in (
             req(i * gap, K.REQUEST_ADMIT, i, i, "s", "A"),
@@ -425,15 +430,146 @@ def test_preemption_marks_past_the_cap_are_kept_in_the_window(tmp_path: Path) ->
     write_log(tmp_path / "apart.db", preempted(2.0))
     with Store(tmp_path / "close.db") as store:
         g = build_gantt(store, max_bars=4)
-    assert g.mode == "aggregated" and g.bars == 1 and g.marks == 8
-    assert not any("preemption marks" in n for n in g.notes)
+    assert g.mode == "aggregated+windowed" and g.window == (0.0, 2.5)
+    assert (g.bars, g.marks) == (1, 3)
+    assert [x for t in g.figure.data if t.type == "scatter" for x in t.x] == [1.0, 1.5, 2.0]
+    assert g.notes[0].startswith("8 bars and 8 marks exceed --max-bars 4")
+    assert "5 preemption marks outside the window shown not drawn" in g.notes
     with Store(tmp_path / "apart.db") as store:
         g = build_gantt(store, max_bars=4)
-    assert g.mode == "aggregated+windowed" and g.window == (0.0, 8.0)
-    assert g.bars == 4 and g.marks == 4
+    assert g.mode == "aggregated+windowed" and g.window == (0.0, 4.0)
+    assert (g.bars, g.marks) == (2, 2)
     marks = [x for t in g.figure.data if t.type == "scatter" for x in t.x]
-    assert marks == [1.0, 3.0, 5.0, 7.0]
-    assert "4 preemption marks outside the window shown not drawn" in g.notes
+    assert marks == [1.0, 3.0]
+    assert "6 preemption marks outside the window shown not drawn" in g.notes
+
+
+def staggered(n: int, gap: float = 1.0) -> list[EngineEvent]:
+    """`n` one-request tasks arriving `gap` s apart, each running 2 s (task i on agent
+    A or B); with gap 0 they all arrive at once."""
+    return [e for i in range(n) for e in (
+        EngineEvent(i * gap, K.TASK_ARRIVE, task_id=i, note="wf"),
+        req(i * gap, K.REQUEST_ADMIT, i, i, "s", "AB"[i % 2]),
+        req(i * gap, K.REQUEST_START, i, i, "s", "AB"[i % 2]),
+        req(i * gap + 2.0, K.REQUEST_FINISH, i, i, "s", "AB"[i % 2]),
+        EngineEvent(i * gap + 2.0, K.TASK_FINISH, task_id=i, value=2.0))]
+
+
+def lanes_with_bars(g: Gantt) -> set[int]:
+    return {int(y) for t in g.figure.data if t.type == "bar" for y in t.y}
+
+
+def test_the_tasks_view_caps_its_lanes_and_says_how_many(tmp_path: Path) -> None:
+    """12 tasks, at most 5 lanes: the first 5 in a window up to where the 6th
+    arrives (not 12 lanes, as 3,000 drew 3,000), and a note with the count."""
+    write_log(tmp_path / "t.db", staggered(12))
+    with Store(tmp_path / "t.db") as store:
+        g = build_gantt(store, view="tasks", max_lanes=5)
+    assert g.lanes == [f"task {i}" for i in range(5)] and g.window == (0.0, 5.0)
+    assert g.mode == "windowed" and len(g.figure.layout.yaxis.ticktext) == 5
+    assert lanes_with_bars(g) == set(range(5))
+    assert all(0.0 <= a <= b <= 5.0 for a, b in drawn_bars(g))
+    assert "over 5 task lanes: showing 0–5 s of 0–13 s" in g.notes[0]
+    assert "5 of 12 tasks shown" in g.notes[-1] and "--window" in g.notes[-1]
+    assert g.figure.layout.title.text.count("<br><sup>") == len(g.notes) == 2
+    assert g.summary("g.html") == ("wrote g.html: run 1 (hand, synthetic, done), 5 lanes, "
+                                   "10 bars, 0 preemption marks (windowed)")
+    with Store(tmp_path / "t.db") as store:  # a window with 7 tasks in it: 5 of them
+        g = build_gantt(store, view="tasks", window=(3.5, 9.5), max_lanes=5)
+    assert g.lanes == [f"task {i}" for i in range(2, 7)] and g.window == (3.5, 7.0)
+    assert "5 of 12 tasks shown" in g.notes[-1]
+
+
+def test_tasks_past_the_lane_cap_at_one_instant_are_left_out(tmp_path: Path) -> None:
+    """8 tasks arriving at once, at most 5 lanes: no narrower window helps, so
+    the first 5 by arrival are drawn over the whole run, and the note says so."""
+    write_log(tmp_path / "t.db", staggered(8, gap=0.0))
+    with Store(tmp_path / "t.db") as store:
+        g = build_gantt(store, view="tasks", max_lanes=5)
+    assert g.lanes == [f"task {i}" for i in range(5)] and g.window == (0.0, 2.0)
+    assert g.mode == "detailed" and lanes_with_bars(g) == set(range(5))
+    assert g.notes == ["5 of 8 tasks shown: those in the window, at most 5 "
+                       "(see others with --window START:END)"]
+
+
+def test_an_automatic_window_drops_the_task_lanes_it_leaves_empty(tmp_path: Path) -> None:
+    """--max-bars windows the tasks view: only the tasks in that window keep a
+    lane (all 12 were drawn, 9 of them empty)."""
+    write_log(tmp_path / "t.db", staggered(12))
+    with Store(tmp_path / "t.db") as store:
+        g = build_gantt(store, view="tasks", max_bars=3)
+    assert g.mode == "aggregated+windowed" and g.window == (0.0, 3.0)
+    assert g.lanes == ["task 0", "task 1", "task 2"] and g.bars == 3
+    assert lanes_with_bars(g) == {0, 1, 2}
+    assert list(g.figure.layout.yaxis.range) == [3, 0]
+    assert "3 of 12 tasks shown" in g.notes[-1]
+
+
+def test_one_of_each_is_singular(tmp_path: Path) -> None:
+    write_log(tmp_path / "one.db", staggered(1))
+    with Store(tmp_path / "one.db") as store:
+        g = build_gantt(store, view="agents")
+    assert g.summary("x.html").endswith("1 lane, 1 bar, 0 preemption marks (detailed)")
+
+
+NAMES = [  # a workflow, agent and stage named with Plotly's pseudo-HTML
+    EngineEvent(0.0, K.TASK_ARRIVE, task_id=0, note="<b>wf</b>"),
+    req(0.0, K.REQUEST_ADMIT, 0, 0, "<u>a</u>", "<i>B</i>"),
+    req(0.0, K.REQUEST_START, 0, 0, "<u>a</u>", "<i>B</i>"),
+    req(1.0, K.PREEMPT, 0, 0, "<u>a</u>", "<i>B</i>"),
+    req(2.0, K.REQUEST_ADMIT, 0, 0, "<u>a</u>", "<i>B</i>"),
+    req(2.0, K.REQUEST_START, 0, 0, "<u>a</u>", "<i>B</i>"),
+    req(3.0, K.REQUEST_FINISH, 0, 0, "<u>a</u>", "<i>B</i>"),
+    EngineEvent(3.0, K.TASK_FINISH, task_id=0, value=3.0),
+]
+
+
+def chart_texts(g: Gantt) -> list[str]:
+    """Every text the figure shows: title, ticks, legend names, labels, hovers."""
+    out = [g.figure.layout.title.text, *g.figure.layout.yaxis.ticktext]
+    for t in g.figure.data:
+        out += [t.name, *(t.hovertext or ()), *(getattr(t, "text", None) or ())]
+    return out
+
+
+@pytest.mark.parametrize("view", ["agents", "tasks"])
+def test_names_with_markup_are_shown_as_text(tmp_path: Path, view: str) -> None:
+    write_log(tmp_path / "n.db", NAMES, workload="<sup>w</sup>")
+    with Store(tmp_path / "n.db") as store:
+        g = build_gantt(store, view=view)
+    texts = "\n".join(chart_texts(g))
+    for tag in ("i", "u", "sup>w", "b>wf"):
+        assert f"<{tag}" not in texts
+    assert "&lt;i&gt;B&lt;/i&gt;" in texts and "&lt;u&gt;a&lt;/u&gt;" in texts
+    assert "&lt;sup&gt;w&lt;/sup&gt;" in g.figure.layout.title.text
+    if view == "tasks":
+        assert "&lt;b&gt;wf&lt;/b&gt;" in texts
+        assert {t.name for t in g.figure.data if t.meta == "service"} == {
+            "agent &lt;i&gt;B&lt;/i&gt;"}
+    else:
+        assert g.lanes == ["&lt;i&gt;B&lt;/i&gt;"]
+    assert "<b>request 0</b>" in texts  # the chart's own markup stays
+
+
+def test_the_html_page_has_a_title(log: Path, tmp_path: Path) -> None:
+    out = tmp_path / "g.html"
+    export_gantt(log, out, view="tasks")
+    head = out.read_text()[:500]
+    assert "<title>run 1 (hand, synthetic): tasks view</title>" in head
+    write_log(tmp_path / "n.db", NAMES, workload="a<b>&c")
+    export_gantt(tmp_path / "n.db", out)
+    assert "<title>run 1 (hand, a&lt;b&gt;&amp;c): agents view</title>" in out.read_text()
+
+
+@needs_chromium
+def test_markup_in_names_renders_as_text_in_chromium(tmp_path: Path) -> None:
+    write_log(tmp_path / "n.db", NAMES, workload="w")
+    html = tmp_path / "n.html"
+    export_gantt(tmp_path / "n.db", html)
+    dom = dump_dom(html)
+    assert re.findall(r'class="ytick"><text[^>]*>([^<]*)<', dom) == ["&lt;i&gt;B&lt;/i&gt;"]
+    assert not re.search(r"<tspan[^>]*font-style: ?italic", dom)  # no <i> drawn in italics
+    assert "<title>run 1 (hand, w): agents view</title>" in dom
 
 
 @pytest.mark.parametrize("kind", ["existing", "slash"])

@@ -877,7 +877,8 @@ def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: fl
 @click.option("--window", metavar="START:END", default=None,
               help="Only this time window, in seconds.")
 @click.option("--max-bars", type=click.IntRange(min=1), default=None,
-              help="Aggregate or window past this many bars (default 4000).")
+              help="Aggregate or window past this many bars and preemption marks "
+                   "(default 4000); the tasks view also shows at most 200 task lanes.")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Also save a screenshot (needs Debian's chromium).")
 def gantt(db: str | None, db_option: str | None, run_id: int | None, view: str, output: str,
@@ -906,8 +907,7 @@ def gantt(db: str | None, db_option: str | None, run_id: int | None, view: str, 
         png_file(png)  # a bad path is named before the work, not after it
     g = export_gantt(db, output, run_id=run_id, view=view, window=_window(window),
                      max_bars=max_bars or DEFAULT_MAX_BARS)
-    click.echo(f"wrote {output}: {g.run.label}, {len(g.lanes)} lanes, {g.bars} bars, "
-               f"{g.marks} preemption marks ({g.mode})", err=True)
+    click.echo(g.summary(output), err=True)
     for note in g.notes:
         click.echo(f"  note: {note}", err=True)
     if png:
