@@ -7,7 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from tests.topas_views import CHAIN, COSTS, FORK, exhaustive_search, request, task, view
+from tests.topas_views import (
+    CHAIN,
+    COSTS,
+    FORK,
+    exhaustive_search,
+    request,
+    task,
+    view,
+    workflow,
+)
 from topasd.model import EngineEvent, EventKind, Request, TopasError
 from topasd.scheduler.params import TopasParams
 from topasd.scheduler.topas import TopasPolicy, _Search
@@ -134,9 +143,34 @@ def test_preemption_revokes_the_credit_stored_at_admission() -> None:
     for c in swap:
         assert c.terms.j_revoke == pytest.approx(credit)
         assert c.terms.j_redo == pytest.approx(0.1 * 3)
+        # Eq. 13 subtracts J_revoke: the swap's ~10 s of progress would pay for
+        # the move and the redo (~0.5), not for the revoked credit as well.
+        assert c.terms.total < 0 < c.terms.total + c.terms.j_revoke
+    assert (d2.preempt, d2.admit, d2.load) == ((), (), ())
     pol.observe(EngineEvent(2.0, EventKind.PREEMPT, request_id=1, task_id=1, agent="A",
                             stage="a"))
     assert 1 not in pol.credits
+
+
+@pytest.mark.parametrize(("drops_input", "redo"), [(True, 0.1 * 3 + 0.01 * 10), (False, 0.1 * 3)])
+def test_preemption_redoes_the_prompt_prefill_when_the_engine_drops_it(
+        drops_input: bool, redo: float) -> None:
+    """Eq. 9 with a priced prefill (0.01 s per token): a preempted request
+    decodes its 3 generated tokens again, and prefills its 10-token prompt
+    again when the engine drops the prompt's KV on preemption."""
+    pol = policy()
+    costs = replace(COSTS, prefill_s_per_token=0.01, preempt_drops_input=drops_input)
+    running = request(1, 1, CHAIN, "a", running=True, generated=3, started_at=0.0)
+    rb = request(2, 2, CHAIN, "b")
+    v = view(CHAIN, [task(1, CHAIN, a="active"), task(2, CHAIN, a="done", b="active")],
+             [running], [rb], t=1.0, budget=130, gpu=("A",))
+    s = _Search(pol, replace(v, costs=costs))
+    states = s.pack(frozenset({"B"}))
+    assert states and all(st.preempt == (1,) for st in states)
+    for st in states:
+        assert st.terms().j_redo == pytest.approx(redo)
+        assert st.terms().j_revoke == 0.0  # r1 holds no credit here
+        assert st.total == pytest.approx(st.terms().total)
 
 
 def test_move_cost_is_charged_once_per_admitted_task_waiting_for_a_prefix() -> None:
@@ -204,12 +238,40 @@ def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished()
         2.0 * 1 * 0.001 * 100)
 
 
+def test_reuse_value_can_decide_which_prefix_is_loaded() -> None:
+    """Eq. 13 adds V_reuse: task 1's a runs, so its b (agent B) is about to
+    become ready. The budget holds A and one more prefix with one request.
+    Task 3's c request (6 s) is worth more than task 2's b request (5 s), but
+    loading B also keeps B's prefix for task 1's next stage: V_reuse = beta x
+    mu l_B / B_swap = 20 x 0.1 = 2, so {A, B} scores 5 - 0.1 + 2 = 6.9 against
+    {A, C}'s 6 - 0.1 = 5.9."""
+    pol = policy(aging=False, beta=20.0, preempt=False)
+    observe(pol, "B", "b", [5.0], request_service=5.0)
+    observe(pol, "C", "c", [6.0], request_service=6.0)
+    run = [request(1, 1, CHAIN, "a", running=True, started_at=0.0)]
+    wait = [request(2, 2, CHAIN, "b"), request(3, 3, CHAIN, "c")]
+    tasks = [task(1, CHAIN, a="active"), task(2, CHAIN, a="done", b="active"),
+             task(3, CHAIN, a="done", b="done", c="active")]
+    v = view(CHAIN, tasks, run, wait, t=1.0, budget=240, gpu=("A",))
+    d = pol.decide(v)
+    assert (d.admit, d.load) == ((2,), ("B",))
+    terms = d.chosen_candidate.terms
+    assert terms.v_reuse == pytest.approx(20.0 * 0.001 * 100)
+    assert terms.total == pytest.approx(5.0 - 0.1 + 2.0)
+    with exhaustive_search():
+        d = pol.decide(v)
+    by_resident = {c.resident: c.terms for c in d.candidates if c.admit}
+    assert by_resident[("A", "C")].total == pytest.approx(6.0 - 0.1)
+    assert (d.admit, d.load) == ((2,), ("B",))
+
+
 # ----------------------------------------------------------------- Eq. 12
 
 
+@pytest.mark.parametrize("rho", [1.0, 2.0])
 @pytest.mark.parametrize(("aging", "winner"), [(True, 1), (False, 2)])
-def test_aging_lets_an_old_task_overtake_a_new_one(aging: bool, winner: int) -> None:
-    pol = policy(rho=1.0, h_age=50.0, aging=aging)
+def test_aging_lets_an_old_task_overtake_a_new_one(aging: bool, winner: int, rho: float) -> None:
+    pol = policy(rho=rho, h_age=50.0, aging=aging)
     observe(pol, "C", "c", [10], request_service=10)
     observe(pol, "A", "a", [12], request_service=12)
     old = request(1, 1, CHAIN, "c", arrival=0.0)
@@ -220,8 +282,10 @@ def test_aging_lets_an_old_task_overtake_a_new_one(aging: bool, winner: int) -> 
     d = pol.decide(view(CHAIN, tasks, [], [old, new], t=100.0, budget=120))
     assert d.admit == (winner,)
     if aging:
-        g_old = 1 + math.log1p(100 / 50)
+        g_old = 1 + rho * math.log1p(100 / 50)  # g_i(t) = 1 + rho log(1 + age / H_age)
         assert d.chosen_candidate.terms.j_admit == pytest.approx(g_old * 10)
+    else:
+        assert d.chosen_candidate.terms.j_admit == pytest.approx(12)
 
 
 def test_observed_h_age_is_the_mean_service_of_the_last_finished_tasks() -> None:
@@ -241,16 +305,86 @@ def test_observed_h_age_is_the_mean_service_of_the_last_finished_tasks() -> None
         return pol.age_scale(view(CHAIN, [], [], []), None)["chain"]  # type: ignore[arg-type]
 
     finish(1, 10.0)
-    finish(2, 30.0)
-    assert h_age() == 20.0
-    pol.observe(EngineEvent(0.0, EventKind.STAGE_FINISH, task_id=3, agent="A", stage="a",
+    finish(2, 20.0)
+    finish(3, 60.0)
+    assert h_age() == 30.0  # the mean (the median would be 20)
+    pol.observe(EngineEvent(0.0, EventKind.STAGE_FINISH, task_id=4, agent="A", stage="a",
                             value=1000.0))
-    pol.observe(EngineEvent(0.0, EventKind.TASK_ABANDON, task_id=3, note="no call"))
-    assert h_age() == 20.0 and 3 not in pol._task_service
+    pol.observe(EngineEvent(0.0, EventKind.TASK_ABANDON, task_id=4, note="no call"))
+    assert h_age() == 30.0 and 4 not in pol._task_service
     for tid in range(10, 10 + 3 * AGE_WINDOW):
         finish(tid, 5.0 if tid < 10 + 2 * AGE_WINDOW else 7.0)
     assert h_age() == 7.0 and len(pol._age_obs) == AGE_WINDOW
     assert not pol._task_service
+
+
+# ----------------------------------------------------------------- Eq. 14
+
+
+def test_equal_scores_go_to_the_smallest_prefix_set() -> None:
+    """Two tasks, one stage of each left (agents A and B), each request worth 10 s, and
+    room for one prefix: both states score 10 - 0.1 (loading the prefix). The
+    documented tie-break picks the lexicographically smallest prefix set."""
+    pair = workflow("pair", {"a": (), "b": ()})
+    pol = policy(aging=False, beta=0.0)
+    observe(pol, "A", "a", [10.0], request_service=10.0)
+    observe(pol, "B", "b", [10.0], request_service=10.0)
+    reqs = [request(1, 1, pair, "a"), request(2, 2, pair, "b")]
+    tasks = [task(1, pair, a="active", b="done"), task(2, pair, a="done", b="active")]
+    with exhaustive_search():
+        d = pol.decide(view(pair, tasks, [], reqs, budget=120))
+    totals = {c.resident: c.terms.total for c in d.candidates if c.admit}
+    assert totals[("A",)] == totals[("B",)] == pytest.approx(9.9)
+    assert (d.admit, d.load) == ((1,), ("A",))
+
+
+def _free_preemption(margin: float = 0.0):
+    """Task 2's a runs (nothing generated, no credit, prefill free: preempting
+    it costs J_redo + J_revoke = 0). Task 1's b waits, B idle on the GPU, room
+    for b only once A leaves; b's sibling c (tool wait) is as long as b, so
+    admitting b progresses nothing. The swap scores exactly 0, as does S_t."""
+    pol = policy(preempt_margin=margin)
+    observe(pol, "B", "b", [10.0], request_service=10.0)
+    observe(pol, "C", "c", [10.0], request_service=10.0)
+    running = request(9, 2, FORK, "a", running=True, started_at=0.0, output_tokens=1000)
+    tasks = [task(1, FORK, a="done", b="active", c="active"), task(2, FORK, a="active")]
+    v = view(FORK, tasks, [running], [request(1, 1, FORK, "b")], t=1.0, budget=1220,
+             gpu=("A", "B"))
+    return pol.decide(v)
+
+
+def test_equal_scores_go_to_the_state_with_fewer_preemptions() -> None:
+    """Eq. 14's tie-break: fewer preemptions before more admissions."""
+    d = _free_preemption()
+    swap = [c for c in d.candidates if c.preempt]
+    assert [(c.resident, c.admit, c.preempt) for c in swap] == [(("B",), (1,), (9,))]
+    assert swap[0].terms.total == 0.0 == d.chosen_candidate.terms.total
+    assert (d.preempt, d.admit, d.chosen_candidate.resident) == ((), (), ("A",))
+
+
+def test_preempt_margin_keeps_a_preemption_that_scores_exactly_its_floor() -> None:
+    """`preempt_margin` drops a preempting state only below m x (J_redo +
+    J_revoke): a free swap scoring 0 meets the floor 0 and stays a candidate."""
+    d = _free_preemption(margin=1.0)
+    assert [(c.admit, c.preempt, c.terms.total) for c in d.candidates if c.preempt] == [
+        ((1,), (9,), 0.0)]
+
+
+@pytest.mark.parametrize(("k", "swaps"), [(0, True), (3, True), (2, False)])
+def test_k_caps_the_preemptions_of_a_state(k: int, swaps: bool) -> None:
+    """Three low-value requests of agent C block a valuable one of A, which
+    fits only once all three leave: the swap preempts three requests, more
+    than K = 2 allows (K = 0 is no cap)."""
+    pol = policy(k=k)
+    running = [request(9 + i, 9 + i, CHAIN, "c", running=True, generated=1, started_at=99.0,
+                       output_tokens=1000) for i in range(3)]
+    waiting = request(1, 1, CHAIN, "a", input_tokens=10, output_tokens=10)
+    tasks = [*(task(9 + i, CHAIN, a="done", b="done", c="active") for i in range(3)),
+             task(1, CHAIN, a="active")]
+    d = pol.decide(view(CHAIN, tasks, running, [waiting], t=100.0, budget=3200))
+    assert (d.preempt, d.admit) == (((9, 10, 11), (1,)) if swaps else ((), ()))
+    if k:
+        assert all(len(c.preempt) <= k for c in d.candidates)
 
 
 # ------------------------------------------------------------ parameters
@@ -321,7 +455,8 @@ def test_without_preemption_every_candidate_keeps_the_running_requests() -> None
         d = pol.decide(view(CHAIN, tasks, [running], [waiting], t=100.0, budget=1120))
         assert d.preempt == ((9,) if expect else ())
         assert d.admit == expect
-        assert all(9 not in c.preempt for c in d.candidates) or preempt
+        if not preempt:
+            assert all(not c.preempt for c in d.candidates)
 
 
 def test_preempt_margin_keeps_a_preemption_only_when_it_earns_its_cost_back() -> None:
