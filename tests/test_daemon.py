@@ -1000,3 +1000,12 @@ def test_a_signal_while_the_engine_starts_stops_the_daemon_cleanly(
     assert not (tmp_path / "d.json").exists()
     with Store(tmp_path / "t.db", create=False) as store:
         assert q.get_run(store.db).status == "done"
+
+
+def test_the_runtime_file_and_the_state_name_the_same_start(tmp_path: Path) -> None:
+    """`started_ts` identifies the daemon process (docs/api.md): the runtime
+    file and GET /v1/state give the same value."""
+    with Daemon(tmp_path) as d:
+        state = httpx.get(f"{d.url}/v1/state", timeout=30).json()
+        assert state["started_ts"] == d.info["started_ts"]
+        assert d.stop() == 0

@@ -1223,7 +1223,7 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
         url = _url(settings.host, port)
         info = {"pid": os.getpid(), "url": url, "host": settings.host, "port": port,
                 "db": str(Path(settings.db).resolve()), "run_id": service.run_id,
-                "started_ts": time.time(), "version": _version(),
+                "started_ts": service.started_wall, "version": _version(),
                 "auth": not (settings.loopback and not settings.token),
                 "backend": settings.backend, "search": native.status().reason}
         _write_runtime(runtime, info)

@@ -248,7 +248,7 @@ class TaskPaths:
         else:  # each task's samples once per cut of it, then the cuts
             z = np.repeat(np.stack(samples, axis=1), [len(todo) for _, _, todo in group], axis=1)
             z -= cuts[:, :, None]  # x - 0.0 is x: a stage no cut holds is unchanged
-        lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (Eq. 6)
+        lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (IV-B, after Eq. 4)
         # the mean over samples, as ndarray.mean computes it (a sum, then / S)
         self._lhat.update(zip(keys, (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist(),
                               strict=True))

@@ -144,7 +144,7 @@ class _Pack:
     j_revoke: float  # Eq. 10
     v_reuse: float  # Eq. 11
     seq: list[int]  # admission order
-    gains: list[float]  # age-weighted conditional progress of each admission (Eq. 7)
+    gains: list[float]  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
     names: tuple[str, ...] = ()  # the prefix set, sorted (for logs)
 
     def __post_init__(self) -> None:
