@@ -118,9 +118,11 @@ def test_invariants_hold(policy: str, scenario) -> None:
     checks_before = CheckedSim.checks
     result, sink, _ = run_checked(trace, policy, knobs, warm, closed_form)
     assert CheckedSim.checks > checks_before  # the instrumentation ran
-    # every task finishes, at a time no earlier than its arrival
-    assert set(result.finishes) == {t.id for t in trace.tasks}
-    assert all(result.jct[t.id] >= 0 for t in trace.tasks)
+    # every task finishes, at its TASK_FINISH event; JCT = C(J) - arrival (Eq. 1)
+    done = {ev.task_id: ev.t for ev in sink.events if ev.kind is EventKind.TASK_FINISH}
+    assert result.finishes == done and set(done) == {t.id for t in trace.tasks}
+    assert result.jct == pytest.approx({t.id: done[t.id] - t.arrival for t in trace.tasks},
+                                       abs=1e-9)
     assert result.requests_finished == sum(len(r) for t in trace.tasks for r in t.stages.values())
     check_stream(trace, sink)
 
@@ -380,6 +382,23 @@ def test_the_engine_evicting_an_idle_prefix_for_room_frees_it(keep_evicted: bool
     assert [(ev.agent, ev.note) for ev in evicts] == [("X", "engine")]
     assert backend.stats.retractions == 0
     assert not any(ev.kind is EventKind.PREFIX_OFFLOAD_END for ev in sink.events)
+
+
+def test_the_engine_evicts_the_least_recently_used_idle_prefix_first() -> None:
+    """Two idle prefixes, X (last used until t=22) and Z (until t=32), beside
+    Y's decode: when Y's KV outgrows the pool (t=96), one eviction is enough,
+    and the engine takes the LRU one, X (SGLang's radix cache)."""
+    trace = two_agent_trace([("Y", 0.0, 1, 100), ("X", 20.0, 1, 2), ("Z", 30.0, 1, 2)],
+                            {"X": 100, "Z": 100, "Y": 0})
+    profile = get_profile("unit").with_overrides(budget_tokens=295, host_cache=False)
+    backend = CheckedSim(profile)
+    sink = RecordingSink()
+    result = Run(trace, OrderPolicy("fcfs", BASELINES["fcfs"]), backend, sink=sink).execute()
+    assert set(result.finishes) == {0, 1, 2}
+    assert result.finishes[2] < 96.0  # both X and Z idle before Y runs out
+    evicts = [(ev.agent, ev.note) for ev in sink.events if ev.kind is EventKind.PREFIX_EVICT]
+    assert evicts == [("X", "engine")]
+    assert backend.stats.retractions == 0
 
 
 def _agents_trace(items: list[tuple[str, float, int, int]], prefixes: dict[str, int]) -> Trace:

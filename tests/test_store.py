@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -46,7 +47,8 @@ from workflows.trace import Trace, generate_trace
 class CandidatePolicy:
     """A baseline (lpm) whose decisions carry synthetic candidates: the chosen
     state (index 1) plus alternatives, one of them scoring higher than the
-    chosen one. Every other no-op decision keeps no candidates, as a baseline."""
+    chosen one, alternative i preempting the first i running requests. Every
+    other no-op decision keeps no candidates, as a baseline."""
 
     def __init__(self, base: str = "lpm", alternatives: int = 3) -> None:
         self.inner = make_policy(base)
@@ -63,7 +65,7 @@ class CandidatePolicy:
         chosen = Candidate(resident, d.admit, d.preempt,
                            ScoreTerms(j_admit=len(d.admit) + 1.0, j_move=0.5 * len(d.load),
                                       v_reuse=0.25))
-        alts = [Candidate(resident[:i], d.admit[:i], (),
+        alts = [Candidate(resident[:i], d.admit[:i], tuple(r.id for r in view.running[:i]),
                           ScoreTerms(j_admit=100.0 if i == 2 else float(i), j_redo=1.0 + i,
                                      j_revoke=0.125 * i))
                 for i in range(self.alternatives)]
@@ -282,7 +284,10 @@ def test_every_decision_candidate_and_event_is_in_the_file(tmp_path: Path) -> No
         assert row["won"] == int(i == 1)
         assert _loads(row["resident"]) == list(c.resident)
         assert _loads(row["admit"]) == list(c.admit)
-        assert row["total"] == pytest.approx(c.terms.total)
+        assert _loads(row["preempt"]) == list(c.preempt)
+        for term in ("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse", "total"):
+            assert row[term] == pytest.approx(getattr(c.terms, term))
+    assert any(row["preempt"] != "[]" and row["j_redo"] != row["j_revoke"] for row in cands)
 
     events = rows(path, "SELECT * FROM engine_events WHERE run_id = ? ORDER BY id", (run_id,))
     assert len(events) == len(tee.events) == run["events"]
@@ -314,8 +319,10 @@ def test_every_decision_candidate_and_event_is_in_the_file(tmp_path: Path) -> No
     ready = {ev.request_id: ev.tokens for ev in tee.events if ev.kind is EventKind.REQUEST_READY}
     assert {r["request_id"]: r["input_tokens"] for r in reqs} == ready  # from arrival on
     assert all(n > 0 for n in ready.values())
-    pre = sum(1 for ev in tee.events if ev.kind in (EventKind.PREEMPT, EventKind.RETRACT))
-    assert sum(r["preemptions"] + r["retractions"] for r in reqs) == pre
+    lost = {kind: Counter(ev.request_id for ev in tee.events if ev.kind is kind)
+            for kind in (EventKind.PREEMPT, EventKind.RETRACT)}
+    assert {r["request_id"]: (r["preemptions"], r["retractions"]) for r in reqs} == {
+        rid: (lost[EventKind.PREEMPT][rid], lost[EventKind.RETRACT][rid]) for rid in by_id}
 
 
 def test_top_n_keeps_the_best_and_the_chosen_and_none_keeps_counts(tmp_path: Path) -> None:

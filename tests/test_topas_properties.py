@@ -343,13 +343,15 @@ def test_pruning_against_the_empty_state_still_admits_when_every_load_costs_more
     assert (pruned.admit, pruned.load) == (exhaustive.admit, exhaustive.load)
 
 
+@pytest.mark.parametrize(("n_single", "m"), [(70, 0), (3, 6)])
 @pytest.mark.parametrize("margin", [True, False])
-def test_pruning_keeps_states_that_tie_the_best_one(margin: bool,
+def test_pruning_keeps_states_that_tie_the_best_one(margin: bool, n_single: int, m: int,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A zero-progress fork branch on a free prefix ties the best score; Eq.
-    14's tie-break (more admissions) must still see it (batch bounds path).
-    Without the bounds' rounding margin a bound equals the tied score, so only
-    pruning strictly below the best keeps the tie."""
+    14's tie-break (more admissions) must still see it, on a large pool
+    (greedy sets, batch bounds) and on a small one (every set enumerated,
+    refined bounds). Without the bounds' rounding margin a bound equals the
+    tied score, so only pruning strictly below the best keeps the tie."""
     if not margin:
         import topasd.scheduler.bounds as bounds
 
@@ -374,17 +376,17 @@ def test_pruning_keeps_states_that_tie_the_best_one(margin: bool,
                        reservation=Reservation.FULL)
 
     tasks = [TaskView(j, "single", 0.0, {"a": StageProgress(StageStatus.ACTIVE)})
-             for j in range(70)]
+             for j in range(n_single)]
     tasks.append(TaskView(70, "fork", 0.0, {
         "s0": StageProgress(StageStatus.DONE), "b": StageProgress(StageStatus.ACTIVE),
         "c": StageProgress(StageStatus.ACTIVE), "d": StageProgress()}))
-    waiting = [req(j, j, single, "a") for j in range(70)]
+    waiting = [req(j, j, single, "a") for j in range(n_single)]
     waiting += [req(100, 70, fork, "b"), req(101, 70, fork, "c")]
     pruned, exhaustive = _pruned_vs_exhaustive(
-        TopasParams(m=0, samples=16, reservation="full"),
+        TopasParams(m=m, samples=16, reservation="full"),
         view([single, fork], tasks, [], waiting, budget=100_000, gpu=("A",)))
     assert pruned.chosen_candidate.resident == exhaustive.chosen_candidate.resident == ("A", "C")
-    assert pruned.admit == exhaustive.admit
+    assert pruned.admit == exhaustive.admit and 101 in pruned.admit
 
 
 _DIGEST = """

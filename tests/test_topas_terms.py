@@ -17,7 +17,7 @@ from tests.topas_views import (
     view,
     workflow,
 )
-from topasd.model import EngineEvent, EventKind, Request, TopasError
+from topasd.model import EngineEvent, EventKind, Location, Request, TopasError
 from topasd.scheduler.params import TopasParams
 from topasd.scheduler.topas import TopasPolicy, _Search
 
@@ -115,6 +115,48 @@ def test_a_waiting_round_past_every_observation_is_worth_one_more_round() -> Non
     assert s.paths.residuals(t1, {})[0].mean == pytest.approx(0.1 * 256)
 
 
+def test_a_running_round_past_every_observation_keeps_one_percent_of_its_estimate() -> None:
+    """Eq. 4's floor with a request running: stage a has 25 s of finished
+    rounds (beyond both observations) and its request has run 50 s of a 10 s
+    estimate. The residual is what the request still needs, at least 1% of
+    D_hat: 0.1 s, not negative and not nothing."""
+    pol = policy()
+    observe(pol, "A", "a", [10, 20], request_service=10)
+    t1 = task(1, CHAIN, a="active")
+    t1 = replace(t1, stages={**t1.stages, "a": replace(t1.stages["a"], service_s=25.0)})
+    r = request(1, 1, CHAIN, "a", running=True, started_at=0.0)
+    s = _Search(pol, view(CHAIN, [t1], [r], [], t=50.0))
+    assert s.paths.residuals(t1, running_map([r]))[0].mean == pytest.approx(0.1)
+
+
+def test_the_longest_path_starts_at_the_longest_entry_stage() -> None:
+    """Eq. 5 on a DAG with two entry stages: L = max(Z_a, Z_b) + Z_c."""
+    join = workflow("join", {"a": (), "b": (), "c": ("a", "b")})
+    pol = policy()
+    observe(pol, "A", "a", [10])
+    observe(pol, "B", "b", [2])
+    observe(pol, "C", "c", [5])
+    t1 = task(1, join, a="active", b="active")
+    s = _Search(pol, view(join, [t1], [], [request(1, 1, join, "a"), request(2, 1, join, "b")]))
+    assert s.paths.lhat(t1, {}) == pytest.approx(10 + 5)
+
+
+def test_the_service_model_keeps_the_last_window_of_observations() -> None:
+    """F_{a,v} is the empirical distribution of the last WINDOW stage services."""
+    from topasd.scheduler.residual import WINDOW, ServiceModel
+
+    model = ServiceModel()
+    pair = ("A", "a")
+    model.observe_stage(pair, 1000.0)
+    for _ in range(WINDOW - 1):
+        model.observe_stage(pair, 1.0)
+    assert len(model.stage_values(pair)) == WINDOW and max(model.stage_values(pair)) == 1000.0
+    model.observe_stage(pair, 1.0)
+    assert model.stage_values(pair) == [1.0] * WINDOW
+    dist = model.dist(pair)
+    assert dist is not None and dist.mean == 1.0
+
+
 # ------------------------------------------------------------ Eqs. 8-10
 
 
@@ -187,6 +229,25 @@ def test_move_cost_is_charged_once_per_admitted_task_waiting_for_a_prefix() -> N
     two_tasks = by_state[(("B", "C"), frozenset({1, 2, 3, 4}))]
     assert one_task.j_move == pytest.approx(t_move * 1)
     assert two_tasks.j_move == pytest.approx(t_move * 2)
+
+
+@pytest.mark.parametrize(("location", "t_move"), [
+    (Location.HOST, 0.001 * 100),  # mu l_A / B_swap
+    (Location.NONE, 0.2 + 0.01 * 100),  # no host copy: T_prefill(l_A), recomputed
+])
+def test_a_prefix_with_no_host_copy_is_priced_as_its_prefill(
+        location: Location, t_move: float) -> None:
+    """Eq. 8 with a priced prefill (0.2 s + 0.01 s per token): loading A's
+    100-token prefix costs its swap-in from the host, or its prefill when the
+    host holds no copy."""
+    pol = policy()
+    v = view(CHAIN, [task(1, CHAIN, a="active")], [], [request(1, 1, CHAIN, "a")])
+    prefix = replace(v.prefixes["A"], location=location, host_copy=location is Location.HOST)
+    v = replace(v, prefixes={**v.prefixes, "A": prefix},
+                costs=replace(COSTS, prefill_s_per_token=0.01, prefill_base_s=0.2))
+    d = pol.decide(v)
+    assert (d.admit, d.load) == ((1,), ("A",))
+    assert d.chosen_candidate.terms.j_move == pytest.approx(t_move)
 
 
 def test_greedypack_admits_a_fork_sibling_at_its_conditional_progress() -> None:
@@ -322,9 +383,10 @@ def test_observed_h_age_is_the_mean_service_of_the_last_finished_tasks() -> None
 
 
 def test_equal_scores_go_to_the_smallest_prefix_set() -> None:
-    """Two tasks, one stage of each left (agents A and B), each request worth 10 s, and
-    room for one prefix: both states score 10 - 0.1 (loading the prefix). The
-    documented tie-break picks the lexicographically smallest prefix set."""
+    """Two tasks with one stage left each (agents A and B), each request worth
+    10 s, and room for one prefix: both states score 10 - 0.1 (loading the
+    prefix). The documented tie-break picks the lexicographically smallest
+    prefix set."""
     pair = workflow("pair", {"a": (), "b": ()})
     pol = policy(aging=False, beta=0.0)
     observe(pol, "A", "a", [10.0], request_service=10.0)
