@@ -268,17 +268,22 @@ class TopasScheduler:
         """A request arrived, left or was retracted, the last decision asked
         to decide again once its plan was used up, or SGLang refused the plan
         with nothing running (asked again after 1, 2, 4, ... 64 passes)."""
+        return self._needs(snap.key)
+
+    def _needs(self, key: tuple[frozenset[int], frozenset[int]]) -> bool:
         expected = self._key
-        return (expected is None or snap.key != expected or (self._retry and not self.plan)
+        return (expected is None or key != expected or (self._retry and not self.plan)
                 or (self._refusals > 0 and self._passes >= self._retry_pass))
 
     def step(self, sched: Any) -> Decision | None:
         """Pin what became cached, decide if something changed, carry it out."""
         for agent in sorted(self.want):  # a prefix computed since: pin it now, even if
             self._pin(sched, agent)  # the request that computed it has finished
-        snap = self.snapshot(sched)
         decision: Decision | None = None
-        if self.needs_decision(snap):
+        # the key first (ids only): the full view, with the radix-cache walks, only
+        # when deciding (every rank computes the same key, so all agree)
+        if self._needs(self.snapshot_key(sched)):
+            snap = self.snapshot(sched)
             decision = self.decider(snap) if self.sync is None or self._is_leader() else None
             if self.sync is not None:
                 decision = self.sync(decision)

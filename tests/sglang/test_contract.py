@@ -405,10 +405,12 @@ def test_an_admitting_pass_needs_no_second_decision() -> None:
     topas = topas_for(decide)
     batch = run_pass(topas, eng)
     assert [r.rid for r in batch.reqs] == ["rid-0", "rid-1"]
+    views = topas._seq
     for _ in range(3):
         eng.decode_step()
         assert run_pass(topas, eng) is None
     assert len(asked) == 1
+    assert topas._seq == views  # a pass that decides nothing builds no view (no tree walks)
     eng.submit(meta(2, "plan"), dyn(2), 8)  # an arrival changes the state
     run_pass(topas, eng)
     assert len(asked) == 2 and eng.running_rids() == ["rid-0", "rid-1", "rid-2"]
