@@ -422,6 +422,15 @@ class TopasScheduler:
         for agent in list(self.pins):
             self._unpin(sched, agent)
 
+    def release_for_flush(self, sched: Any) -> None:
+        """Before SGLang may reset its radix tree: drop every lock while its
+        nodes exist, keep the agents wanted (pinned again once cached whole),
+        and decide again at the next pass."""
+        kept = set(self.pins) | self.want
+        self.release_all(sched)
+        self.want = kept
+        self._key = None
+
     # ----------------------------------------------------- admission pass
 
     def planned_queue(self, queue: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -28,6 +28,7 @@ from topasd.model import Decision
 log = logging.getLogger("topasd.sglang")
 
 PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
+FLUSH_TARGET = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
 ATTR = "_topasd"  # the TopasScheduler attached to a Scheduler instance
 
 
@@ -38,6 +39,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(PREFILL_TARGET, prefill_hook, HookType.AROUND)
+    HookRegistry.register(FLUSH_TARGET, flush_hook, HookType.AROUND)
 
 
 def prefill_hook(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
@@ -53,6 +55,19 @@ def prefill_hook(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
             channel.send_events(topas.take_events())
         else:
             topas.take_events()
+
+
+def flush_hook(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on `Scheduler.flush_cache` (`/flush_cache`, weight updates):
+    SGLang resets the radix tree beneath the adapter's prefix locks, and
+    releasing a lock of the old tree later would raise in the scheduler. The
+    locks go first; the prefixes are pinned again once cached (and TOPAS
+    decides again at the next pass)."""
+    topas = getattr(sched, ATTR, None)
+    if topas is None:
+        return original(sched, *args, **kwargs)
+    topas.release_for_flush(sched)
+    return original(sched, *args, **kwargs)
 
 
 def attach(sched: Any, decider: Decider | None = None) -> TopasScheduler:

@@ -114,11 +114,14 @@ PLUGIN_CHECK = """
     assert "topasd" in found, found
     assert found["topasd"][0] is plugin.register
     original = Scheduler._get_new_batch_prefill_raw
+    original_flush = Scheduler.flush_cache
     load_plugins()
     hooked = Scheduler._get_new_batch_prefill_raw
     print("HOOKED" if hooked is not original else "UNHOOKED")
+    assert (Scheduler.flush_cache is original_flush) == (hooked is original)
     if hooked is not original:
         assert hooked.__wrapped__ is original
+        assert Scheduler.flush_cache.__wrapped__ is original_flush
         calls = []
         class Fake:
             _topasd = None
@@ -581,6 +584,44 @@ def test_kept_prefix_is_pinned_against_lru_eviction_and_evict_releases_it() -> N
     eng.tree_cache.evict(EvictParams(num_tokens=10_000))
     assert eng.tree_cache.tree_core.match_full_device_prefix(
         _key(PREFIXES["plan"]))[0] == 0
+
+
+def test_a_cache_flush_releases_the_pins_first_and_pins_again_once_cached() -> None:
+    """SGLang's flush_cache resets the radix tree beneath the adapter's locks;
+    releasing a lock of the old tree afterwards raised (KeyError) in the
+    scheduler. The plugin's flush hook releases them first, and the prefix
+    is pinned again once a request computes it."""
+    from backends.sglang.plugin import ATTR, flush_hook
+
+    eng = CpuEngine()
+    topas = topas_for(scripted())
+    _cached_idle_prefix(eng, topas, "plan", 0)
+    eng.submit(meta(1, "plan"), dyn(1), 4)
+    topas.apply(eng, Decision(0.0, "t", load=("plan",), admit=(1,)))
+    assert "plan" in topas.pins
+    setattr(eng, ATTR, topas)
+
+    def flush(sched: CpuEngine) -> bool:  # Scheduler.flush_cache when idle
+        sched.tree_cache.reset()
+        sched.token_to_kv_pool_allocator.clear()
+        return True
+
+    assert flush_hook(flush, eng) is True
+    assert topas.pins == {} and "plan" in topas.want
+    assert eng.tree_cache.protected_size() == 0
+    topas.release_all(eng)  # what shutdown does: nothing stale left to unlock
+    topas.want = {"plan"}
+    topas.plan = [1]
+    run_pass(topas, eng)  # request 1 computes the prefix again ...
+    run_pass(topas, eng)  # ... and the next pass pins it
+    assert "plan" in topas.pins
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    req = eng.running_batch.reqs[0]  # request 1 finishes: only the pin holds KV
+    req.finished_reason = object()
+    release_kv_cache(req, eng.tree_cache, checkpoint=True)
+    eng.running_batch.filter_batch(keep_indices=[])
+    assert eng.tree_cache.protected_size() == len(PREFIXES["plan"])
 
 
 def _key(ids: list[int]) -> Any:
