@@ -460,7 +460,8 @@ def test_parameters_are_validated_and_changeable_between_decisions() -> None:
         pol.set_params(gamma=1)
     pol.set_params(beta=3.5, k=2)
     assert (pol.params.beta, pol.params.k) == (3.5, 2)
-    with pytest.raises(TopasError, match="k must be an integer"):
+    with pytest.raises(TopasError,
+                       match=r"k=2\.5 must be a whole number: use an integer in \[0, 100000\]"):
         pol.set_params(k=2.5)
 
 

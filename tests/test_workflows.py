@@ -160,6 +160,8 @@ def test_stage_numbers_out_of_range_are_refused(field: str, value: object, says:
      "'100' (write it without quotes)"),
     ({"name": "wf", "agents": {"A": {"prefix_tokens": 1}}, "stages": []}, "stages"),
     ({"name": "wf", "stages": [{"name": "a", "agent": "A"}]}, "agents"),
+    ({"name": "wf", "agents": {"A": {"prefix_tokens": 1}}, "stages": [None]},
+     "stages.0: Input should be a mapping (key: value)"),  # no class names of ours
 ])
 def test_schema_errors_name_the_field(data: dict, where: str) -> None:
     with pytest.raises(WorkflowError) as err:

@@ -487,7 +487,8 @@ def native_status() -> None:
     """Say whether topasd started here (this environment) runs the compiled
     search, and why (not); `topasd status` says it of a running daemon."""
     st = compiled_search.status()
-    click.echo(f"{st.reason}\nbuild for these sources: {st.build_dir}")
+    where = "is in" if st.active else "would go in (topasd native build)"
+    click.echo(f"{st.reason}\nthe build for these sources {where}: {st.build_dir}")
 
 
 # ----------------------------------------------------------------- daemon

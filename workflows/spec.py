@@ -180,6 +180,12 @@ class WorkflowSpec(BaseModel):
         return _no_bool(v)
 
 
+def _plain(msg: str) -> str:
+    """Pydantic's message without this module's class names ("a valid
+    dictionary or instance of StageSpec" -> "a valid mapping")."""
+    return re.sub(r"a valid dictionary or instance of \w+", "a mapping (key: value)", msg)
+
+
 def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
     """Validate a spec mapping and build the `Workflow` (acyclic, agents known);
     errors read `WHERE: workflow 'NAME', stage 'S', FIELD: ...`."""
@@ -187,7 +193,8 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
         spec = WorkflowSpec.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {_plain(e['msg'])}"
+            for e in exc.errors()
         )
         raise WorkflowError(f"{where}: {problems}" if where else problems) from None
     source = where

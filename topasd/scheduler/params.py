@@ -66,7 +66,9 @@ class TopasParams:
         for name in ("m", "k", "samples", "seed"):
             value = getattr(self, name)
             if not float(value).is_integer():
-                raise TopasError(f"TOPAS parameter {name} must be an integer")
+                lo, hi = PARAM_RANGES[name]
+                raise TopasError(f"TOPAS parameter {name}={value!r} must be a whole number: "
+                                 f"use an integer in [{lo}, {hi}]")
             object.__setattr__(self, name, int(value))  # 2.0 (JSON, --param) -> 2
 
     def changed(self, **changes: Any) -> TopasParams:
