@@ -642,3 +642,15 @@ def test_a_budget_beyond_any_engine_is_refused(trace_file: Path) -> None:
     ever: it is bounded."""
     res = invoke("replay", str(trace_file), "--budget", str(10**12))
     assert res.exit_code == 2 and "is not in the range 1<=x<=1000000000" in res.output
+
+
+def test_the_table_header_leaves_out_what_the_trace_does_not_say(tmp_path: Path) -> None:
+    """A hand-written trace header without workload or rate: no "workload ?"."""
+    path = tmp_path / "bare.jsonl"
+    res = invoke("trace", "gen", "-w", "chain3", "-r", "0.3", "-n", "2", "-o", str(path))
+    assert res.exit_code == 0, res.output
+    _, *rest = path.read_text().splitlines(keepends=True)
+    path.write_text('{"type": "header", "format": "topasd-trace", "version": 1}\n'
+                    + "".join(rest))
+    out = invoke("replay", str(path), "-p", "fcfs", "-q").stdout.splitlines()[0]
+    assert out == "2 tasks, profile qwen2.5-32b-a100 (times in s)"

@@ -952,14 +952,20 @@ _COLUMNS = (
 )
 
 
+def _is_rate(x: Any) -> bool:
+    """A trace header's `rate` worth printing as one (headers are free-form)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _table(rows: list[dict[str, Any]], meta: Any, prof: HardwareProfile,
            engine: str | None = None) -> str:
     cells = [[h for h, _, _ in _COLUMNS]]
     cells += [[fmt.format(row[k]) for _, k, fmt in _COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
-    lines = [f"workload {meta.get('workload', '?')}, rate {meta.get('rate', '?')} task/s, "
-             f"{rows[0]['tasks']} tasks, profile {prof.name}"
-             f"{'' if engine is None else ', ' + engine} (times in s)"]
+    known = [f"workload {meta['workload']}" if "workload" in meta else "",
+             f"rate {meta['rate']} task/s" if _is_rate(meta.get("rate")) else ""]
+    lines = [", ".join(x for x in (*known, f"{rows[0]['tasks']} tasks", f"profile {prof.name}",
+                                   engine or "") if x) + " (times in s)"]
     for r in cells:
         lines.append("  ".join(c.rjust(w) if i else c.ljust(w)
                                for i, (c, w) in enumerate(zip(r, widths, strict=True))))
