@@ -106,6 +106,12 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"tp_size": 2}, {}, ["setting tp_size (from flag) is for --backend sglang, not sim"]),
     ({}, {"TOPAS_HICACHE": "true"}, ["setting hicache (from env TOPAS_HICACHE)", "sglang"]),
     ({"tasks": 5}, {}, ["tasks needs a workload"]),
+    ({"rate": 0.5}, {}, ["setting rate needs a workload"]),
+    # a real engine cannot be sped up: the speed would be taken and then ignored
+    ({"backend": "vllm", "model_path": "/m", "speed": 2}, {},
+     ["setting speed (from flag)", "vllm engine runs in real time", "--speed is for"]),
+    ({"backend": "sglang", "model_path": "/m"}, {"TOPAS_SPEED": "max"},
+     ["(from env TOPAS_SPEED)", "sglang engine runs in real time"]),
     ({"log_candidates": "some"}, {}, ["top:N"]),
     ({}, {"TOPAS_PARAMS": "{oops"}, ["TOPAS_PARAMS: not valid JSON"]),
     # a misspelled variable was ignored without a word
@@ -119,6 +125,13 @@ def test_bad_settings_are_one_clear_error(flags: dict, env: dict, words: list[st
     assert "\n" not in msg
     for w in words:
         assert w in msg, msg
+
+
+def test_localhost_is_loopback_and_needs_no_token() -> None:
+    settings = load_settings({"host": "localhost"}, environ={}).settings
+    assert settings.loopback and settings.token is None
+    assert not load_settings({"host": "::1"}, environ={}).settings.token
+    assert load_settings({"host": "localhost", "token": "t"}, environ={}).settings.loopback
 
 
 def test_bad_config_files(tmp_path: Path) -> None:

@@ -630,7 +630,52 @@ def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:
         chunks = (big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20))
         assert plain.post("/v1/tasks", content=chunks, headers=auth).status_code == 413
         assert plain.get("/v1/state").status_code == 200  # still serving
+        # only the Bearer scheme carries the token: any other is no token at all
+        for value in ("Basic s3cret", "s3cret", "Token s3cret", "Bearer"):
+            r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                           headers={"Authorization": value})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", value
+            # refused before the body is read, as with no header at all
+            r = plain.post("/v1/tasks", content=b"{not json",
+                           headers={"Authorization": value, "Content-Type": "application/json"})
+            assert r.status_code == 401, value
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                       headers={"Authorization": "bearer s3cret"})  # the scheme is any case
+        assert r.status_code == 201
+        # an announced oversized body is refused as soon as its headers are in,
+        # before any of it is sent (the server does not wait for the body)
+        with socket.create_connection(("127.0.0.1", d.info["port"])) as sock:
+            sock.settimeout(20)
+            sock.sendall(b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n"
+                         b"Authorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 20000000\r\n\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 413")
         plain.close()
+        assert d.stop() == 0
+
+
+def test_a_token_set_on_loopback_is_enforced_the_same_way(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--token", "T0k") as d:
+        assert d.info["auth"] is True
+        plain = httpx.Client(base_url=d.url, timeout=30)
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                       headers={"Authorization": "Bearer x"})
+        assert r.status_code == 403
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                       headers={"Authorization": "Basic T0k"})
+        assert r.status_code == 401
+        assert plain.patch("/v1/params", json={"beta": 1}).status_code == 401
+        assert plain.get("/v1/state").status_code == 200  # reads stay open
+        r = plain.post("/v1/tasks", json={"workflow": "chain3"},
+                       headers={"Authorization": "Bearer T0k"})
+        assert r.status_code == 201
+        plain.close()
+        assert d.stop() == 0
+    with Daemon(tmp_path / "open") as d:  # no token on loopback: nothing to send
+        assert d.info["auth"] is False
+        assert d.http.post("/v1/tasks", json={"workflow": "chain3"}).status_code == 201
         assert d.stop() == 0
 
 
@@ -787,6 +832,80 @@ def test_event_stream_and_metrics(tmp_path: Path) -> None:
         assert "topasd_prefix_swaps_total[('direction', 'in')]" in metrics
         assert "topasd_preemptions_total[('by', 'policy')]" in metrics
         assert any(k.startswith("topasd_prefix_resident[") for k in metrics)
+        assert d.stop() == 0
+
+
+def _sse(lines: Any) -> list[tuple[int | None, str, dict[str, Any]]]:
+    """(id, event, data) of each event in a stream of SSE lines."""
+    out: list[tuple[int | None, str, dict[str, Any]]] = []
+    eid, name = None, None
+    for line in lines:
+        if line.startswith("id: "):
+            eid = int(line[4:])
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((eid, name or "message", json.loads(line[6:])))
+            eid, name = None, None
+    return out
+
+
+def test_the_event_bus_skips_a_slow_reader_ahead_and_counts_what_it_missed() -> None:
+    from topasd.service import EventBus
+
+    bus = EventBus(size=4)
+    for i in range(1, 11):
+        bus.put("engine", i)
+    missed, items = bus.since(0)
+    assert missed == 6 and [seq for seq, _, _ in items] == [7, 8, 9, 10]
+    assert [item for _, _, item in items] == [7, 8, 9, 10]
+    assert bus.since(6) == (0, [(7, "engine", 7), (8, "engine", 8), (9, "engine", 9),
+                                (10, "engine", 10)])
+    assert bus.since(8) == (0, [(9, "engine", 9), (10, "engine", 10)])
+    assert bus.since(10) == (0, [])
+    assert bus.since(3, limit=2) == (3, [(7, "engine", 7), (8, "engine", 8)])
+
+
+def test_events_carry_ids_and_since_resumes_exactly_after_one(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--workload", "chain3", "--tasks", "4") as d:
+        st = d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 4)
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                          params={"since": 0, "max_events": 40}) as r:
+            every = _sse(r.iter_lines())
+        ids = [eid for eid, _, _ in every]
+        assert ids == list(range(1, 41))  # every event has its id, none skipped
+        for cursor in (1, 17, 35):  # resume after `cursor`: the next ones, none resent
+            with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                              params={"since": cursor, "max_events": 3}) as r:
+                got = _sse(r.iter_lines())
+            assert got == every[cursor:cursor + 3]
+        # resuming at the newest id is allowed: the stream waits for what comes next
+        newest = d.state()["event_id"]
+        assert newest >= st["event_id"]
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                          params={"since": newest, "max_events": 1}) as r:
+            assert r.status_code == 200
+        assert d.http.post("/v1/tasks", json={"workflow": "chain3"}).status_code == 201
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                          params={"since": newest, "max_events": 1}) as r:
+            got = _sse(r.iter_lines())
+        assert [eid for eid, _, _ in got] == [newest + 1]
+        r = d.http.get("/v1/events", params={"since": d.state()["event_id"] + 1})
+        assert r.status_code == 422 and "beyond the newest event id" in r.text
+        assert d.stop() == 0
+
+
+def test_a_reader_that_resumes_behind_the_ring_gets_a_lag_event(tmp_path: Path) -> None:
+    from topasd.service import BUS_SIZE
+
+    with Daemon(tmp_path, "--workload", "chain3", "--rate", "0.5") as d:
+        d.wait_for(lambda s: s["event_id"] > BUS_SIZE + 100)
+        with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
+                          params={"since": 1, "max_events": 2}) as r:
+            got = _sse(r.iter_lines())
+        (none, lag, missed), (first, _, _), _ = got
+        assert lag == "lag" and none is None and first is not None
+        assert missed == {"missed": first - 2}  # ids 2 .. first-1 are gone
         assert d.stop() == 0
 
 
