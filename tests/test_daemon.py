@@ -70,9 +70,14 @@ def test_openai_client_drives_a_three_stage_workflow(tmp_path: Path) -> None:
         for th in threads:
             th.join(120)
         plain = client.chat.completions.create(
-            model="gpt-anything", max_tokens=12,
+            model="gpt-anything", max_tokens=30, max_completion_tokens=12,  # the newer wins
             messages=[{"role": "system", "content": "Be brief."},
                       {"role": "user", "content": "What is TOPAS?"}])
+        streams = {usage: list(client.chat.completions.create(
+            model="gpt-anything", max_tokens=9, stream=True,
+            stream_options={"include_usage": True} if usage else None,
+            messages=[{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Stream it."}])) for usage in (True, False)}
         final = d.state()
         assert d.stop() == 0
 
@@ -88,6 +93,7 @@ def test_openai_client_drives_a_three_stage_workflow(tmp_path: Path) -> None:
         task_ids[task] = metas[0]["task_id"]
         for text, r in rs:
             assert r.usage.completion_tokens == 40
+            assert r.usage.total_tokens == r.usage.prompt_tokens + 40
             assert count_tokens(r.choices[0].message.content) == 40
             # chain3's agents have 4000-token prefixes; the request's input is the user text
             assert r.usage.prompt_tokens == 4000 + count_tokens(text)
@@ -98,6 +104,12 @@ def test_openai_client_drives_a_three_stage_workflow(tmp_path: Path) -> None:
     assert pmeta["agent"] == agent_key("Be brief.")
     assert pmeta["workflow"] == f"agent:{agent_key('Be brief.')}" and pmeta["task_done"]
     assert plain.usage.prompt_tokens == count_tokens("Be brief.") + count_tokens("What is TOPAS?")
+    assert plain.usage.completion_tokens == 12  # max_completion_tokens, not max_tokens
+    *_, last = streams[True]  # with include_usage: a last chunk without choices, with usage
+    assert last.choices == [] and last.usage is not None
+    assert (last.usage.completion_tokens, last.usage.total_tokens) == (
+        9, last.usage.prompt_tokens + 9)
+    assert all(c.usage is None for c in streams[False])
     assert plain.usage.completion_tokens == 12
 
     with Store(d.db, create=False) as store:
@@ -105,7 +117,7 @@ def test_openai_client_drives_a_three_stage_workflow(tmp_path: Path) -> None:
         assert (run.status, run.backend, run.policy) == ("done", "sim", "topas")
         reqs = {r["request_id"]: r for r in store.db.query(
             "SELECT * FROM requests WHERE run_id = ?", [run.id])}
-        assert len(reqs) == 10 == final["counts"]["requests_finished"]
+        assert len(reqs) == 9 + 1 + 2 == final["counts"]["requests_finished"]  # + 2 streamed
         for task, rs in replies.items():
             for _, r in rs:
                 meta = r.model_extra["topasd"]
