@@ -46,12 +46,15 @@ def load_workload(name_or_path: str) -> Workload:
     else:
         raise TopasError(f"unknown workload {name_or_path!r}: use one of {', '.join(BUILTIN)} "
                          "or the path of a workflow spec file")
-    return workload_from_dict(spec_dict(path), str(path))
+    return _from_file(path)
 
 
 @functools.cache
 def _builtin_workload(name: str) -> Workload:
-    path = _spec_path(name)
+    return _from_file(_spec_path(name))
+
+
+def _from_file(path: Path) -> Workload:
     return workload_from_dict(spec_dict(path), str(path))
 
 

@@ -39,6 +39,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topasd.model import (
+    DIST_KINDS,
     HISTORY_MODES,
     Agent,
     Dist,
@@ -99,7 +100,7 @@ def _parse_dist(spec: DistSpec, where: str) -> Dist:
             got = (f"the text {spec!r} (write it without quotes)" if isinstance(spec, str)
                    else json.dumps(spec, default=str))
             raise WorkflowError("expected a number or a mapping with exactly one kind key "
-                                f"(fixed, uniform, uniform_int, choice, lognormal), got {got}")
+                                f"({', '.join(DIST_KINDS)}), got {got}")
         (kind, arg), = spec.items()
         if kind == "fixed":
             return Dist.fixed(float(arg))

@@ -359,16 +359,17 @@ class TopasScheduler:
         chunked = sched.chunked_req
         metas = [read_meta(r) for r in batch.reqs]
         ending = _ending(sched, batch)
+        skip = {m.request_id for req, m in zip(batch.reqs, metas, strict=True)
+                if m is not None and id(req) in ending}
         victims = [i for i, m in enumerate(metas) if m is not None and m.request_id in wanted
-                   and id(batch.reqs[i]) not in ending]
+                   and m.request_id not in skip]
         found = {metas[i].request_id for i in victims}  # type: ignore[union-attr]
         for rid in sorted(wanted - found):
             why = ("in a chunked prefill (SGLang retracts decoding requests only)"
                    if chunked is not None and (m := read_meta(chunked)) is not None
                    and m.request_id == rid else
                    "finishing, aborted or in a beam group (SGLang's retract path skips it)"
-                   if rid in {m.request_id for i, m in enumerate(metas) if m is not None
-                              and id(batch.reqs[i]) in ending} else "not running")
+                   if rid in skip else "not running")
             report.skipped.append(f"preempt {rid}: {why}")
         if not victims:
             return

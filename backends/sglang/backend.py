@@ -359,11 +359,16 @@ def engine_rid(request_id: int) -> str:
     return f"topasd-{request_id}."
 
 
+def _meta_info(reply: Any) -> dict[str, Any]:
+    """The `meta_info` of an `async_generate` reply ({} when it has none)."""
+    meta = reply.get("meta_info") if isinstance(reply, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
 def _abort_message(reply: Any) -> str | None:
     """Why SGLang aborted a request that `async_generate` returned without an
     error (`meta_info.finish_reason` of type "abort"), else None."""
-    meta = reply.get("meta_info") if isinstance(reply, dict) else None
-    reason = meta.get("finish_reason") if isinstance(meta, dict) else None
+    reason = _meta_info(reply).get("finish_reason")
     if not isinstance(reason, dict) or reason.get("type") != "abort":
         return None
     return str(reason.get("message") or "no reason given")
@@ -371,6 +376,5 @@ def _abort_message(reply: Any) -> str | None:
 
 def _completion_tokens(reply: Any) -> int | None:
     """The completion length SGLang's `async_generate` reports (`meta_info`)."""
-    meta = reply.get("meta_info") if isinstance(reply, dict) else None
-    count = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    count = _meta_info(reply).get("completion_tokens")
     return count if isinstance(count, int) and not isinstance(count, bool) else None

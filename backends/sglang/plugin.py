@@ -64,9 +64,8 @@ def flush_hook(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
     locks go first; the prefixes are pinned again once cached (and TOPAS
     decides again at the next pass)."""
     topas = getattr(sched, ATTR, None)
-    if topas is None:
-        return original(sched, *args, **kwargs)
-    topas.release_for_flush(sched)
+    if topas is not None:
+        topas.release_for_flush(sched)
     return original(sched, *args, **kwargs)
 
 
