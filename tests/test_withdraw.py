@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from backends.sim.engine import SimBackend
@@ -328,13 +327,39 @@ def test_the_sglang_backend_aborts_a_waiting_request_in_sglang() -> None:
     assert gone[3].note == "gone while running"  # abort waits until SGLang holds it
 
 
-def test_a_call_that_reached_no_engine_needs_no_withdrawal(tmp_path: Path) -> None:
-    """Sanity of the HTTP path: a client that stays gets its reply (the
-    disconnect watch does not end a call early)."""
-    with Daemon(tmp_path) as d:
-        r = httpx.post(f"{d.url}/v1/chat/completions", json=_call("z", 8), timeout=60)
-        assert r.status_code == 200 and r.json()["topasd"]["task_done"] is False
-        assert d.state()["counts"]["requests_withdrawn"] == 0
+def test_a_call_that_reached_no_engine_needs_no_withdrawal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that leaves while its call still waits for the engine loop (not
+    started here) cancels the call: no withdrawal is sent, the reply is a
+    Withdrawn, and the loop, once it runs, skips the call: no task, no request."""
+    from topasd import api
+    from topasd.config import load_settings
+    from topasd.service import Service, Withdrawn
+
+    settings = load_settings({"budget": int(BUDGET), "speed": 20.0,
+                              "db": str(tmp_path / "s.db")}, environ={}).settings
+
+    class Gone:
+        """An ASGI request whose client has closed the connection."""
+
+        async def receive(self) -> dict[str, str]:
+            return {"type": "http.disconnect"}
+
+    svc = Service(settings)
+    try:
+        fut = svc.submit_call(_spec("z", 8))
+        asked: list[str] = []
+        monkeypatch.setattr(svc, "withdraw_call", lambda f, why: asked.append(why))
+        with pytest.raises(Withdrawn, match="disconnected before the reply"):
+            asyncio.run(api._call(svc, fut, Gone()))  # type: ignore[arg-type]
+        assert fut.cancelled() and asked == []
+        svc.start()
+        counts = svc.state(1).result(30)["counts"]  # runs after the cancelled call
+        assert (counts["tasks_arrived"], counts["requests_running"],
+                counts["requests_waiting"], counts["requests_withdrawn"]) == (0, 0, 0, 0)
+        assert svc.submit_call(_spec("z", 8)).result(60).round == 0  # "z" was never opened
+    finally:
+        svc.close()  # stops the loop first (no grace)
 
 
 def test_the_console_status_line_counts_withdrawn_calls() -> None:

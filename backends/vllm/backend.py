@@ -728,9 +728,10 @@ def context_tokens(cfg: Mapping[str, Any], budget_tokens: int, block_size: int =
     return min(int(cfg.get("max_position_embeddings", pool)), pool)
 
 
-def context_fix(context: int, budget_tokens: int) -> str:
-    """How to make room for a request longer than `context` tokens."""
-    if context >= budget_tokens:
+def context_fix(context: int, budget_tokens: int, block_size: int = 32) -> str:
+    """How to make room for a request longer than `context` tokens (the
+    context of `context_tokens` for the same budget and block size)."""
+    if context >= pool_tokens(budget_tokens, block_size):
         return "the KV pool caps it: give a larger --budget, or shorten the request"
     return ("the model's max_position_embeddings caps it: shorten the request, or use a "
             "model config with a longer context")
