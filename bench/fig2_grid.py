@@ -26,18 +26,15 @@ from backends.sim.engine import SimBackend
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
-from topasd.scheduler.params import TopasParams
-from topasd.scheduler.topas import TopasPolicy
 from workflows.fig2 import MAX_BATCH, fig2_profile, fig2_trace
 
-POLICIES = ("topas", "topas arrival order", *BASELINES)
+POLICIES = ("topas", "topas-paper", *BASELINES)
 CANONICAL = ((0.0, 0.0, 0.0), (0.0, 0.0, 3.0))  # the test scenarios (tests/test_fig2.py)
 
 
 def run(policy: str, arrivals: Sequence[float], batch: int) -> tuple[float, int]:
     """(mean JCT, preemptions) of one policy on one scenario."""
-    pol = (TopasPolicy(TopasParams(pack_order="arrival")) if policy == "topas arrival order"
-           else make_policy(policy))
+    pol = make_policy(policy)
     backend = SimBackend(fig2_profile(batch), warm_host=True)
     jct = Run(fig2_trace(arrivals), pol, backend).execute().jct
     return float(np.mean(list(jct.values()))), backend.stats.preemptions
@@ -78,19 +75,19 @@ def render(rows: dict[int, list[dict[str, float]]], canon: dict[tuple[int, tuple
              "each scenario is 2-5 tasks at integer times 0-12. W/T/L: TOPAS's mean JCT "
              "against the better of LPM and SRPT (`spf`) in the same scenario.", "",
              "| requests beside the prefix | scenarios | TOPAS W / T / L | "
-             "TOPAS losses that preempt | TOPAS arrival order W / T / L | "
+             "TOPAS losses that preempt | topas-paper W / T / L | "
              + " | ".join(f"{p} (avg)" for p in POLICIES) + " |",
              "|---|---|---|---|---|" + "---|" * len(POLICIES)]
     for batch, runs in rows.items():
         counts = {}
-        for name in ("topas", "topas arrival order"):
+        for name in ("topas", "topas-paper"):
             v = [verdict(r[name], r["lpm"], r["spf"]) for r in runs]
             counts[name] = " / ".join(str(v.count(k)) for k in ("win", "tie", "loss"))
         avgs = " | ".join(f"{np.mean([r[p] for r in runs]):.2f}" for p in POLICIES)
         preempting = sum(1 for r in runs if verdict(r["topas"], r["lpm"], r["spf"]) == "loss"
                          and r["topas preemptions"] > 0)
         lines.append(f"| {batch} | {len(runs)} | {counts['topas']} | {preempting} | "
-                     f"{counts['topas arrival order']} | {avgs} |")
+                     f"{counts['topas-paper']} | {avgs} |")
     lines += ["", "The two scenarios of `tests/test_fig2.py` (mean JCT, time units):", "",
               "| requests | arrivals | " + " | ".join(POLICIES) + " |",
               "|---|---|" + "---|" * len(POLICIES)]

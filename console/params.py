@@ -46,6 +46,8 @@ FIELDS: tuple[Field, ...] = (
           empty="off"),
     Field("pack_order", "pack_order", "choice", choices=("ratio", "arrival"),
           help="GreedyPack order: progress per KV token, or task arrival (extension)"),
+    Field("start_gate", "start_gate", "bool",
+          help="start no new task in a preemption or past a started one (extension)"),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 

@@ -350,7 +350,9 @@ def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
         heights = {str(lab.render()): lab.size.height for lab in app.screen.query(".param-label")}
         assert len(set(heights.values())) == 1, heights  # no label wraps (preempt_margin did)
         answer = str(app.screen.query_one("#answer", Static).render())
-        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order: not in this "
+        assert app.screen.query_one("#param-start_gate", Switch).value is False
+        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order, start_gate: "
+                               "not in this "
                                "log (an older topasd wrote it), shown at the defaults it ran "
                                "with"), answer
         await pilot.press("escape")

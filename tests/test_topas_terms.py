@@ -18,12 +18,14 @@ from tests.topas_views import (
     workflow,
 )
 from topasd.model import EngineEvent, EventKind, Location, Request, TopasError
-from topasd.scheduler.params import TopasParams
+from topasd.scheduler import make_policy
+from topasd.scheduler.params import PAPER, TopasParams, check_variant
 from topasd.scheduler.topas import TopasPolicy, _Search
 
 
 def policy(**params: object) -> TopasPolicy:
-    return TopasPolicy(TopasParams(reservation="full", **params))  # type: ignore[arg-type]
+    """Section IV as the paper gives it (the hand-computed cases below)."""
+    return TopasPolicy(TopasParams(**{"reservation": "full", **PAPER, **params}))
 
 
 def observe(pol: TopasPolicy, agent: str, stage: str, stage_services: list[float],
@@ -563,3 +565,91 @@ def test_pack_order_arrival_serves_the_older_task_first(pack_order: str, admitte
     assert d.chosen_candidate.terms.j_admit == pytest.approx(g * 10)
     with pytest.raises(TopasError, match="pack_order"):
         pol.set_params(pack_order="fifo")
+
+
+# ------------------------------------------------ start gate (a default beyond the paper)
+
+
+@pytest.mark.parametrize(("budget", "paper", "gated"), [(300, (2,), ()), (800, (2, 1), (1, 2))])
+def test_start_gate_starts_no_new_task_while_a_started_ones_request_does_not_fit(
+        budget: int, paper: tuple[int, ...], gated: tuple[int, ...]) -> None:
+    """A and B are resident; task 3's b round runs. Task 1 (a done) waits with
+    a 510-token b round, new task 2 with a 20-token a round. With room for the
+    small one only, the paper packs task 2; the start gate packs started
+    tasks first and, once task 1's round does not fit, starts no new task.
+    With room for both, it admits both, started task first."""
+    running = request(3, 3, CHAIN, "b", running=True, started_at=0.0)
+    big = request(1, 1, CHAIN, "b", input_tokens=500)
+    new = request(2, 2, CHAIN, "a")
+    tasks = [task(3, CHAIN, a="done", b="active"), task(1, CHAIN, a="done", b="active"),
+             task(2, CHAIN, a="active")]
+    v = view(CHAIN, tasks, [running], [big, new], t=10.0, budget=budget, gpu=("A", "B"))
+    assert policy().decide(v).admit == paper
+    d = policy(start_gate=True).decide(v)
+    assert d.admit == gated and d.preempt == ()
+
+
+@pytest.mark.parametrize(("stages", "swaps"), [({"a": "active"}, False),
+                                               ({"a": "done", "b": "active"}, True)])
+def test_start_gate_admits_no_new_task_in_a_candidate_that_preempts(
+        stages: dict[str, str], swaps: bool) -> None:
+    """The swap of the preemption tests above: the paper preempts task 9's c
+    round to bring in task 1's round. When task 1 is new (its a round), the
+    start gate keeps task 9 running; when task 1 has started (its b round),
+    the swap stands."""
+    stage = "b" if "b" in stages else "a"
+    running = request(9, 9, CHAIN, "c", running=True, generated=1, started_at=99.0,
+                      output_tokens=1000)
+    waiting = request(1, 1, CHAIN, stage, input_tokens=10, output_tokens=10)
+    tasks = [task(9, CHAIN, a="done", b="done", c="active"), task(1, CHAIN, **stages)]
+    v = view(CHAIN, tasks, [running], [waiting], t=100.0, budget=1120)
+    paper = policy().decide(v)
+    assert (paper.preempt, paper.admit) == ((9,), (1,))
+    d = policy(start_gate=True).decide(v)
+    assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
+    if not swaps:
+        assert all(not c.admit for c in d.candidates if c.preempt)
+
+
+def test_the_default_is_the_paper_with_three_extensions_and_topas_paper_is_section_iv() -> None:
+    """`topas` runs with the start gate, preempt_margin 1 and arrival order;
+    `topas-paper` is section IV as given (and refuses to become `topas`)."""
+    assert TopasPolicy().params == TopasParams(start_gate=True, preempt_margin=1.0,
+                                               pack_order="arrival")
+    assert make_policy("topas-paper").params == TopasParams(**PAPER)  # type: ignore[attr-defined]
+    with pytest.raises(TopasError, match="topas-paper runs with start_gate=False"):
+        check_variant("topas-paper", {"start_gate": True})
+    base = make_policy("topas-base").params  # type: ignore[attr-defined]
+    assert base.start_gate and not base.reuse and not base.aging
+
+
+def test_start_gate_orders_started_tasks_first_when_a_task_has_sibling_requests() -> None:
+    """The general (heap) fill: task 1's fork branches b (20 tokens) and c (310)
+    wait, new task 2's a round (20) waits, task 3's c round runs. The paper
+    packs both small rounds; the gate takes task 1's first, and c's does not
+    fit, so task 2 does not start."""
+    running = request(3, 3, FORK, "c", running=True, started_at=0.0)
+    rb = request(1, 1, FORK, "b")
+    rc = request(2, 1, FORK, "c", input_tokens=300)
+    ra = request(4, 2, FORK, "a")
+    tasks = [task(3, FORK, a="done", b="done", c="active"),
+             task(1, FORK, a="done", b="active", c="active"), task(2, FORK, a="active")]
+    v = view(FORK, tasks, [running], [rb, rc, ra], t=10.0, budget=370, gpu=("A", "B", "C"))
+    assert sorted(policy().decide(v).admit) == [1, 4]
+    d = policy(start_gate=True).decide(v)
+    assert (d.admit, d.preempt) == ((1,), ())
+
+
+def test_start_gate_never_closes_an_idle_engine() -> None:
+    """Nothing runs and one request fits. `hol_age=0` holds the room for new
+    task 1 (the oldest), so started task 2's round of the same agent does not
+    fit beside it. The gate closes a fill only when a kept running request
+    will free room: here closing it would admit nothing, at every decision."""
+    new = request(1, 1, CHAIN, "a", arrival=0.0)
+    started = request(2, 2, CHAIN, "a", arrival=5.0)
+    t2 = task(2, CHAIN, arrival=5.0, a="active")
+    t2 = replace(t2, stages={**t2.stages, "a": replace(t2.stages["a"], rounds_done=1)})
+    v = view(CHAIN, [task(1, CHAIN, arrival=0.0, a="active"), t2], [], [new, started],
+             t=10.0, budget=120, gpu=("A",))
+    assert policy(start_gate=True).decide(v).admit == (2,)  # started first
+    assert policy(start_gate=True, hol_age=0.0).decide(v).admit == (1,)

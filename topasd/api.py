@@ -62,7 +62,7 @@ from topasd.config import (
 )
 from topasd.model import EventKind, TopasError
 from topasd.scheduler import ALL_POLICY_NAMES, native
-from topasd.scheduler.params import PARAM_RANGES, TopasParams
+from topasd.scheduler.params import PAPER, PARAM_RANGES, TopasParams
 from topasd.service import (
     CallResult,
     CallSpec,
@@ -422,10 +422,12 @@ def _params_patch_model() -> type[BaseModel]:
             desc += "; null: derived (observed / the backend's)"
         if name == "hol_age":
             desc += "; null: off (an extension beyond the paper, see docs/topas.md)"
-        if name in ("preempt", "preempt_margin"):
+        if name in ("preempt", "preempt_margin", "start_gate"):
             desc += "; an extension beyond the paper (docs/topas.md)"
         if name == "pack_order":
             desc += "; 'arrival' is an extension beyond the paper (docs/topas.md)"
+        if name in PAPER:
+            desc += f"; on by default, {PAPER[name]!r} in topas-paper"
         if hint is bool:
             hint = StrictBool
         fields[name] = (hint, Field(default=None, description=desc, **extra))

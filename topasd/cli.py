@@ -147,8 +147,9 @@ def _generated_trace(workload: str, rate: float, tasks: int, seed: int,
               help="Candidates per decision written to --db (default: all).")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
               help="A TOPAS parameter for the TOPAS policies of this replay, repeatable "
-                   "(beta=10, rho=3, H_age=30, M=6, K=0, preempt_margin=1, hol_age=200, ...; "
-                   "defaults and ranges: docs/topas.md); the baselines take none.")
+                   "(beta=10, rho=3, H_age=30, M=6, K=0, preempt_margin=0, start_gate=false, "
+                   "hol_age=200, ...; defaults and ranges: docs/topas.md); the baselines "
+                   "take none.")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, model: str | None,
            clock: str | None, profile: str, budget: int | None, as_json: bool, quiet: bool,

@@ -282,9 +282,9 @@ def _newer_than_the_log(params: dict[str, Any]) -> dict[str, Any]:
     defaults; none for a baseline (no parameters)."""
     if not params:
         return {}
-    from topasd.scheduler.params import TopasParams  # only the defaults
+    from topasd.scheduler.params import PAPER, TopasParams  # only the defaults
 
-    defaults = TopasParams()
+    defaults = TopasParams(**PAPER)  # every extension off, as before it existed
     return {f.name: getattr(defaults, f.name) for f in FIELDS if f.name not in params}
 
 

@@ -33,7 +33,7 @@ class TopasParams:
     preempt: bool = True  # False: every candidate keeps every running request
     # a candidate that preempts must score at least this times its J_redo + J_revoke
     # (J_admit - J_move + V_reuse >= (1 + m) times that cost); 0: off
-    preempt_margin: float = 0.0
+    preempt_margin: float = 1.0
     hol_age: float | None = None  # reserve KV for the oldest task's waiting request once
     # that task is this old (s since its arrival), as EASY backfilling does; None: off
     # d_r's decode reservation (Eq. 2): "optimistic" uses the engine's estimate
@@ -42,7 +42,10 @@ class TopasParams:
     reservation: str = "optimistic"
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
-    pack_order: str = "ratio"
+    pack_order: str = "arrival"
+    # no new task (none of whose requests has finished) is admitted in a candidate
+    # that preempts, nor after a started task's request did not fit
+    start_gate: bool = True
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in PARAM_RANGES.items():
@@ -55,7 +58,7 @@ class TopasParams:
             if not lo <= value <= hi:
                 raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
                                  f"use a number in [{lo}, {hi}]")
-        for name in ("reuse", "aging", "preempt"):
+        for name in ("reuse", "aging", "preempt", "start_gate"):
             if not isinstance(getattr(self, name), bool):
                 raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
                                  "true or false")
@@ -89,8 +92,11 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "samples": (1, 4096),
     "seed": (0, 2**31 - 1),
 }
-VARIANTS: dict[str, dict[str, bool]] = {
+# Section IV as the paper gives it: the three defaults beyond it turned off
+PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio"}
+VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
+    "topas-paper": PAPER,
     "topas-base": {"reuse": False, "aging": False},
     "topas-noreuse": {"reuse": False},
     "topas-noaging": {"aging": False},
@@ -98,25 +104,29 @@ VARIANTS: dict[str, dict[str, bool]] = {
 
 
 def check_variant(name: str, params: Mapping[str, Any]) -> None:
-    """TopasError if `params` undo what defines the ablation variant `name`
-    (topas-base with reuse=true would run as another variant under its name)."""
+    """TopasError if `params` undo what defines the variant `name` (topas-base
+    with reuse=true would run as another variant under its name)."""
     fixed = VARIANTS.get(name, {})
     undone = sorted(k for k, v in fixed.items() if k in params and params[k] != v)
     if undone:
         raise TopasError(f"{name} runs with {', '.join(f'{k}={fixed[k]}' for k in undone)}; "
                          f"{', '.join(f'{k}={params[k]}' for k in undone)} would make it "
-                         "another variant: choose that policy (topas, topas-base, "
-                         "topas-noreuse, topas-noaging) instead")
+                         f"another variant: choose that policy ({', '.join(VARIANTS)}) "
+                         "instead")
     if name in VARIANTS and name != "topas":  # nor may it become another one
-        switches = _switches({**fixed, **params})
-        other = next((v for v, f in VARIANTS.items() if v != name and _switches(f) == switches),
+        identity = _identity({**fixed, **params})
+        other = next((v for v, f in VARIANTS.items() if v != name and _identity(f) == identity),
                      None)
         if other is not None:
-            given = ", ".join(f"{k}={params[k]}" for k in sorted(switches) if k in params)
+            given = ", ".join(f"{k}={params[k]}" for k in sorted(identity) if k in params)
             raise TopasError(f"{name} with {given} would run as {other}: choose that policy "
                              "instead")
 
 
-def _switches(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The reuse and aging switches `params` leave in force (both on by default)."""
-    return {k: params.get(k, True) for k in ("reuse", "aging")}
+_DEFAULTS = TopasParams()
+_IDENTITY_KEYS = ("reuse", "aging", *PAPER)
+
+
+def _identity(params: Mapping[str, Any]) -> dict[str, Any]:
+    """What tells the variants apart, as `params` leave it (defaults elsewhere)."""
+    return {k: params.get(k, getattr(_DEFAULTS, k)) for k in _IDENTITY_KEYS}

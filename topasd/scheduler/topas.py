@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,6 +300,8 @@ class _Search(SearchBounds):
             if all(len(self.waiting_by_task[r.task_id]) == 1
                    and r.task_id not in self.running_stage for r in rs))
         self.hol = _head_of_line(view, p.hol_age)
+        self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
+                      if p.start_gate else frozenset())
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
         self._reuse_terms()
         self.g = self._aging()
@@ -676,20 +678,23 @@ class _Search(SearchBounds):
         for r in cands:
             by_task[r.task_id].append(r)
         key, at = _pack_key(self.params.pack_order)
-        heap = [(*key(-self.base_gain(r) / self.d[r.id], r.task_id not in represented,
-                      r.task_arrival), r.id, 0) for r in cands]
+        fresh = self.fresh  # with `start_gate`, started tasks first
+        heap = [(r.task_id in fresh, *key(-self.base_gain(r) / self.d[r.id],
+                                          r.task_id not in represented, r.task_arrival),
+                 r.id, 0) for r in cands]
         heapq.heapify(heap)
         cuts: dict[int, tuple[tuple[int, float], ...]] = {}
         version: dict[int, int] = {}
         done: set[int] = set()
         while heap:
-            *order, rid, mark = heapq.heappop(heap)
+            _, *order, rid, mark = heapq.heappop(heap)
             neg_ratio = order[at]
             r = self.requests[rid]
             if rid in done or mark != version.get(r.task_id, 0):
                 continue
             done.add(rid)
             if not fill.fits(r):
+                fill.refuse(r)
                 continue
             fill.take(r, -neg_ratio * self.d[rid])
             sibs = [x for x in by_task[r.task_id] if x.id not in done]
@@ -698,7 +703,8 @@ class _Search(SearchBounds):
                 cuts[r.task_id] = cut
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
                 for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
-                    heapq.heappush(heap, (*key(-gx / self.d[x.id], False, x.task_arrival),
+                    heapq.heappush(heap, (x.task_id in fresh,
+                                          *key(-gx / self.d[x.id], False, x.task_arrival),
                                           x.id, mark))
         return fill.states
 
@@ -717,15 +723,18 @@ class _Search(SearchBounds):
             r = self.requests[order.rids[i]]
             if fill.fits(r):
                 fill.take(r, order.gains[i])
+            else:
+                fill.refuse(r)
             pos += 1
         d = order.d[sel]
-        while pos < n:  # every prefix covered: whole runs of fitting requests at once
-            pos = fill.next_fit(pos, d)
-            if pos < n:
-                taken = fill.fitting_run(d[pos:])
-                fill.take_run(sel[pos:pos + taken], order)
-                pos += taken
+        started = n - int(order.fresh[sel].sum())  # `start_gate`: new tasks come last
+        if not _fill_runs(fill, order, sel, d[:started], pos):
+            fill.close()  # a started task's request did not fit
+        if not fill.gated:
+            _fill_runs(fill, order, sel, d, max(pos, started))
         return fill.states
+
+
 
     def _solo_order(self) -> _SoloOrder:
         """Every waiting request of a solo agent in GreedyPack order (-gain
@@ -737,6 +746,9 @@ class _Search(SearchBounds):
             if self.params.pack_order != "ratio":  # the heap's order; solo tasks are
                 key, _ = _pack_key(self.params.pack_order)  # never represented yet
                 keyed.sort(key=lambda k: (*key(k[0], True, k[1]), k[2]))
+            fresh = self.fresh
+            if fresh:  # `start_gate`: started tasks first (a stable sort)
+                keyed.sort(key=lambda k: self.requests[k[2]].task_id in fresh)
             code_of = {a: i for i, a in enumerate(sorted(self.solo_agents))}
             rs = [self.requests[rid] for _, _, rid in keyed]
             d = np.array([self.d[r.id] for r in rs], dtype=float)
@@ -747,6 +759,7 @@ class _Search(SearchBounds):
                 d=d, gain=gain, rid=np.array(rids, dtype=np.int64),
                 incoming=np.array([r.agent not in self.gpu for r in rs], dtype=bool),
                 task=np.array([r.task_id for r in rs], dtype=np.int64),
+                fresh=np.array([r.task_id in fresh for r in rs], dtype=bool),
                 code_of=code_of, rids=rids, gains=gain.tolist())
         return self._solo
 
@@ -904,8 +917,8 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("hol_pending", "j_admit", "pack", "reserved", "search", "states", "tasks_in",
-                 "uncovered", "used")
+    __slots__ = ("gated", "hol_pending", "j_admit", "pack", "reserved", "search", "states",
+                 "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float) -> None:
@@ -916,6 +929,9 @@ class _Filler:
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
         hol = search.hol  # the head-of-line request keeps its room until admitted
         self.hol_pending: bool = hol is not None and hol.agent in pack.resident
+        # `start_gate`: no new task in a candidate that preempts, or once a started
+        # task's request did not fit (`refuse`)
+        self.gated: bool = search.params.start_gate and bool(pack.preempt)
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
@@ -931,7 +947,22 @@ class _Filler:
             extra += s.d[hol.id] - (s.min_d[hol.agent] if in_slot else 0.0)
             slots += 0 if in_slot else 1
         k = s.params.k
+        if self.gated and r.task_id in s.fresh:
+            return False
         return self.used + self.reserved + extra <= s.budget and not (k and slots > k)
+
+    def refuse(self, r: Request) -> None:
+        """r did not fit: with `start_gate`, a started task's request closes
+        the fill to new tasks (they are ordered after every started one)."""
+        if self.search.fresh and r.task_id not in self.search.fresh:
+            self.close()
+
+    def close(self) -> None:
+        """No new task from here on, if a kept running request will free room
+        for the started one that did not fit (else nothing would ever run)."""
+        s = self.search
+        if s.fresh and not self.pack.resident.isdisjoint(s.running_agents):
+            self.gated = True
 
     def take(self, r: Request, gain: float) -> None:
         """Admit r; once every prefix of R is covered, emit the allocation."""
@@ -1015,6 +1046,7 @@ class _SoloOrder:
     rid: np.ndarray
     incoming: np.ndarray  # the agent's prefix is not on the GPU
     task: np.ndarray
+    fresh: np.ndarray  # the task is new (`start_gate`)
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
@@ -1037,6 +1069,36 @@ def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
         return None
     r = min(view.waiting, key=lambda x: (x.task_arrival, x.id))
     return r if view.t - r.task_arrival >= hol_age else None
+
+
+def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
+               pos: int) -> bool:
+    """Take sel[pos:len(d)] (every prefix covered) in whole runs of fitting
+    requests at once; whether every one of them was taken."""
+    every = True
+    while pos < len(d):
+        nxt = fill.next_fit(pos, d)
+        every = every and nxt == pos
+        pos = nxt
+        if pos < len(d):
+            taken = fill.fitting_run(d[pos:])
+            fill.take_run(sel[pos:pos + taken], order)
+            pos += taken
+    return every
+
+
+def _fresh_tasks(view: EngineView, waiting: Mapping[int, list[Request]],
+                 running: Mapping[int, Mapping[str, Request]]) -> frozenset[int]:
+    """Tasks with a waiting request, none running, no round finished and no
+    stage done: not started (`start_gate`)."""
+    out = []
+    for tid in waiting:
+        task = view.tasks.get(tid)
+        if (task is not None and tid not in running and all(
+                st.rounds_done == 0 and st.status is not StageStatus.DONE
+                for st in task.stages.values())):
+            out.append(tid)
+    return frozenset(out)
 
 
 def _t_decode(view: EngineView) -> float:
