@@ -164,7 +164,31 @@ def _with_title(page: str, title: str) -> str:
 def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents",
                 window: tuple[float, float] | None = None,
                 max_bars: int = DEFAULT_MAX_BARS, max_lanes: int = MAX_LANES) -> Gantt:
-    """The figure for one run of `store`."""
+    """The figure for one run of `store`: the view's bars and marks, narrowed
+    to the user's window, to `max_lanes` task lanes and to `max_bars`."""
+    _check_limits(view, window, max_bars, max_lanes)
+    run = q.get_run(store.db, run_id)
+    span = q.time_span(store.db, run.id)
+    if span == (0.0, 0.0) and not q.tasks(store.db, run.id):
+        raise GanttError(f"{run.label} has no events to draw")
+    d = _Drawing(*(_agents_view if view == "agents" else _tasks_view)(store, run.id),
+                 view=view, span=span, win=window or span)
+    tasks = len(d.lanes)
+    if window is not None:
+        d.user_window(window, run.label)
+    if view == "tasks" and len(d.lanes) > max_lanes:
+        d.cap_lanes(max_lanes)
+    if len(d.bars) + len(d.marks) > max_bars:
+        d.cap_bars(max_bars)
+    if view == "tasks" and len(d.lanes) < tasks:
+        d.notes.append(f"{len(d.lanes)} of {_count(tasks, 'task')} shown: those in the window, "
+                       f"at most {max_lanes} (see others with --window START:END)")
+    fig = _figure(run, view, d.lanes, d.bars, d.marks, d.win, d.notes)
+    return Gantt(fig, run, view, d.lanes, len(d.bars), len(d.marks), d.mode, d.win, d.notes)
+
+
+def _check_limits(view: str, window: tuple[float, float] | None, max_bars: int,
+                  max_lanes: int) -> None:
     if view not in VIEWS:
         raise GanttError(f"unknown view {view!r}; choose {' or '.join(VIEWS)}")
     if max_bars < 1:
@@ -173,58 +197,75 @@ def build_gantt(store: Store, *, run_id: int | None = None, view: str = "agents"
         raise GanttError(f"max_lanes must be at least 1, got {max_lanes}")
     if window is not None and not window[0] < window[1]:
         raise GanttError(f"--window must be START:END with START < END, got {window}")
-    run = q.get_run(store.db, run_id)
-    span = q.time_span(store.db, run.id)
-    if span == (0.0, 0.0) and not q.tasks(store.db, run.id):
-        raise GanttError(f"{run.label} has no events to draw")
-    if view == "agents":
-        lanes, bars, marks, agg = _agents_view(store, run.id)
-    else:
-        lanes, bars, marks, agg = _tasks_view(store, run.id)
-    mode, notes = "detailed", []
-    win = window or span
-    tasks = len(lanes)
-    if window is not None:
+
+
+@dataclass
+class _Drawing:
+    """What the figure will draw, narrowed step by step (`build_gantt`)."""
+
+    lanes: list[str]
+    bars: list[_Bar]
+    marks: list[_Mark]
+    agg: list[_Bar]  # the aggregated bars, drawn instead of `bars` past --max-bars
+    view: str
+    span: tuple[float, float]
+    win: tuple[float, float]
+    mode: str = "detailed"
+    notes: list[str] = field(default_factory=list)
+
+    def renumber(self) -> None:
+        """Tasks view: only lanes that hold something, renumbered."""
+        self.lanes, (self.bars, self.marks, self.agg) = _lanes_used(
+            self.lanes, self.bars, self.marks, self.agg)
+
+    def user_window(self, window: tuple[float, float], label: str) -> None:
+        span = self.span
         if window[1] < span[0] or window[0] > span[1]:
-            raise GanttError(f"--window {window[0]:g}:{window[1]:g} lies outside {run.label} "
+            raise GanttError(f"--window {window[0]:g}:{window[1]:g} lies outside {label} "
                              f"({span[0]:g}–{span[1]:g} s): choose times within it")
-        bars, marks = _clip(bars, window), [m for m in marks if window[0] <= m.t <= window[1]]
-        agg = _clip(agg, window)
-        if view == "tasks":  # only the tasks that show in the window keep a lane
-            lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, agg)
-        mode = "windowed"
-        notes.append(f"window {window[0]:g}–{window[1]:g} s of {span[0]:g}–{span[1]:g} s")
-    if view == "tasks" and len(lanes) > max_lanes:
-        cut, keep = _first_lanes(bars, marks, max_lanes, win)
-        bars, marks, agg = _in_lanes(bars, keep), _in_lanes(marks, keep), _in_lanes(agg, keep)
-        if cut[1] < win[1]:
-            bars, marks, agg = _clip(bars, cut), _marks_in(marks, cut), _clip(agg, cut)
-            notes.append(f"over {max_lanes} task lanes: showing {cut[0]:g}–{cut[1]:g} s of "
-                         f"{span[0]:g}–{span[1]:g} s (choose another with --window START:END)")
-            win, mode = cut, _with_step(mode, "windowed")
-        lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, agg)
-    if len(bars) + len(marks) > max_bars:
-        notes.append(f"{_things(len(bars), len(marks))} exceed --max-bars {max_bars}: "
-                     "requests aggregated "
-                     f"({'busy spans per agent' if view == 'agents' else 'one bar per task'})")
-        bars = agg  # preemption marks stay: each sits in its lane at its time
-        mode = _with_step(mode, "aggregated")
-    if len(bars) + len(marks) > max_bars:
-        n_marks = len(marks)
-        bars, marks, win, left = _first_window(bars, marks, max_bars, win)
-        notes.append(_window_note(win, span, left))
-        mode = _with_step(mode, "windowed")
-        outside = n_marks - len(marks) - left[1]
+        self.bars, self.agg = _clip(self.bars, window), _clip(self.agg, window)
+        self.marks = [m for m in self.marks if window[0] <= m.t <= window[1]]
+        if self.view == "tasks":  # only the tasks that show in the window keep a lane
+            self.renumber()
+        self.mode = "windowed"
+        self.notes.append(f"window {window[0]:g}–{window[1]:g} s of {span[0]:g}–{span[1]:g} s")
+
+    def cap_lanes(self, max_lanes: int) -> None:
+        """The first `max_lanes` task lanes, and the time they span if shorter."""
+        cut, keep = _first_lanes(self.bars, self.marks, max_lanes, self.win)
+        self.bars, self.marks = _in_lanes(self.bars, keep), _in_lanes(self.marks, keep)
+        self.agg = _in_lanes(self.agg, keep)
+        if cut[1] < self.win[1]:
+            self.bars, self.agg = _clip(self.bars, cut), _clip(self.agg, cut)
+            self.marks = _marks_in(self.marks, cut)
+            span = self.span
+            self.notes.append(f"over {max_lanes} task lanes: showing {cut[0]:g}–{cut[1]:g} s "
+                              f"of {span[0]:g}–{span[1]:g} s (choose another with --window "
+                              "START:END)")
+            self.win, self.mode = cut, _with_step(self.mode, "windowed")
+        self.renumber()
+
+    def cap_bars(self, max_bars: int) -> None:
+        """Aggregated requests, then the first window that fits `max_bars`."""
+        how = "busy spans per agent" if self.view == "agents" else "one bar per task"
+        self.notes.append(f"{_things(len(self.bars), len(self.marks))} exceed --max-bars "
+                          f"{max_bars}: requests aggregated ({how})")
+        self.bars = self.agg  # preemption marks stay: each sits in its lane at its time
+        self.mode = _with_step(self.mode, "aggregated")
+        if len(self.bars) + len(self.marks) <= max_bars:
+            return
+        n_marks = len(self.marks)
+        self.bars, self.marks, self.win, left = _first_window(self.bars, self.marks, max_bars,
+                                                              self.win)
+        self.notes.append(_window_note(self.win, self.span, left))
+        self.mode = _with_step(self.mode, "windowed")
+        outside = n_marks - len(self.marks) - left[1]
         if outside:
-            notes.append(f"{_count(outside, 'preemption mark')} outside the window shown "
-                         "not drawn")
-        if view == "tasks":  # the tasks after the window lose their lanes
-            lanes, (bars, marks, agg) = _lanes_used(lanes, bars, marks, _clip(agg, win))
-    if view == "tasks" and len(lanes) < tasks:
-        notes.append(f"{len(lanes)} of {_count(tasks, 'task')} shown: those in the window, "
-                     f"at most {max_lanes} (see others with --window START:END)")
-    fig = _figure(run, view, lanes, bars, marks, win, notes)
-    return Gantt(fig, run, view, lanes, len(bars), len(marks), mode, win, notes)
+            self.notes.append(f"{_count(outside, 'preemption mark')} outside the window shown "
+                              "not drawn")
+        if self.view == "tasks":  # the tasks after the window lose their lanes
+            self.agg = _clip(self.agg, self.win)
+            self.renumber()
 
 
 def _with_step(mode: str, step: str) -> str:

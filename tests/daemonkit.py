@@ -19,6 +19,17 @@ from store import Store
 START_TIMEOUT_S = 60.0
 
 
+def service_counts_until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
+    """Poll an in-process Service's counts until `pred(counts)` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = svc.state(1).result(10)["counts"]
+        if pred(counts):
+            return counts
+        assert time.monotonic() < deadline, f"timed out; counts {counts}"
+        time.sleep(0.02)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment without TOPAS_* settings (a developer's own must not leak in)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOPAS_")}

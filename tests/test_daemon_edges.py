@@ -8,9 +8,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -20,7 +18,7 @@ from backends.vllm import read_model_config, write_tiny_model
 from backends.vllm.backend import context_fix, context_tokens, cpu_profile, kv_bytes_per_token
 from store import Store
 from store import queries as q
-from tests.daemonkit import Daemon
+from tests.daemonkit import Daemon, service_counts_until
 from topasd.config import load_settings
 from topasd.model import Decision, EngineEvent, EventKind
 from topasd.runner import RunInfo
@@ -52,16 +50,7 @@ def _call(task: str | None, output: int, *, last_in_stage: bool = True) -> CallS
                     task_key=task, agent="solo", last_in_stage=last_in_stage)
 
 
-def _until(svc: Service, pred: Callable[[dict[str, Any]], bool],
-           timeout: float = 30.0) -> dict[str, Any]:
-    """Poll the service's counts until `pred` holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        counts = svc.state(1).result(10)["counts"]
-        if pred(counts):
-            return counts
-        assert time.monotonic() < deadline, f"timed out; counts {counts}"
-        time.sleep(0.02)
+_until = service_counts_until
 
 
 def _shutdown(svc: Service) -> None:

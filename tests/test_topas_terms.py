@@ -570,15 +570,16 @@ def test_pack_order_arrival_serves_the_older_task_first(pack_order: str, admitte
 # ------------------------------------------------ start gate (a default beyond the paper)
 
 
-@pytest.mark.parametrize(("budget", "paper", "gated"), [(300, (2,), ()), (800, (2, 1), (1, 2))])
+@pytest.mark.parametrize(("budget", "paper", "gated"), [(450, (2,), ()), (1000, (2, 1), (1, 2))])
 def test_start_gate_starts_no_new_task_while_a_started_ones_request_does_not_fit(
         budget: int, paper: tuple[int, ...], gated: tuple[int, ...]) -> None:
     """A and B are resident; task 3's b round runs. Task 1 (a done) waits with
-    a 510-token b round, new task 2 with a 20-token a round. With room for the
+    a 510-token b round, new task 2 with a 20-token a round (dropping B would
+    preempt more KV than B's prefix: no swap starts it). With room for the
     small one only, the paper packs task 2; the start gate packs started
     tasks first and, once task 1's round does not fit, starts no new task.
     With room for both, it admits both, started task first."""
-    running = request(3, 3, CHAIN, "b", running=True, started_at=0.0)
+    running = request(3, 3, CHAIN, "b", running=True, started_at=0.0, output_tokens=200)
     big = request(1, 1, CHAIN, "b", input_tokens=500)
     new = request(2, 2, CHAIN, "a")
     tasks = [task(3, CHAIN, a="done", b="active"), task(1, CHAIN, a="done", b="active"),
@@ -611,6 +612,28 @@ def test_start_gate_admits_no_new_task_in_a_candidate_that_preempts(
         assert all(not c.admit for c in d.candidates if c.preempt)
 
 
+BIG = workflow("big", {"a": (), "b": ("a",), "c": ("b",)}, prefix=2000)
+
+
+@pytest.mark.parametrize(("output", "swaps"), [(10, True), (3000, False)])
+def test_start_gate_lets_a_prefix_swap_start_new_tasks(output: int, swaps: bool) -> None:
+    """Task 9's c round runs under a 2,000-token prefix; new task 1's a round
+    needs A's 2,000-token prefix, and both prefixes do not fit. Preempting a
+    round that holds less KV than the prefix leaving with it is a prefix swap:
+    the gate lets it start the new task, as the paper does. Preempting a
+    round that holds more (3,000 output tokens reserved) frees room that
+    started work holds: the gate keeps it running."""
+    running = request(9, 9, BIG, "c", running=True, generated=1, started_at=99.0,
+                      output_tokens=output)
+    waiting = request(1, 1, BIG, "a", output_tokens=500)  # 50 s of progress
+    tasks = [task(9, BIG, a="done", b="done", c="active"), task(1, BIG, a="active")]
+    v = view(BIG, tasks, [running], [waiting], t=100.0, budget=3000 + output, gpu=("C",))
+    paper = policy().decide(v)
+    assert (paper.preempt, paper.admit) == ((9,), (1,))
+    d = policy(start_gate=True).decide(v)
+    assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
+
+
 def test_the_default_is_the_paper_with_three_extensions_and_topas_paper_is_section_iv() -> None:
     """`topas` runs with the start gate, preempt_margin 1 and arrival order;
     `topas-paper` is section IV as given (and refuses to become `topas`)."""
@@ -628,13 +651,13 @@ def test_start_gate_orders_started_tasks_first_when_a_task_has_sibling_requests(
     wait, new task 2's a round (20) waits, task 3's c round runs. The paper
     packs both small rounds; the gate takes task 1's first, and c's does not
     fit, so task 2 does not start."""
-    running = request(3, 3, FORK, "c", running=True, started_at=0.0)
+    running = request(3, 3, FORK, "c", running=True, started_at=0.0, output_tokens=200)
     rb = request(1, 1, FORK, "b")
     rc = request(2, 1, FORK, "c", input_tokens=300)
     ra = request(4, 2, FORK, "a")
     tasks = [task(3, FORK, a="done", b="done", c="active"),
              task(1, FORK, a="done", b="active", c="active"), task(2, FORK, a="active")]
-    v = view(FORK, tasks, [running], [rb, rc, ra], t=10.0, budget=370, gpu=("A", "B", "C"))
+    v = view(FORK, tasks, [running], [rb, rc, ra], t=10.0, budget=560, gpu=("A", "B", "C"))
     assert sorted(policy().decide(v).admit) == [1, 4]
     d = policy(start_gate=True).decide(v)
     assert (d.admit, d.preempt) == ((1,), ())

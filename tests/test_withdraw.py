@@ -19,7 +19,7 @@ import pytest
 from backends.sim.engine import SimBackend
 from store import Store
 from store.queries import RunReplay
-from tests.daemonkit import Daemon
+from tests.daemonkit import Daemon, service_counts_until
 from topasd.model import Decision, EngineEvent, EventKind, Request
 from topasd.profiles import get_profile
 
@@ -413,14 +413,7 @@ def _service(tmp_path: Path, **flags: Any) -> Any:
     return svc
 
 
-def _until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        counts = svc.state(1).result(10)["counts"]
-        if pred(counts):
-            return counts
-        assert time.monotonic() < deadline, f"timed out; counts {counts}"
-        time.sleep(0.02)
+_until = service_counts_until
 
 
 def test_a_retry_queued_right_behind_the_withdrawal_takes_its_round(tmp_path: Path) -> None:

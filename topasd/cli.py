@@ -953,18 +953,15 @@ _COLUMNS = (
 )
 
 
-def _is_rate(x: Any) -> bool:
-    """A trace header's `rate` worth printing as one (headers are free-form)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _table(rows: list[dict[str, Any]], meta: Any, prof: HardwareProfile,
            engine: str | None = None) -> str:
     cells = [[h for h, _, _ in _COLUMNS]]
     cells += [[fmt.format(row[k]) for _, k, fmt in _COLUMNS] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(_COLUMNS))]
+    from workflows.trace import is_number  # a header's rate is free-form
+
     known = [f"workload {meta['workload']}" if "workload" in meta else "",
-             f"rate {meta['rate']} task/s" if _is_rate(meta.get("rate")) else ""]
+             f"rate {meta['rate']} task/s" if is_number(meta.get("rate")) else ""]
     lines = [", ".join(x for x in (*known, f"{rows[0]['tasks']} tasks", f"profile {prof.name}",
                                    engine or "") if x) + " (times in s)"]
     for r in cells:

@@ -403,7 +403,7 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
     if not _is_int(tid) or not is_int64(tid):
         raise TraceError(f"{where}: task id must be an integer from -2**63 to 2**63-1, got "
                          f"{json.dumps(tid)}; renumber the task")
-    if not _is_number(arrival) or not 0 <= arrival <= MAX_TIME_S:
+    if not is_number(arrival) or not 0 <= arrival <= MAX_TIME_S:
         raise TraceError(f"{where}: task {tid} needs arrival a finite number >= 0 and at most "
                          f"{MAX_TIME_S:g} s (the bound on trace times), got "
                          f"{json.dumps(arrival)}")
@@ -423,7 +423,7 @@ def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
     out = []
     for k, r in enumerate(rounds):
         ok = (isinstance(r, list) and len(r) == 3 and _is_int(r[0]) and _is_int(r[1])
-              and _is_number(r[2]))
+              and is_number(r[2]))
         if not ok or r[0] < 0 or r[1] < 1 or r[2] < 0:
             raise TraceError(f"{where}, round {k}: expected [input_tokens >= 0, output_tokens "
                              f">= 1, tool_wait_s >= 0] as integers and a finite number, "
@@ -444,6 +444,6 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
     """A finite JSON number (not a boolean)."""
     return _is_int(x) or (isinstance(x, float) and math.isfinite(x))

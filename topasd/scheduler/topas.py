@@ -773,6 +773,13 @@ class _Search(SearchBounds):
         j_revoke = sum((self.run_revoke[a] for a in sorted(out_running)), 0.0)
         return _Pack(resident, preempt, t_move, j_redo, j_revoke, self.v_reuse(resident), [], [])
 
+    def grabs_kv(self, resident: frozenset[str]) -> bool:
+        """Whether R preempts running requests that hold more KV than the
+        prefixes leaving with them (`start_gate`: a swap made for its room,
+        not to bring in a prefix)."""
+        out = sorted(self.running_agents - resident)
+        return sum(self.run_kv[a] for a in out) > sum(self.ell[a] for a in out)
+
     def v_reuse(self, resident: frozenset[str]) -> float:
         """V_reuse(R') (Eq. 11): a downstream stage counts when its agent and
         its running predecessor's agent both stay in R' (`reuse_pairs`)."""
@@ -929,9 +936,9 @@ class _Filler:
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
         hol = search.hol  # the head-of-line request keeps its room until admitted
         self.hol_pending: bool = hol is not None and hol.agent in pack.resident
-        # `start_gate`: no new task in a candidate that preempts, or once a started
-        # task's request did not fit (`refuse`)
-        self.gated: bool = search.params.start_gate and bool(pack.preempt)
+        # `start_gate`: no new task in a candidate that preempts for KV, or once a
+        # started task's request did not fit (`refuse`)
+        self.gated: bool = search.params.start_gate and search.grabs_kv(pack.resident)
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
