@@ -65,6 +65,7 @@ class SearchBounds(ABC):
                       tuple[str, float, float, bool] | None]] | None
     gpu_moves: list[tuple[str, float]]  # T_move share of each GPU prefix leaving, sorted
     lost_all: float
+    margin: float  # `preempt_margin`: a preempting state scores >= margin * its cost
     running_agents: frozenset[str]
     running_stage: Mapping[int, dict[str, Request]]
     solo_agents: frozenset[str]
@@ -235,8 +236,11 @@ class SearchBounds(ABC):
                 lost -= share
         if room < need:
             return -math.inf
-        return _loosen(self.v_reuse(resident) - lost + self._knapsack(
+        ub = _loosen(self.v_reuse(resident) - lost + self._knapsack(
             resident, room, self._t_move(resident), covers))
+        if lost > 0.0 and ub < _unloosen(self.margin * lost):
+            return -math.inf  # every state would score below the preemption's floor
+        return ub
 
     def _t_move_of(self, resident: frozenset[str]) -> float:
         """T_move(S'|S_t) (Eq. 8): the transfers out, then in, each summed in
@@ -502,6 +506,11 @@ def _mask(terms: QuickTerms, agents: frozenset[str]) -> int:
 
 _QUICK_SLACK = 1e-7  # `quick_bound`'s margin, relative: far above any rounding
 _SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
+
+
+def _unloosen(floor: float) -> float:
+    """A floor lowered by the rounding margin of `_loosen`."""
+    return floor - _SLACK * (1.0 + abs(floor))
 
 
 def _loosen(bound: Any) -> Any:

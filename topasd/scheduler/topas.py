@@ -381,6 +381,7 @@ class _Search(SearchBounds):
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
         self.lost_all = sum(self.lost_by_agent.values(), 0.0)  # J_redo + J_revoke if all leave
+        self.margin = float(self.params.preempt_margin)
         self.agent_terms = {a: (self.hold[a], self.lost_by_agent.get(a),
                                 self.min_d.get(a, math.inf)) for a in self.ell}
         self.move_out = {a: self.sec_per_token * self.ell[a] for a in self.gpu}
