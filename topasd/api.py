@@ -427,7 +427,8 @@ def _params_patch_model() -> type[BaseModel]:
         if name == "pack_order":
             desc += "; 'arrival' is an extension beyond the paper (docs/topas.md)"
         if name in PAPER:
-            desc += f"; on by default, {PAPER[name]!r} in topas-paper"
+            desc += (f"; {getattr(TopasParams(), name)!r} by default, {PAPER[name]!r} in "
+                     "topas-paper")
         if hint is bool:
             hint = StrictBool
         fields[name] = (hint, Field(default=None, description=desc, **extra))

@@ -238,7 +238,7 @@ class SearchBounds(ABC):
             return -math.inf
         ub = _loosen(self.v_reuse(resident) - lost + self._knapsack(
             resident, room, self._t_move(resident), covers))
-        if lost > 0.0 and ub < _unloosen(self.margin * lost):
+        if self.margin > 0.0 and lost > 0.0 and ub < _unloosen(self.margin * lost):
             return -math.inf  # every state would score below the preemption's floor
         return ub
 

@@ -43,8 +43,8 @@ class TopasParams:
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
     pack_order: str = "arrival"
-    # no new task (none of whose requests has finished) is admitted in a candidate
-    # that preempts, nor after a started task's request did not fit
+    # started tasks' requests first; no new task in a candidate that preempts for KV
+    # (more than the prefixes leaving), nor once a started task's request did not fit
     start_gate: bool = True
 
     def __post_init__(self) -> None:

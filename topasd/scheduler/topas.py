@@ -728,14 +728,13 @@ class _Search(SearchBounds):
                 fill.refuse(r)
             pos += 1
         d = order.d[sel]
-        started = n - int(order.fresh[sel].sum())  # `start_gate`: new tasks come last
+        # `start_gate`: new tasks come last
+        started = n - int(order.fresh[sel].sum()) if self.fresh else n
         if not _fill_runs(fill, order, sel, d[:started], pos):
             fill.close()  # a started task's request did not fit
         if not fill.gated:
             _fill_runs(fill, order, sel, d, max(pos, started))
         return fill.states
-
-
 
     def _solo_order(self) -> _SoloOrder:
         """Every waiting request of a solo agent in GreedyPack order (-gain
@@ -943,8 +942,11 @@ class _Filler:
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
-        with `hol_age`), and a slot under the cap K."""
+        with `hol_age`), a slot under the cap K, and (`start_gate`) a fill
+        still open to r's task if it is new."""
         s = self.search
+        if self.gated and r.task_id in s.fresh:
+            return False
         extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
         slots = len(self.pack.seq) + 1 + len(self.uncovered - {r.agent})
         hol = s.hol
@@ -955,8 +957,6 @@ class _Filler:
             extra += s.d[hol.id] - (s.min_d[hol.agent] if in_slot else 0.0)
             slots += 0 if in_slot else 1
         k = s.params.k
-        if self.gated and r.task_id in s.fresh:
-            return False
         return self.used + self.reserved + extra <= s.budget and not (k and slots > k)
 
     def refuse(self, r: Request) -> None:
