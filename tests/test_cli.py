@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -578,41 +578,62 @@ def test_the_decision_log_names_the_search_behind_topas_decision_times(tmp_path:
 
 def test_ctrl_c_in_a_replay_keeps_the_policies_that_finished(tmp_path: Path) -> None:
     """SIGINT during the second policy: the first one's row, the cut run marked
-    interrupted in the log, exit 130."""
+    interrupted in the log, exit 130.
+
+    The signal waits on the replay itself: its stderr is a terminal, so it draws
+    a progress bar per policy, and topas's bar showing engine time means topas's
+    run has begun (its row exists) with almost all of its 2,000 tasks to go."""
+    import pty
     import signal
     import sqlite3
 
     db = tmp_path / "int.db"
+    master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "topasd.cli", "replay", "-w", "metagpt-tl", "-n", "2000",
-         "-p", "fcfs", "-p", "topas", "--db", str(db), "-q"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def runs() -> list[tuple[Any, ...]]:
-        if not db.exists():
-            return []
-        conn = sqlite3.connect(db, timeout=5)
-        try:
-            return conn.execute("SELECT id, policy, status FROM runs ORDER BY id").fetchall()
-        except sqlite3.OperationalError:  # the schema is not there yet
-            return []
-        finally:
-            conn.close()
-
+         "-p", "fcfs", "-p", "topas", "--db", str(db)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave, text=True)
+    os.close(slave)
     try:
-        deadline = time.monotonic() + 240
-        while len(runs()) < 2 and time.monotonic() < deadline:  # topas has started
-            time.sleep(0.2)
-        assert runs()[:1] == [(1, "fcfs", "done")]
+        shown = _read_terminal_until(master, lambda text: "topas" in text and
+                                     "engine t=" in text.split("topas", 1)[1])
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        shown += _read_terminal_until(master, None)  # to the replay's exit
+        out = proc.communicate(timeout=600)[0]
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted during topas" in err and "Traceback" not in err
+        os.close(master)
+    assert proc.returncode == 130, shown
+    assert "interrupted during topas" in shown and "Traceback" not in shown
     assert [line.split()[0] for line in out.splitlines()[2:]] == ["fcfs"]  # its row only
-    assert "run 2 (topas) is marked interrupted" in err
-    assert runs() == [(1, "fcfs", "done"), (2, "topas", "interrupted")]
+    assert "run 2 (topas) is marked interrupted" in shown
+    with sqlite3.connect(db) as conn:
+        runs = conn.execute("SELECT id, policy, status FROM runs ORDER BY id").fetchall()
+    assert runs == [(1, "fcfs", "done"), (2, "topas", "interrupted")]
+
+
+def _read_terminal_until(fd: int, done: Callable[[str], bool] | None,
+                         guard_s: float = 600) -> str:
+    """What a child writes to the terminal `fd`, until `done(text)`; with `done`
+    None, until the child closes it. The guard only stops a hang."""
+    import select
+
+    text = ""
+    deadline = time.monotonic() + guard_s
+    while time.monotonic() < deadline:
+        if not select.select([fd], [], [], 1.0)[0]:
+            continue
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed its end
+            data = b""
+        if not data:
+            assert done is None, f"the replay ended before the awaited progress: {text[-2000:]!r}"
+            return text
+        text += data.decode(errors="replace")
+        if done is not None and done(text):
+            return text
+    raise AssertionError(f"no such progress within {guard_s} s: {text[-2000:]!r}")
 
 
 def test_replay_reads_a_trace_from_standard_input(tmp_path: Path) -> None:

@@ -201,8 +201,8 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     rows: list[dict[str, Any]] = []
     try:
         for name in names:
+            sink = None if store is None else store.sink(log_candidates or "all")
             with _progress(len(tr.tasks), f"{name:>13}", quiet or as_json) as tick:
-                sink = None if store is None else store.sink(log_candidates or "all")
                 rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts,
                                      tuned if name in _topas_names() else {}))
             if sink is not None:
