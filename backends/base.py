@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from topasd.model import (
     Decision,
@@ -15,6 +16,7 @@ from topasd.model import (
     TopasError,
     Workflow,
 )
+from topasd.profiles import HardwareProfile
 
 
 class InfeasibleDecision(TopasError):
@@ -89,13 +91,56 @@ def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mappi
     if problems:
         return problems
     admitted = [waiting[r] for r in d.admit]
-    if bad := sorted({r.agent for r in admitted} - after):
-        problems.append(f"admit needs prefixes {bad} resident; load them")
+    if missing := sorted({r.agent for r in admitted} - after):
+        problems.append(f"admit needs prefixes {missing} resident; load them")
     total = demand(after, kept, admitted)
     if (admitted or d.load) and total > budget + 1e-6:
         problems.append(f"the state needs {total:.0f} {unit} but the budget is "
                         f"{budget:.0f} (Eq. 2)")
     return problems
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What bounds the requests an engine takes, as the engine reports it.
+
+    `pool_tokens`: its KV pool in tokens (None: the profile's budget holds);
+    `pool_from_budget`: the pool is the asked budget rounded up (all of it
+    usable), not a pool the engine sized itself (which a smaller budget caps);
+    `context_tokens`: the longest request (prefix + input + output) its
+    context takes (None: only the pool bounds a request)."""
+
+    pool_tokens: int | None = None
+    pool_from_budget: bool = False
+    context_tokens: int | None = None
+
+
+class BackendStats(Protocol):
+    """The counters a run's summary reads (the replay table's columns)."""
+
+    @property
+    def mean_batch(self) -> float: ...
+
+    @property
+    def peak_batch(self) -> int: ...
+
+    @property
+    def prefix_loads(self) -> int: ...
+
+    @property
+    def prefix_load_bytes(self) -> float: ...
+
+    @property
+    def prefix_computes(self) -> int: ...
+
+    @property
+    def preemptions(self) -> int: ...
+
+    @property
+    def retractions(self) -> int: ...
+
+    @property
+    def recomputed_tokens(self) -> int: ...
 
 
 class Backend(Protocol):
@@ -105,6 +150,14 @@ class Backend(Protocol):
 
     @property
     def t(self) -> float: ...
+
+    @property
+    def profile(self) -> HardwareProfile:
+        """The cost profile a policy's hints come from (recorded with each run)."""
+
+    @property
+    def stats(self) -> BackendStats:
+        """Counters of the run so far."""
 
     def submit(self, request: Request) -> None:
         """Queue a request; it becomes waiting at `request.ready_at`."""
@@ -122,10 +175,26 @@ class Backend(Protocol):
 
     def view(self, tasks: Mapping[int, TaskView],
              workflows: Mapping[str, Workflow]) -> EngineView:
-        """The state a policy decides on, with the caller's task book."""
+        """The state a policy decides on, with the caller's task book. Only while
+        a decision is due (after a SCHEDULE event) on engines that decide inside
+        their own scheduler (SGLang)."""
+
+    def state(self, tasks: Mapping[int, TaskView],
+              workflows: Mapping[str, Workflow]) -> EngineView:
+        """The state a dashboard shows, at any time: as `view` where the engine
+        holds it here, else the engine's last report. Changes nothing."""
 
     def apply(self, decision: Decision) -> None:
         """Carry out a decision or raise InfeasibleDecision without changing state."""
 
     def idle(self) -> bool:
         """Nothing running, loading or scheduled in the future."""
+
+    def limits(self) -> EngineLimits:
+        """The KV pool and context the engine reports."""
+
+    def describe(self) -> dict[str, Any]:
+        """The backend's settings, recorded with each run (`RunInfo.params`)."""
+
+    def close(self) -> None:
+        """Stop the engine (a no-op for the simulator)."""

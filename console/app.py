@@ -19,9 +19,10 @@ import functools
 import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from textual.app import App, SystemCommand
+from textual.binding import BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.timer import Timer
@@ -72,7 +73,7 @@ class ConsoleApp(App[None]):
 
     CSS_PATH = "console.tcss"
     TITLE = "topasd console"
-    BINDINGS = keys.APP
+    BINDINGS: ClassVar[list[BindingType]] = [*keys.APP]
 
     def __init__(self, target: Target | None = None, replay: ReplaySource | None = None, *,
                  keymap: Mapping[str, str] | None = None, at: float | None = None,
@@ -129,7 +130,7 @@ class ConsoleApp(App[None]):
         self.dashboard.status().set_connection(False, None, 0, self.client.url)
         self.dashboard.status().connected = None
         self.dashboard.status().refresh_text()
-        self.set_interval(self.render_s, self._flush)
+        self.set_interval(self.render_s, self._render_tick)
         self.run_worker(self._poll(), name="poll", group="poll", exclusive=True,
                         exit_on_error=False)
 
@@ -228,7 +229,7 @@ class ConsoleApp(App[None]):
             del self._pending_rows[:-LOG_DECISIONS]
 
     @_while_shown
-    def _flush(self) -> None:
+    def _render_tick(self) -> None:
         """The render tick: apply the newest snapshot and the pending decisions."""
         if self.paused:
             return
@@ -293,7 +294,7 @@ class ConsoleApp(App[None]):
         status.paused = self.paused
         status.refresh_text()
         if not self.paused:
-            self._flush()
+            self._render_tick()
 
     def refill_decisions(self) -> None:
         """Show the decisions again (after no-ops were shown or hidden)."""
@@ -382,9 +383,9 @@ class ConsoleApp(App[None]):
                             self.open_params)
         yield SystemCommand("Help", "Panels and key bindings", self.action_help)
         yield SystemCommand("Focus tasks", "Move to the tasks table",
-                            lambda: dash.action_focus("tasks"))
+                            lambda: dash.action_focus_panel("tasks"))
         yield SystemCommand("Focus decisions", "Move to the decision feed",
-                            lambda: dash.action_focus("decisions"))
+                            lambda: dash.action_focus_panel("decisions"))
         for key in ("age", "remaining", "progress", "id"):
             yield SystemCommand(f"Sort tasks by {key}", "Order of the tasks table",
                                 lambda k=key: dash.query_one("#tasks").cycle_sort(k))  # type: ignore[attr-defined]

@@ -284,21 +284,22 @@ def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list
     agents = q.agents(db, run_id)
     row = {a: i for i, a in enumerate(agents)}
     bars: list[_Bar] = []
-    for s in q.prefix_spans(db, run_id):
-        if s.agent not in row:
+    for span in q.prefix_spans(db, run_id):
+        if span.agent not in row:
             continue
-        top, h = RESIDENT_BAND if s.kind in ("resident", "compute") else TRANSFER_BAND
+        top, h = RESIDENT_BAND if span.kind in ("resident", "compute") else TRANSFER_BAND
         what = {"resident": "prefix on GPU", "compute": "prefix recomputed by prefill",
-                "load": "prefix load host → GPU", "offload": "prefix backup GPU → host"}[s.kind]
-        extra = f"<br>{_esc(s.note)}" if s.note else ""
-        bars.append(_Bar(s.kind, row[s.agent] + top, h, s.start, s.end,
-                         f"<b>{_esc(s.agent)}</b>: {what}<br>{_span(s.start, s.end)}"
-                         f"<br>{s.tokens} tokens{extra}"))
+                "load": "prefix load host → GPU", "offload": "prefix backup GPU → host"
+                }[span.kind]
+        extra = f"<br>{_esc(span.note)}" if span.note else ""
+        bars.append(_Bar(span.kind, row[span.agent] + top, h, span.start, span.end,
+                         f"<b>{_esc(span.agent)}</b>: {what}<br>{_span(span.start, span.end)}"
+                         f"<br>{span.tokens} tokens{extra}"))
     prefix_bars = list(bars)
-    segs = [s for s in q.request_segments(db, run_id) if s.agent in row]
     by_agent: dict[str, list[q.Segment]] = defaultdict(list)
-    for s in segs:
-        by_agent[s.agent].append(s)  # type: ignore[index]
+    for s in q.request_segments(db, run_id):
+        if s.agent is not None and s.agent in row:
+            by_agent[s.agent].append(s)
     marks: list[_Mark] = []
     for agent, group in by_agent.items():
         slots, n = _slots(group)

@@ -15,23 +15,24 @@ from textual.binding import Binding
 
 from topasd.model import TopasError
 
-APP = [
+APP: list[Binding] = [
     Binding("question_mark,f1", "help", "Help", id="console.help"),
     Binding("q", "quit", "Quit", id="console.quit"),
 ]
-DASHBOARD = [
+DASHBOARD: list[Binding] = [
     Binding("p", "params", "Params", id="console.params"),
-    Binding("t", "focus('tasks')", "Tasks", show=False, id="console.focus_tasks"),
-    Binding("d", "focus('decisions')", "Decisions", show=False, id="console.focus_decisions"),
-    Binding("c", "focus('candidates')", "Candidates", show=False, id="console.focus_candidates"),
+    Binding("t", "focus_panel('tasks')", "Tasks", show=False, id="console.focus_tasks"),
+    Binding("d", "focus_panel('decisions')", "Decisions", show=False, id="console.focus_decisions"),
+    Binding("c", "focus_panel('candidates')", "Candidates", show=False,
+            id="console.focus_candidates"),
     Binding("s", "sort_tasks", "Sort", id="console.sort_tasks"),
     Binding("n", "toggle_noop", "No-ops", id="console.toggle_noop"),
 ]
-LIVE = [
+LIVE: list[Binding] = [
     Binding("space", "pause", "Pause", id="console.pause"),
     Binding("f", "follow", "Follow", id="console.follow"),
 ]
-REPLAY = [
+REPLAY: list[Binding] = [
     Binding("full_stop", "step(1)", "Next", id="console.step_next"),
     Binding("comma", "step(-1)", "Prev", id="console.step_prev"),
     Binding("right_square_bracket", "jump(10)", "+10s", id="console.jump_fwd"),
@@ -42,7 +43,7 @@ REPLAY = [
     Binding("dollar_sign", "to_end", "End", show=False, id="console.to_end"),
     Binding("g", "goto", "Go to", id="console.goto"),
 ]
-PARAMS = [
+PARAMS: list[Binding] = [
     Binding("ctrl+s", "apply", "Apply", id="params.apply", priority=True),
     Binding("ctrl+r", "reload", "Reload", id="params.reload", priority=True),
     Binding("escape", "close", "Back", id="params.close"),

@@ -291,14 +291,14 @@ def prefix_spans(db: Database, run_id: int) -> list[PrefixSpan]:
             out.append(PrefixSpan(agent, "load" if kind == "prefix_load_start" else "offload",
                                   t, t + (value or 0.0), tokens, note or ""))
         elif kind == "prefix_load_end" and agent in loading:
-            i = loading.pop(agent)
-            out[i] = replace(out[i], end=max(t, out[i].start))
+            k = loading.pop(agent)
+            out[k] = replace(out[k], end=max(t, out[k].start))
         elif kind == "prefix_compute_start":
             computing[agent] = t
         elif kind == "prefix_compute_end" and agent in computing:
             out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens))
         elif kind == "prefix_evict":
-            i = loading.pop(agent, None)
+            i = loading.pop(agent) if agent in loading else None
             if i is not None and t < out[i].end:  # evicted mid-load
                 out[i] = replace(out[i], end=max(t, out[i].start), note="cancelled")
             if agent in computing:

@@ -60,25 +60,25 @@ def migration(fn: Migration) -> Migration:
 
 @migration
 def m001_core_tables(db: Database) -> None:
-    db["runs"].create({
+    db.table("runs").create({
         "id": int, "started_ts": float, "finished_ts": float, "status": str, "pid": int,
         "host": str, "policy": str, "backend": str, "profile": str, "params": str,
         "workload": str, "seed": int, "trace_meta": str, "version": str,
         "log_candidates": str, "summary": str, "error": str, "decisions": int,
         "candidates": int, "events": int,
     }, pk="id", not_null=["status", "policy", "backend"])
-    db["tasks"].create({
+    db.table("tasks").create({
         "run_id": int, "task_id": int, "workflow": str, "arrival": float,
         "completion": float, "jct": float,
     }, pk=("run_id", "task_id"), foreign_keys=[("run_id", "runs", "id")])
-    db["requests"].create({
+    db.table("requests").create({
         "run_id": int, "request_id": int, "task_id": int, "stage": str, "agent": str,
         "input_tokens": int, "output_tokens": int, "ready": float, "admitted": float,
         "started": float, "finished": float, "service_s": float, "preemptions": int,
         "retractions": int,
     }, pk=("run_id", "request_id"), foreign_keys=[("run_id", "runs", "id")],
         defaults={"preemptions": 0, "retractions": 0})
-    db["decisions"].create({
+    db.table("decisions").create({
         "run_id": int, "seq": int, "t": float, "wall_ms": float, "wall_ts": float,
         "noop": int, "admit": str, "preempt": str, "load": str, "evict": str,
         "n_admit": int, "n_preempt": int, "n_load": int, "n_evict": int,
@@ -87,17 +87,17 @@ def m001_core_tables(db: Database) -> None:
         "j_move": float, "j_redo": float, "j_revoke": float, "v_reuse": float,
         "total": float,
     }, pk=("run_id", "seq"), foreign_keys=[("run_id", "runs", "id")])
-    db["candidates"].create({
+    db.table("candidates").create({
         "run_id": int, "decision_seq": int, "idx": int, "won": int, "resident": str,
         "admit": str, "preempt": str, "j_admit": float, "j_move": float, "j_redo": float,
         "j_revoke": float, "v_reuse": float, "total": float,
     }, pk=("run_id", "decision_seq", "idx"), foreign_keys=[("run_id", "runs", "id")])
-    db["engine_events"].create({
+    db.table("engine_events").create({
         "id": int, "run_id": int, "t": float, "kind": str, "request_id": int,
         "task_id": int, "agent": str, "stage": str, "tokens": int, "value": float,
         "note": str,
     }, pk="id", not_null=["run_id", "t", "kind"], foreign_keys=[("run_id", "runs", "id")])
-    db["param_changes"].create({
+    db.table("param_changes").create({
         "id": int, "run_id": int, "t": float, "wall_ts": float, "name": str, "old": str,
         "new": str, "source": str,
     }, pk="id", not_null=["run_id", "name"], foreign_keys=[("run_id", "runs", "id")])
@@ -108,14 +108,14 @@ def m002_query_indexes(db: Database) -> None:
     """Indexes for the console and the Gantt export (queries in `store.queries`)."""
     # One narrow index on the events: a run's events are a contiguous id range,
     # which every reader scans once (a second, wider index doubled insert time).
-    db["engine_events"].create_index(["run_id"], index_name="ix_events_run")
-    db["decisions"].create_index(["run_id", "t"], index_name="ix_decisions_run_t")
-    db["requests"].create_index(["run_id", "agent", "admitted"],
+    db.table("engine_events").create_index(["run_id"], index_name="ix_events_run")
+    db.table("decisions").create_index(["run_id", "t"], index_name="ix_decisions_run_t")
+    db.table("requests").create_index(["run_id", "agent", "admitted"],
                                 index_name="ix_requests_run_agent")
-    db["requests"].create_index(["run_id", "task_id"], index_name="ix_requests_run_task")
-    db["tasks"].create_index(["run_id", "arrival"], index_name="ix_tasks_run_arrival")
-    db["param_changes"].create_index(["run_id", "t"], index_name="ix_params_run_t")
-    db["runs"].create_index(["status"], index_name="ix_runs_status")
+    db.table("requests").create_index(["run_id", "task_id"], index_name="ix_requests_run_task")
+    db.table("tasks").create_index(["run_id", "arrival"], index_name="ix_tasks_run_arrival")
+    db.table("param_changes").create_index(["run_id", "t"], index_name="ix_params_run_t")
+    db.table("runs").create_index(["status"], index_name="ix_runs_status")
 
 
 @migration
@@ -123,14 +123,14 @@ def m003_param_change_first_decision(db: Database) -> None:
     """`param_changes.from_decision`: the first decision `seq` a change applies to.
     A decision and a change may share an engine time; the number says which
     came first (NULL in logs written before: `t` is all they have)."""
-    db["param_changes"].add_column("from_decision", int)
+    db.table("param_changes").add_column("from_decision", int)
 
 
 @migration
 def m004_request_withdrawn(db: Database) -> None:
     """`requests.withdrawn`: when a request was taken back unfinished (its
     client went away); NULL for every other request, and in older logs."""
-    db["requests"].add_column("withdrawn", float)
+    db.table("requests").add_column("withdrawn", float)
 
 
 def applied(db: Database) -> list[str]:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from operator import add, attrgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from store.db import StoreError
 from topasd.model import Decision, EngineEvent, EventKind, Reservation, TopasError
@@ -229,7 +229,7 @@ class StoreSink:
             "events": 0,
         }
         try:
-            self.run_id = int(self.store.db["runs"].insert(row).last_pk)  # type: ignore[arg-type]
+            self.run_id = int(self.store.db.table("runs").insert(row).last_pk)  # type: ignore[arg-type]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.store.path}: cannot start a run ({exc})") from None
         self._writer = self.store.writer()
@@ -312,7 +312,7 @@ class StoreSink:
 
     # ------------------------------------------------------- feeder thread
 
-    def _fail(self) -> None:
+    def _fail(self) -> NoReturn:
         if self._thread is None and self._error is None:
             raise StoreError("StoreSink is not recording: call run_started() first (a sink "
                              "records one run, until run_finished())")

@@ -189,8 +189,8 @@ def test_a_parameter_may_not_undo_what_defines_an_ablation_variant() -> None:
     """topas-base with reuse=true would run full TOPAS's reuse under the name of
     the variant without it: refused at start, at replay and when tuned live;
     restating the variant's own value is fine."""
-    from topasd.config import build_policy
     from topasd.model import TopasError
+    from topasd.scheduler import build_policy
 
     with pytest.raises(TopasError, match=r"topas-base runs with reuse=False; reuse=True"):
         build_policy("topas-base", {"reuse": True})

@@ -171,32 +171,34 @@ def test_the_daemon_checks_fits_against_the_engines_pool(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """With SGLang the daemon's fit checks (API calls, driven tasks) use the
     pool the engine reports; a --budget below it stays."""
+    from backends.base import EngineLimits
     from topasd import service
     from topasd.config import load_settings
     from topasd.profiles import get_profile
 
     small = get_profile("small")
-    assert service.engine_profile(small, object(), None) is small  # no pool reported
+    assert service.engine_profile(small, EngineLimits(), None) is small  # no pool reported
     for budget, pool, want in [(None, 300, 300), (200, 300, 200), (500, 300, 300)]:
-        got = service.engine_profile(small, SimpleNamespace(budget_tokens=pool), budget)
+        got = service.engine_profile(small, EngineLimits(pool_tokens=pool), budget)
         assert got.budget_tokens == want
     # vLLM's pool is the --budget rounded up to whole blocks, all of it the engine's:
     # a call that fits 1,024 tokens was refused against the 1,000 asked for
-    from backends.vllm.backend import VllmBackend
-
-    vllm_like = SimpleNamespace(budget_tokens=1024, pool_from_budget=VllmBackend.pool_from_budget)
+    vllm_like = EngineLimits(pool_tokens=1024, pool_from_budget=True)
     assert service.engine_profile(small, vllm_like, 1000).budget_tokens == 1024
 
-    engine = PoolReportingEngine(pool=300)
-    engine.budget_tokens = 300  # type: ignore[attr-defined]  # as SGLangBackend reads it
-    monkeypatch.setattr(service, "make_backend", lambda settings, profile: engine)
+    backend = _sglang_backend(tmp_path, PoolReportingEngine(pool=300))
+    monkeypatch.setattr(service, "make_backend", lambda settings, profile: backend)
     loaded = load_settings({"backend": "sglang", "model_path": "m", "profile": "small",
                             "db": str(tmp_path / "d.db")}, environ={})
     svc = service.Service(loaded.settings)
     try:
         assert svc.profile.budget_tokens == 300
+        # the dashboard's state before any scheduler spoke: the engine's pool, no queues
+        state = backend.state({}, {})  # type: ignore[attr-defined]
+        assert state.budget_tokens == 300 and not state.running and not state.waiting
     finally:
         svc.store.close()
+        backend.close()  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("option", "value", "why"), [

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import uvicorn
 from fastapi import Depends, FastAPI, Query, Request
@@ -52,16 +52,10 @@ from pydantic import (
 )
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from topasd.config import (
-    PARAM_ALIASES,
-    Settings,
-    canonical_param,
-    canonical_params,
-    read_runtime,
-    stop_command,
-)
+from topasd.config import Settings, read_runtime, stop_command
 from topasd.model import EventKind, TopasError
 from topasd.scheduler import ALL_POLICY_NAMES, native
+from topasd.scheduler.param_specs import PARAM_ALIASES, canonical_param, canonical_params
 from topasd.scheduler.params import PAPER, PARAM_RANGES, TopasParams
 from topasd.service import (
     CallResult,
@@ -449,7 +443,10 @@ def _one_name_per_param(cls: type, data: Any) -> Any:
     return data
 
 
-ParamsPatch = _params_patch_model()
+if TYPE_CHECKING:  # a model built at import: checked as any request body
+    ParamsPatch = RequestBody
+else:
+    ParamsPatch = _params_patch_model()
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
@@ -535,7 +532,7 @@ def create_app(service: Service) -> FastAPI:
                  "title": "Response State V1 State Get"}}},
                  "description": "Successful Response"}, **_errors(422, 503)})
     async def state(limit: int = Query(50, ge=1, le=10_000, description="Entries per list."
-                                       )) -> JSONResponse:
+                                       )) -> Response:
         """Engine time, KV budget, resident prefixes and where they live, running and
         waiting requests by agent, tasks in flight with their stage progress and
         expected remaining path, recent decisions, counters, headline statistics."""
@@ -581,7 +578,7 @@ def create_app(service: Service) -> FastAPI:
 
     @app.patch("/v1/params", response_model=ParamsChanged, tags=["control"],
                dependencies=guarded, responses=_errors(*mutating))
-    async def patch_params(body: ParamsPatch) -> ParamsChanged:  # type: ignore[valid-type]
+    async def patch_params(body: ParamsPatch) -> ParamsChanged:
         """Change the policy or its parameters (`beta`, `rho`, `h_age`/`H_age`, `m`/`M`,
         `k`/`K`, ...): validated, effective at the next decision, recorded in the store."""
         changes = {name: getattr(body, name) for name in body.model_fields_set}

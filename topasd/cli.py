@@ -304,15 +304,16 @@ def _topas_names() -> frozenset[str]:
 
 def _topas_params(names: list[str], params: dict[str, Any]) -> dict[str, Any]:
     """--param values, checked against every TOPAS policy of the replay."""
-    from topasd.config import build_policy, canonical_param
+    from topasd.scheduler import build_policy, policy_params
+    from topasd.scheduler.param_specs import canonical_param
 
     topas = [n for n in names if n in _topas_names()]
     if not topas:
         raise TopasError("--param sets TOPAS parameters, but no TOPAS policy is selected; "
                          "add -p topas (the baselines take no parameters)")
-    taken = [build_policy(name, params).params for name in topas]  # names a bad parameter
+    taken = [policy_params(build_policy(name, params)) for name in topas]  # names a bad parameter
     # as the policy took them (k=1e5 is 100000, M=6.0 is 6)
-    return {canonical_param(k): getattr(taken[0], canonical_param(k)) for k in params}
+    return {canonical_param(k): taken[0][canonical_param(k)] for k in params}
 
 
 def _run_one(tr: Any, name: str, prof: HardwareProfile,
@@ -320,8 +321,8 @@ def _run_one(tr: Any, name: str, prof: HardwareProfile,
              vllm_opts: dict[str, Any] | None = None,
              params: dict[str, Any] | None = None) -> dict[str, Any]:
     from backends.sim.engine import SimBackend
-    from topasd.config import build_policy
     from topasd.runner import Run
+    from topasd.scheduler import build_policy
 
     if vllm_opts is None:
         backend: Any = SimBackend(prof)
@@ -402,9 +403,10 @@ def _progress(total: int, label: str, hidden: bool) -> Iterator[Callable[[int, i
         return
     import time
 
-    with click.progressbar(length=total, label=label, file=sys.stderr, show_pos=True,
-                           item_show_func=lambda t: None if t is None or math.isnan(t) else
-                           f"engine t={t:,.0f}s") as bar:
+    progress: Any = click.progressbar(
+        length=total, label=label, file=sys.stderr, show_pos=True,
+        item_show_func=lambda t: None if t is None or math.isnan(t) else f"engine t={t:,.0f}s")
+    with progress as bar:
         shown = [0.0]
 
         def tick(done: int, n: int, t: float) -> None:

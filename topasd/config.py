@@ -20,56 +20,32 @@ import os
 import shlex
 import tempfile
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from topasd.model import INT64_MAX, MAX_BUDGET, TopasError, pid_alive, pid_runs_topasd
+from topasd.model import (
+    INT64_MAX,
+    MAX_BUDGET,
+    TopasError,
+    Workflow,
+    pid_alive,
+    pid_runs_topasd,
+)
 from topasd.profiles import DEFAULT_PROFILE, PROFILES
+from topasd.scheduler import ALL_POLICY_NAMES, build_policy
+from topasd.scheduler.param_specs import canonical_params
 
 ENV_PREFIX = "TOPAS_"
 CONFIG_FILE = "topasd.toml"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
-# The paper's names of TOPAS parameters (Eq. 11-12, Algorithm 1) -> TopasParams fields.
-PARAM_ALIASES: dict[str, str] = {"H_age": "h_age", "M": "m", "K": "k", "B_swap": "b_swap"}
-
 
 class ConfigError(TopasError):
     """A setting is invalid; the message names it, its value and its source."""
-
-
-def canonical_param(name: str) -> str:
-    """A policy parameter's field name (`H_age` -> `h_age`, `M` -> `m`)."""
-    return PARAM_ALIASES.get(name, name)
-
-
-def canonical_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` under their field names; TopasError if two name one parameter."""
-    out: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    for key, value in params.items():
-        name = canonical_param(key)
-        if given.setdefault(name, key) != key:
-            raise TopasError(f"{given[name]} and {key} name the same parameter; give one")
-        out[name] = value
-    return out
-
-
-def build_policy(name: str, params: Mapping[str, Any]) -> Any:
-    """A fresh policy `name` with `params` (paper aliases accepted); TopasError if a
-    parameter is unknown, out of range, or given to a baseline (which has none)."""
-    from topasd.scheduler import make_policy
-    from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
-
-    params = canonical_params(params)
-    if name in VARIANTS and params:
-        TopasParams(**VARIANTS[name]).changed(**params)  # names the unknown or bad one
-        check_variant(name, params)
-    return make_policy(name, **params)
 
 
 def stop_command(runtime_file: str | Path) -> str:
@@ -133,8 +109,6 @@ class Settings(BaseModel):
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        from topasd.scheduler import ALL_POLICY_NAMES
-
         if v not in ALL_POLICY_NAMES:
             raise ValueError(f"unknown policy; choose one of {', '.join(ALL_POLICY_NAMES)}")
         return v
@@ -286,18 +260,23 @@ def _check_specs(settings: Settings, sources: Mapping[str, str]) -> None:
     from workflows.builtin import BUILTIN, builtin_workflows, load_workload
     from workflows.spec import load_workflow
 
-    checks = [("workload", settings.workload, load_workload)] if settings.workload else []
-    checks += [("workflows", path, load_workflow) for path in settings.workflows]
+    def workload_flows(value: str) -> tuple[Workflow, ...]:
+        return tuple(load_workload(value).workflows)
+
+    checks: list[tuple[str, str, Callable[[str], tuple[Workflow, ...]]]] = []
+    if settings.workload:
+        checks.append(("workload", settings.workload, workload_flows))
+    checks += [("workflows", path, lambda v: (load_workflow(v),)) for path in settings.workflows]
     taken = {name: f"the built-in workload {w!r}" for name, (w, _) in builtin_workflows().items()}
     for name, value, load in checks:
         try:
-            loaded = load(value)  # type: ignore[operator]
+            loaded = load(value)
         except TopasError as exc:
             raise ConfigError(f"setting {name} = {value!r} (from "
                               f"{sources.get(name, 'default')}): {exc}") from None
         if name == "workload" and value in BUILTIN:
             continue  # its names are taken already, by itself
-        for wf in loaded.workflows if name == "workload" else [loaded]:
+        for wf in loaded:
             if wf.name in taken:
                 raise ConfigError(
                     f"setting {name} = {value!r} (from {sources.get(name, 'default')}): "

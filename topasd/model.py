@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import networkx as nx
 import numpy as np
@@ -95,7 +95,7 @@ class Dist:
     def __post_init__(self) -> None:
         if self.kind not in DIST_KINDS:
             raise WorkflowError(f"unknown distribution kind {self.kind!r}; use one of {DIST_KINDS}")
-        given = {"value": self.value, "low": self.low, "high": self.high,
+        given: dict[str, Any] = {"value": self.value, "low": self.low, "high": self.high,
                  "median": self.median, "sigma": self.sigma, "values": self.values}
         numbers = [*self.values, *(v for k, v in given.items() if k != "values")]
         if any(x is not None and not math.isfinite(x) for x in numbers):
@@ -125,13 +125,15 @@ class Dist:
         """One draw (a float; callers round token counts)."""
         if self.kind == "fixed":
             return self.value
+        low, high = cast(float, self.low), cast(float, self.high)  # set where used
         if self.kind == "uniform":
-            return float(rng.uniform(self.low, self.high))
+            return float(rng.uniform(low, high))
         if self.kind == "uniform_int":
-            return float(rng.integers(int(self.low), int(self.high) + 1))
+            return float(rng.integers(int(low), int(high) + 1))
         if self.kind == "choice":
             return float(self.values[int(rng.integers(len(self.values)))])
-        x = float(self.median * math.exp(self.sigma * rng.standard_normal()))
+        median, sigma = cast(float, self.median), cast(float, self.sigma)  # lognormal's
+        x = float(median * math.exp(sigma * rng.standard_normal()))
         if self.low is not None:
             x = max(x, self.low)
         if self.high is not None:
@@ -151,10 +153,11 @@ class Dist:
         if self.kind == "fixed":
             return self.value
         if self.kind in ("uniform", "uniform_int"):
-            return (float(self.low) + float(self.high)) / 2.0
+            return (float(cast(float, self.low)) + float(cast(float, self.high))) / 2.0
         if self.kind == "choice":
             return float(np.mean(self.values))
-        m = self.median * math.exp(self.sigma**2 / 2.0)
+        median, sigma = cast(float, self.median), cast(float, self.sigma)  # lognormal's
+        m = median * math.exp(sigma**2 / 2.0)
         if self.high is not None:
             m = min(m, self.high)
         return m

@@ -6,12 +6,12 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from backends.base import Backend
+from backends.base import Backend, BackendStats
 from topasd.model import (
     Decision,
     EngineEvent,
@@ -22,9 +22,8 @@ from topasd.model import (
     Workflow,
     is_int64,
 )
-from topasd.scheduler import native
+from topasd.scheduler import POLICIES, native, policy_params
 from topasd.scheduler.base import Policy
-from topasd.scheduler.topas import TopasPolicy
 from topasd.tasks import TaskBook
 from workflows.driver import DriverStep, TaskDriver
 from workflows.trace import TaskRecord, Trace
@@ -78,7 +77,7 @@ class RunResult:
     requests_finished: int
     decisions: int
     decision_ms: list[float] = field(repr=False, default_factory=list)
-    stats: Any = None
+    stats: BackendStats | None = None
     wall_s: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -88,7 +87,6 @@ class RunResult:
         end = max(self.finishes.values())
         makespan = end - first
         ms = np.array(self.decision_ms or [0.0])
-        s = self.stats
         return {
             "policy": self.policy,
             "tasks": len(jct),
@@ -99,19 +97,24 @@ class RunResult:
             "makespan_s": makespan,
             "throughput_req_s": self.requests_finished / makespan if makespan > 0 else 0.0,
             "first_task_s": min(self.finishes.values()) - first,
-            "mean_batch": getattr(s, "mean_batch", 0.0),
-            "peak_batch": getattr(s, "peak_batch", 0),
-            "prefix_loads": getattr(s, "prefix_loads", 0),
-            "prefix_load_gb": getattr(s, "prefix_load_bytes", 0.0) / 1e9,
-            "prefix_computes": getattr(s, "prefix_computes", 0),
-            "preemptions": getattr(s, "preemptions", 0),
-            "retractions": getattr(s, "retractions", 0),
-            "recomputed_tokens": getattr(s, "recomputed_tokens", 0),
+            **_engine_columns(self.stats),
             "decisions": self.decisions,
             "decision_mean_ms": float(ms.mean()),
             "decision_p99_ms": float(np.percentile(ms, 99)),
             "wall_s": self.wall_s,
         }
+
+
+def _engine_columns(s: BackendStats | None) -> dict[str, float]:
+    """The replay table's engine counters (zeros without statistics)."""
+    if s is None:
+        return {"mean_batch": 0.0, "peak_batch": 0, "prefix_loads": 0, "prefix_load_gb": 0.0,
+                "prefix_computes": 0, "preemptions": 0, "retractions": 0,
+                "recomputed_tokens": 0}
+    return {"mean_batch": s.mean_batch, "peak_batch": s.peak_batch,
+            "prefix_loads": s.prefix_loads, "prefix_load_gb": s.prefix_load_bytes / 1e9,
+            "prefix_computes": s.prefix_computes, "preemptions": s.preemptions,
+            "retractions": s.retractions, "recomputed_tokens": s.recomputed_tokens}
 
 
 Progress = Callable[[int, int, float], None]
@@ -314,7 +317,7 @@ class Run:
             requests_finished=loop.requests_finished,
             decisions=len(loop.decision_ms),
             decision_ms=loop.decision_ms,
-            stats=getattr(self.backend, "stats", None),
+            stats=self.backend.stats,
             wall_s=time.perf_counter() - wall0,
         )
 
@@ -331,35 +334,22 @@ def stage_counts(workflows: Mapping[str, Workflow]) -> dict[str, int]:
 
 def run_info(policy: Policy, backend: Backend, meta: Mapping[str, Any]) -> RunInfo:
     """A run's metadata from its policy, backend and trace/daemon meta."""
-    profile = getattr(backend, "profile", None)
     params: dict[str, Any] = {
-        "profile": _plain(profile),
-        "policy": _plain(getattr(policy, "params", None)),
-        "backend": {k: getattr(backend, k) for k in _BACKEND_FLAGS if hasattr(backend, k)},
+        "profile": asdict(backend.profile),
+        "policy": policy_params(policy),
+        "backend": backend.describe(),
     }
-    if isinstance(policy, TopasPolicy):  # which search its logged decision times are of
+    kind = POLICIES.get(policy.name)
+    if kind is not None and kind.searches:  # which search its logged decision times are of
         params["search"] = native.status().reason
     meta = dict(meta)
     seed = meta.get("seed")
     return RunInfo(
         policy=policy.name,
-        backend=str(getattr(backend, "name", type(backend).__name__)),
-        profile=getattr(profile, "name", None),
+        backend=backend.name,
+        profile=backend.profile.name,
         params=params,
         workload=None if meta.get("workload") is None else str(meta["workload"]),
         seed=seed if isinstance(seed, int) and is_int64(seed) else None,
         trace_meta=meta,
     )
-
-
-_BACKEND_FLAGS = ("warm_host", "closed_form",  # backend settings recorded in RunInfo.params
-                  "model", "clock", "native", "block_size", "chunk_tokens", "budget_tokens")
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    """A dataclass or mapping as a plain dict (empty for anything else)."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return asdict(obj)
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    return {}

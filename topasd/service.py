@@ -36,14 +36,15 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from backends.base import Backend, EngineLimits
 from backends.sim.engine import SimBackend
 from store import Store, StoreSink
-from topasd.config import Settings, build_policy, canonical_param
+from topasd.config import Settings
 from topasd.model import (
     Agent,
     EngineEvent,
@@ -57,7 +58,8 @@ from topasd.model import (
 )
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import EventLoop, RunResult, run_info, stage_counts
-from topasd.scheduler import ALL_POLICY_NAMES
+from topasd.scheduler import ALL_POLICY_NAMES, TunablePolicy, build_policy, policy_params
+from topasd.scheduler.param_specs import canonical_param
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
 from workflows.builtin import Workload, builtin_workflows, load_workload
 from workflows.driver import DriverStep, TaskDriver
@@ -707,7 +709,7 @@ class _Feeder:
 Command = tuple[Callable[..., Any], tuple[Any, ...], Future[Any], bool]
 
 
-def make_backend(settings: Settings, profile: HardwareProfile) -> Any:
+def make_backend(settings: Settings, profile: HardwareProfile) -> Backend:
     """The engine `settings.backend` names: the simulator, an in-process vLLM
     engine on `model_path` (docs/vllm.md), or SGLang (docs/sglang.md)."""
     if settings.backend == "sim":
@@ -717,7 +719,7 @@ def make_backend(settings: Settings, profile: HardwareProfile) -> Any:
         from backends.vllm import make_backend as vllm_backend
 
         budget = settings.budget or POOL_TOKENS
-        return vllm_backend(settings.model_path, budget_tokens=budget,
+        return vllm_backend(str(settings.model_path), budget_tokens=budget,
                             profile=profile.with_overrides(budget_tokens=budget))
     from backends.sglang import SGLangOptions
     from backends.sglang import make_backend as sglang_backend
@@ -740,10 +742,10 @@ class RequestLimit:
     fix: str
 
 
-def request_limit(budget: int, backend: Any) -> RequestLimit:
-    """The KV budget, or the backend's `max_request_tokens` when shorter."""
-    context = getattr(backend, "max_request_tokens", None)
-    if isinstance(context, int) and context < budget:
+def request_limit(budget: int, limits: EngineLimits) -> RequestLimit:
+    """The KV budget, or the engine's context when shorter."""
+    context = limits.context_tokens
+    if context is not None and context < budget:
         return RequestLimit(context, f"the engine's context (max_model_len) is {context}",
                             "use a model with a longer context")
     return RequestLimit(budget, f"the KV budget is {budget}",
@@ -766,16 +768,16 @@ def never_fits(wf: Workflow, limit: RequestLimit) -> str | None:
     return None
 
 
-def engine_profile(profile: HardwareProfile, backend: Any,
+def engine_profile(profile: HardwareProfile, limits: EngineLimits,
                    budget: int | None) -> HardwareProfile:
     """`profile` with the KV pool the engine reports (`budget_tokens`), so that
     fit checks match the engine. SGLang sizes its pool from GPU memory, and a
     --budget below it stays; vLLM's pool is the --budget rounded up to whole
     blocks (`pool_from_budget`), all of it usable."""
-    pool = getattr(backend, "budget_tokens", None)
-    if not isinstance(pool, int) or pool == profile.budget_tokens:
+    pool = limits.pool_tokens
+    if pool is None or pool == profile.budget_tokens:
         return profile
-    if budget is not None and not getattr(backend, "pool_from_budget", False):
+    if budget is not None and not limits.pool_from_budget:
         pool = min(budget, pool)
     return profile.with_overrides(budget_tokens=pool)
 
@@ -794,15 +796,16 @@ class Service:
         self.registry = _registry(self.workload, specs)
         self.policy = build_policy(settings.policy, settings.params)
         self.backend = make_backend(settings, profile)
-        self.profile = engine_profile(profile, self.backend, settings.budget)
-        self.limit = request_limit(self.profile.budget_tokens, self.backend)
+        limits = self.backend.limits()
+        self.profile = engine_profile(profile, limits, settings.budget)
+        self.limit = request_limit(self.profile.budget_tokens, limits)
         try:
             self._refuse_unrunnable(settings, specs)
             self.feeder = None if self.workload is None else _Feeder(
                 self.workload, settings.rate or _middle(self.workload), settings.tasks,
                 settings.seed)
         except TopasError:
-            getattr(self.backend, "close", lambda: None)()
+            self.backend.close()
             raise
         self.store = Store(settings.db)
         self.store_sink = self.store.sink(settings.log_candidates)
@@ -904,9 +907,7 @@ class Service:
                            stats=self.backend.stats, wall_s=time.time() - self.started_wall)
         self.store_sink.run_finished(None if self.crash else result, self.crash)
         self.store.close()
-        close = getattr(self.backend, "close", None)
-        if close is not None:  # a real engine: stop it
-            close()
+        self.backend.close()
 
     @property
     def run_id(self) -> int | None:
@@ -1306,7 +1307,7 @@ class Service:
         new_name = changes.pop("policy", None)
         t = self.backend.t
         old_name = self.policy.name
-        old_params = _params_of(self.policy)
+        old_params = policy_params(self.policy)
         switched = new_name is not None and new_name != old_name
         if switched:
             if new_name not in ALL_POLICY_NAMES:
@@ -1314,12 +1315,11 @@ class Service:
                               f"{', '.join(ALL_POLICY_NAMES)}")
             self.policy = self.loop.policy = build_policy(new_name, changes)
         elif changes:
-            set_params = getattr(self.policy, "set_params", None)
-            if set_params is None:
+            if not isinstance(self.policy, TunablePolicy):
                 raise Invalid(f"policy {old_name!r} has no parameters; switch policy first "
                               "(\"policy\": \"topas\")")
-            set_params(**changes)
-        new_params = _params_of(self.policy)
+            self.policy.set_params(**changes)
+        new_params = policy_params(self.policy)
         if switched:  # a fresh policy: `changed` names what differs from the old one's
             changed = {k: v for k, v in new_params.items()  # (or the body gave); the log
                        if k in changes or old_params.get(k) != v}  # gets the switch and
@@ -1343,7 +1343,7 @@ class Service:
                 "effective_from_decision": self.loop.decisions + 1}
 
     def _cmd_state(self, limit: int) -> dict[str, Any]:
-        view = self.backend.view(self.loop.book.tasks, self.active)
+        view = self.backend.state(self.loop.book.tasks, self.active)
         running: dict[str, list[dict[str, Any]]] = {}
         waiting: dict[str, list[dict[str, Any]]] = {}
         run_stage: dict[int, dict[str, Request]] = {}
@@ -1364,7 +1364,7 @@ class Service:
         tasks = []
         for task in listed:
             entry = self.tasks.get(task.id)
-            item = entry.as_dict(task) if entry is not None else {"id": task.id}
+            item: dict[str, Any] = entry.as_dict(task) if entry is not None else {"id": task.id}
             on = run_stage.get(task.id, {})
             item["stages_running"] = sorted(on)
             item["stages_waiting"] = sorted(wait_stage.get(task.id, set()) - set(on))
@@ -1518,13 +1518,8 @@ class Service:
             self.tasks.move_to_end(task.id)
 
     def _params_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy.name, "params": _params_of(self.policy),
+        return {"policy": self.policy.name, "params": policy_params(self.policy),
                 "version": self.params_version}
-
-
-def _params_of(policy: Any) -> dict[str, Any]:
-    params = getattr(policy, "params", None)
-    return {} if params is None else asdict(params)
 
 
 def _req_dict(req: Request) -> dict[str, Any]:

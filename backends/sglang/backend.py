@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from backends.base import InfeasibleDecision
+from backends.base import EngineLimits, InfeasibleDecision
 from backends.sglang import SGLangOptions
 from backends.sglang.adapter import EngineSnapshot
 from backends.sglang.channel import (
@@ -56,6 +56,7 @@ from topasd.model import (
     TopasError,
     Workflow,
 )
+from topasd.profiles import HardwareProfile
 
 POLL_S = 0.005
 ABORT_WAIT_S = 5.0  # how long an abort waits for SGLang to register its request
@@ -64,13 +65,23 @@ TOKEN_LOW, TOKEN_HIGH = 1000, 30000  # synthetic ids stay inside any common voca
 
 @dataclass
 class SGLangStats:
-    """Counters for the run summary (same names as the simulator's where shared)."""
+    """Counters for the run summary (the simulator's names; what SGLang's
+    scheduler does not report to the daemon stays 0)."""
 
     decisions: int = 0
     preemptions: int = 0
     prefix_loads: int = 0
     prefix_evictions: int = 0
     requests_finished: int = 0
+    peak_batch: int = 0
+    prefix_load_bytes: float = 0.0
+    prefix_computes: int = 0
+    retractions: int = 0
+    recomputed_tokens: int = 0
+
+    @property
+    def mean_batch(self) -> float:
+        return 0.0  # the batch stays inside SGLang's scheduler
 
 
 def prompt_ids(request: Request) -> list[int]:
@@ -124,7 +135,8 @@ class SGLangBackend:
 
     name = "sglang"
 
-    def __init__(self, options: SGLangOptions, profile: Any, *, endpoint: str | None = None,
+    def __init__(self, options: SGLangOptions, profile: HardwareProfile, *,
+                 endpoint: str | None = None,
                  engine_factory: Callable[[SGLangOptions], Any] = start_engine,
                  require_plugin: bool = True) -> None:
         """`require_plugin`: a request SGLang finishes before its replica's
@@ -150,6 +162,7 @@ class SGLangBackend:
         self._withdrawing: dict[int, str] = {}  # aborts sent: request id -> why
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
+        self._last: EngineSnapshot | None = None  # the latest a scheduler reported
         self._answered: dict[tuple[int, int], int] = {}  # (replica, ask seq) -> decision seq
         self._events: list[EngineEvent] = []
         self._loop = asyncio.new_event_loop()
@@ -230,6 +243,23 @@ class SGLangBackend:
         snap: EngineSnapshot = self._current[1].snapshot
         return snap.view(self.t, tasks, workflows, self.costs)
 
+    def state(self, tasks: Mapping[int, TaskView],
+              workflows: Mapping[str, Workflow]) -> EngineView:
+        """The engine as its schedulers last reported it (nothing before the
+        first report): SGLang's queues live in its scheduler processes."""
+        snap = self._last
+        if snap is None:
+            snap = EngineSnapshot(self.budget_tokens, 1.0, {}, (), (), False, 0, 0,
+                                  (frozenset(), frozenset()))
+        return snap.view(self.t, tasks, workflows, self.costs)
+
+    def limits(self) -> EngineLimits:
+        """SGLang sizes its pool from GPU memory (a smaller --budget caps it)."""
+        return EngineLimits(pool_tokens=self.budget_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {"budget_tokens": self.budget_tokens}
+
     def apply(self, decision: Decision) -> None:
         if self._current is None:
             raise InfeasibleDecision("sglang: no scheduler is waiting for a decision")
@@ -292,6 +322,8 @@ class SGLangBackend:
             if isinstance(msg, DecideRequest):
                 self._scheduler_events(msg.events)
                 self._asks.append((ident, msg))
+                if msg.snapshot is not None:
+                    self._last = msg.snapshot
             elif isinstance(msg, EventBatch):
                 self._scheduler_events(msg.events)
         while True:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 ACTION_TYPE = "topasd.workflow"
 ACTION_VERSION = "1"
@@ -83,7 +83,7 @@ def read_meta(req: Any) -> WorkflowMeta | None:
     Parsed once per `Req` (kept on it as `_topasd_meta`)."""
     cached = getattr(req, CACHE_ATTR, _UNSET)
     if cached is not _UNSET:
-        return cached  # type: ignore[no-any-return]
+        return cast(WorkflowMeta | None, cached)
     try:
         meta = _parse_meta(req)
     except (ValueError, KeyError, TypeError) as exc:

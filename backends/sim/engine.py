@@ -23,8 +23,15 @@ import math
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
-from backends.base import EventBuffer, InfeasibleDecision, decision_problems, kept_to_drop
+from backends.base import (
+    EngineLimits,
+    EventBuffer,
+    InfeasibleDecision,
+    decision_problems,
+    kept_to_drop,
+)
 from topasd.model import (
     KEPT_NOTE,
     Decision,
@@ -147,10 +154,10 @@ class SimBackend(EventBuffer):
         self._kept: dict[str, None] = {}  # kept prefixes, oldest eviction first
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
-        self._timed: list[tuple[float, int, int, object]] = []
+        self._timed: list[tuple[float, int, int, Any]] = []  # payload: by kind
         self._seq = 0
         self._link_free_at = 0.0
-        self._prefill: deque[object] = deque()  # request ids and prefix-compute agents (str)
+        self._prefill: deque[int | str] = deque()  # request ids and prefix-compute agents
         self._events: list[EngineEvent] = []
         self._need_schedule = False
         self._retry = False
@@ -216,6 +223,10 @@ class SimBackend(EventBuffer):
     def view(self, tasks: Mapping[int, TaskView],
              workflows: Mapping[str, Workflow]) -> EngineView:
         self._seq += 1
+        return self.state(tasks, workflows)
+
+    def state(self, tasks: Mapping[int, TaskView],
+              workflows: Mapping[str, Workflow]) -> EngineView:
         return EngineView(
             t=self._t,
             budget_tokens=self.profile.budget_tokens,
@@ -232,6 +243,15 @@ class SimBackend(EventBuffer):
             max_prefill_tokens=self.profile.max_prefill_tokens,
             seq=self._seq,
         )
+
+    def limits(self) -> EngineLimits:
+        return EngineLimits()  # the profile's budget; no context limit
+
+    def describe(self) -> dict[str, Any]:
+        return {"warm_host": self.warm_host, "closed_form": self.closed_form}
+
+    def close(self) -> None:
+        """Nothing to stop: the simulator holds no engine."""
 
     def apply(self, decision: Decision) -> None:
         self._anchor = None
@@ -422,7 +442,7 @@ class SimBackend(EventBuffer):
 
     # ------------------------------------------------------------- timing
 
-    def _push(self, t: float, kind: int, payload: object) -> None:
+    def _push(self, t: float, kind: int, payload: Any) -> None:
         self._seq += 1
         heapq.heappush(self._timed, (t, self._seq, kind, payload))
 

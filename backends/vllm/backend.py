@@ -37,7 +37,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from backends.base import EventBuffer, InfeasibleDecision, decision_problems, kept_to_drop
+from backends.base import (
+    EngineLimits,
+    EventBuffer,
+    InfeasibleDecision,
+    decision_problems,
+    kept_to_drop,
+)
 from backends.vllm.tiny import read_model_config
 from backends.vllm.tokens import SyntheticTokens
 from topasd.model import (
@@ -153,7 +159,6 @@ class VllmBackend(EventBuffer):
     vLLM's default scheduler deciding alone: no SCHEDULE events)."""
 
     name = "vllm"
-    pool_from_budget = True  # the KV pool is --budget rounded up to whole blocks
 
     def __init__(self, model: str, *, budget_tokens: int = 4096, block_size: int = 32,
                  chunk_tokens: int = 512, max_num_seqs: int = 64,
@@ -308,7 +313,13 @@ class VllmBackend(EventBuffer):
              workflows: Mapping[str, Workflow]) -> EngineView:
         w0 = time.perf_counter()
         self._seq += 1
-        view = EngineView(
+        view = self.state(tasks, workflows)
+        self.stats.policy_io_s += time.perf_counter() - w0
+        return view
+
+    def state(self, tasks: Mapping[int, TaskView],
+              workflows: Mapping[str, Workflow]) -> EngineView:
+        return EngineView(
             t=self._t,
             budget_tokens=self.budget_tokens,
             new_token_ratio=1.0,
@@ -325,8 +336,17 @@ class VllmBackend(EventBuffer):
             max_prefill_tokens=self.chunk_tokens,
             seq=self._seq,
         )
-        self.stats.policy_io_s += time.perf_counter() - w0
-        return view
+
+    def limits(self) -> EngineLimits:
+        """The pool is --budget rounded up to whole blocks; a request's context
+        is at most max_model_len."""
+        return EngineLimits(pool_tokens=self.budget_tokens, pool_from_budget=True,
+                            context_tokens=self.max_model_len)
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model, "clock": self.clock, "native": self.native,
+                "block_size": self.block_size, "chunk_tokens": self.chunk_tokens,
+                "budget_tokens": self.budget_tokens}
 
     def apply(self, decision: Decision) -> None:
         w0 = time.perf_counter()
@@ -445,11 +465,6 @@ class VllmBackend(EventBuffer):
 
     def _footprint(self, req: Request) -> int:
         return kv_footprint(req, self.block_size)
-
-    @property
-    def max_request_tokens(self) -> int:
-        """The longest request (prefix + input + output) vLLM accepts: max_model_len."""
-        return self.max_model_len
 
     def _check_fits(self, req: Request) -> None:
         need = req.prefix_tokens + max(1, req.input_tokens) + req.output_tokens

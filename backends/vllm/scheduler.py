@@ -136,6 +136,8 @@ class TopasScheduler(TimedScheduler):
     """vLLM's scheduler with admission, preemption and prefix residency
     decided by a topasd policy (see the module docstring)."""
 
+    waiting: Any  # vLLM's RequestQueue, swapped for a gate during `_schedule`
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plan = Plan()

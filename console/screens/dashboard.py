@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import ActiveBinding
+from textual.binding import ActiveBinding, BindingType
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header
@@ -32,7 +32,7 @@ REPLAY_ACTIONS = {"step", "jump", "to_start", "to_end", "goto"}
 class Dashboard(Screen[None]):
     """Everything at a glance; live or at the replay cursor."""
 
-    BINDINGS = keys.DASHBOARD + keys.LIVE + keys.REPLAY
+    BINDINGS: ClassVar[list[BindingType]] = [*keys.DASHBOARD, *keys.LIVE, *keys.REPLAY]
 
     def __init__(self, replay: bool) -> None:
         super().__init__(id="dashboard")
@@ -119,7 +119,7 @@ class Dashboard(Screen[None]):
 
     # ------------------------------------------------------------ actions
 
-    def action_focus(self, target: str) -> None:
+    def action_focus_panel(self, target: str) -> None:
         self.query_one(f"#{target}").focus()
 
     def action_params(self) -> None:

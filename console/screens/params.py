@@ -3,11 +3,12 @@ daemon's ranges before `PATCH /v1/params`; the daemon's answer is shown."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
@@ -26,7 +27,7 @@ class ParamsScreen(Screen[None]):
     """Live: edit and apply. Replay: the parameters in force at the cursor."""
 
     CSS_PATH = "../params.tcss"
-    BINDINGS = keys.PARAMS
+    BINDINGS: ClassVar[list[BindingType]] = [*keys.PARAMS]
 
     def __init__(self, replay_t: float | None = None) -> None:
         super().__init__(id="params")

@@ -54,7 +54,8 @@ class DecisionFeed(DataTable[Text | str]):
         for label in ("seq", "t", "score", "ms", "actions"):
             self.add_column(label, key=label)
 
-    def visible(self, d: DecisionRow) -> bool:
+    def shows(self, d: DecisionRow) -> bool:
+        """Whether the feed lists `d` (no-ops only when they are shown)."""
         return self.show_noop or not d.noop
 
     def append(self, rows: Sequence[DecisionRow]) -> None:
@@ -62,7 +63,7 @@ class DecisionFeed(DataTable[Text | str]):
         was_last = not self.row_count or self.cursor_row >= self.row_count - 1
         before = self.selected()
         for d in rows:
-            if not self.visible(d) or str(d.seq) in self.rows:
+            if not self.shows(d) or str(d.seq) in self.rows:
                 continue
             self.add_row(*self._cells(d), key=str(d.seq))
             self.rows_shown.append(d)
@@ -87,7 +88,7 @@ class DecisionFeed(DataTable[Text | str]):
         """Show `rows` (the last FEED_ROWS of them), the cursor on decision `select`."""
         self.clear()
         # at most FEED_ROWS: more would cost append() a row-by-row trim (seconds)
-        self.rows_shown = [d for d in rows if self.visible(d) or d.seq == select][-FEED_ROWS:]
+        self.rows_shown = [d for d in rows if self.shows(d) or d.seq == select][-FEED_ROWS:]
         for d in self.rows_shown:
             self.add_row(*self._cells(d), key=str(d.seq))
         if select is not None and str(select) in self.rows:

@@ -110,7 +110,8 @@ class Residency(Static):
             if a.location == "gpu" and not a.ready:
                 where, style = "GPU…", "yellow"
             moving = _moving(s, a.transfer, a.transfer_until, narrow)
-            cells = [Text("■ ", style=colours[a.agent]) + Text(a.agent), tokens(a.tokens)]
+            cells: list[Text | str] = [Text("■ ", style=colours[a.agent]) + Text(a.agent),
+                                       tokens(a.tokens)]
             if narrow:
                 cells.append(Text(moving, style="magenta") if a.transfer else
                              Text(where, style=style))

@@ -1,0 +1,136 @@
+"""What each TOPAS parameter is, for the people who set them: the paper's
+symbol, a one-line meaning, what "unset" (None) means, the choices of a
+string parameter, and whether it is one of topasd's extensions beyond the
+paper. The HTTP API (PATCH /v1/params: its body, ranges and names), the CLI's
+`--param` and the console's parameter form all read this table.
+
+Names, types and defaults come from `params.TopasParams`, ranges from
+`params.PARAM_RANGES`; this module adds only the words, and checks at import
+that it describes every field exactly once.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from topasd.model import TopasError
+from topasd.scheduler.params import PARAM_RANGES, TopasParams
+
+Kind = Literal["float", "int", "bool", "choice"]
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One TOPAS parameter as users see it."""
+
+    name: str  # the TopasParams field
+    symbol: str  # the paper's name (H_age, M, K, B_swap); the field name where it has none
+    help: str  # what it does, with the equation it enters
+    kind: Kind = "float"  # from the field's type
+    unset: str | None = None  # what None means ("observed", "off", ...); None: not nullable
+    choices: tuple[str, ...] = ()
+    extension: bool = False  # beyond the paper (docs/topas.md, "Extensions")
+    range: tuple[float, float] | None = None  # [low, high] of a number
+
+    @property
+    def nullable(self) -> bool:
+        return self.unset is not None
+
+
+def _spec(name: str, help: str, *, symbol: str | None = None, unset: str | None = None,
+          choices: tuple[str, ...] = (), extension: bool = False) -> ParamSpec:
+    return ParamSpec(name, symbol or name, help, unset=unset, choices=choices,
+                     extension=extension)
+
+
+# in the console form's order
+_WORDS: tuple[ParamSpec, ...] = (
+    _spec("beta", "V_reuse pressure (Eq. 11)"),
+    _spec("rho", "aging strength (Eq. 12)"),
+    _spec("h_age", "age scale, s (empty: observed)", symbol="H_age", unset="observed"),
+    _spec("m", "enumerate every prefix set when |A_t| <= M", symbol="M"),
+    _spec("k", "cap on admissions/preemptions per decision (0: none)", symbol="K"),
+    _spec("b_swap", "host link, bytes/s (empty: the backend's)", symbol="B_swap",
+          unset="the backend's"),
+    _spec("mu", "KV bytes per prefix token (empty: the backend's)", unset="the backend's"),
+    _spec("samples", "E[LP] samples on non-chain DAGs"),
+    _spec("seed", "seed of the sample quantiles"),
+    _spec("reuse", "V_reuse term"),
+    _spec("aging", "task aging"),
+    _spec("reservation", "decode KV reservation d_r", choices=("optimistic", "full")),
+    _spec("preempt", "allow preemption (extension: off keeps Q_t)", extension=True),
+    _spec("preempt_margin",
+          "a preemption's score must be this many times its cost (extension; 0: off)",
+          extension=True),
+    _spec("hol_age", "hold KV for the oldest request after this wait, s (extension; empty: "
+          "off)", unset="off", extension=True),
+    _spec("pack_order", "GreedyPack order: progress per KV token, or task arrival (extension)",
+          choices=("ratio", "arrival"), extension=True),
+    _spec("start_gate", "start no new task in a preemption or past a started one (extension)",
+          extension=True),
+)
+
+
+def _kind(hint: Any) -> tuple[Kind, bool]:
+    """The kind of a TopasParams field's type, and whether it may be None."""
+    args = set(typing.get_args(hint)) or {hint}
+    nullable = type(None) in args
+    args.discard(type(None))
+    kinds: dict[Any, Kind] = {bool: "bool", int: "int", float: "float", str: "choice"}
+    (only,) = args
+    return kinds[only], nullable
+
+
+def _complete(words: tuple[ParamSpec, ...]) -> tuple[ParamSpec, ...]:
+    """`words` with each field's kind and range; TopasError unless they describe
+    every TopasParams field once, nullable exactly where the field may be None."""
+    hints = typing.get_type_hints(TopasParams)
+    names = [f.name for f in fields(TopasParams)]
+    given = [w.name for w in words]
+    if sorted(given) != sorted(names):
+        missing, extra = sorted(set(names) - set(given)), sorted(set(given) - set(names))
+        raise TopasError(f"param_specs describes {given}: missing {missing}, unknown {extra} "
+                         "(describe each TopasParams field once)")
+    out = []
+    for w in words:
+        kind, nullable = _kind(hints[w.name])
+        if nullable != w.nullable or (kind == "choice") != bool(w.choices):
+            raise TopasError(f"param_specs: {w.name} is {hints[w.name]}; give `unset` exactly "
+                             "for a field that may be None, `choices` for a string")
+        rng = PARAM_RANGES.get(w.name)
+        out.append(ParamSpec(w.name, w.symbol, w.help, kind, w.unset, w.choices, w.extension,
+                             rng))
+    return tuple(out)
+
+
+PARAM_SPECS: tuple[ParamSpec, ...] = _complete(_WORDS)
+SPEC_BY_NAME: Mapping[str, ParamSpec] = {s.name: s for s in PARAM_SPECS}
+# The paper's names of TOPAS parameters (Eq. 11-12, Algorithm 1) -> TopasParams fields.
+PARAM_ALIASES: Mapping[str, str] = {s.symbol: s.name for s in PARAM_SPECS if s.symbol != s.name}
+
+
+def canonical_param(name: str) -> str:
+    """A policy parameter's field name (`H_age` -> `h_age`, `M` -> `m`)."""
+    return PARAM_ALIASES.get(name, name)
+
+
+def canonical_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` under their field names; TopasError if two name one parameter."""
+    out: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    for key, value in params.items():
+        name = canonical_param(key)
+        if given.setdefault(name, key) != key:
+            raise TopasError(f"{given[name]} and {key} name the same parameter; give one")
+        out[name] = value
+    return out
+
+
+def spec_dict(spec: ParamSpec) -> dict[str, Any]:
+    """A spec as JSON (GET /v1/params `specs`)."""
+    return {"name": spec.name, "symbol": spec.symbol, "help": spec.help, "kind": spec.kind,
+            "unset": spec.unset, "choices": list(spec.choices), "extension": spec.extension,
+            "range": None if spec.range is None else list(spec.range)}
