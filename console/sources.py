@@ -76,23 +76,23 @@ def find_daemon(url: str | None, runtime_file: str | None, token: str | None = N
     """The daemon to watch: `url`, else the one the runtime file names."""
     if url is not None:
         return Target(check_url(url), None, token)
-    from topasd.config import raw_setting, read_runtime
+    from topasd.daemon.runtime import RuntimeFile
 
-    path = str(raw_setting("runtime_file", {"runtime_file": runtime_file}, config=config))
-    info = read_runtime(path)
+    runtime = RuntimeFile.configured(runtime_file, config)
+    info = runtime.read()
     if info is None:
-        raise ConsoleError(f"no daemon running (no live runtime file at {path}); start one "
+        raise ConsoleError(f"no daemon running (no live runtime file at {runtime}); start one "
                            "with `topasd start`, or pass --url or --db FILE")
-    return Target(check_url(str(info["url"])), path, token)
+    return Target(check_url(str(info["url"])), str(runtime), token)
 
 
 def rediscover(target: Target) -> Target:
     """The target again: a daemon restarted elsewhere is found through its runtime file."""
     if target.runtime_file is None:
         return target
-    from topasd.config import read_runtime
+    from topasd.daemon.runtime import RuntimeFile
 
-    info = read_runtime(target.runtime_file)
+    info = RuntimeFile(target.runtime_file).read()
     if info is None or "url" not in info:
         return target
     return Target(str(info["url"]).rstrip("/"), target.runtime_file, target.token)

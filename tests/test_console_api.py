@@ -15,9 +15,9 @@ import pytest
 from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon
+from topasd.daemon.metrics import Metrics
 from topasd.model import EngineEvent, EventKind
 from topasd.profiles import get_profile
-from topasd.service import Metrics
 
 
 def test_decision_detail_matches_the_store(tmp_path: Path) -> None:

@@ -33,8 +33,8 @@ from console.gantt import dump_dom, find_chromium
 from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon, clean_env
+from topasd.daemon.calls import agent_key, count_tokens
 from topasd.scheduler.params import TopasParams
-from topasd.service import agent_key, count_tokens
 from workflows.builtin import load_workload
 from workflows.trace import generate_trace
 
@@ -863,7 +863,7 @@ def _sse(lines: Any) -> list[tuple[int | None, str, dict[str, Any]]]:
 
 
 def test_the_event_bus_skips_a_slow_reader_ahead_and_counts_what_it_missed() -> None:
-    from topasd.service import EventBus
+    from topasd.daemon.bus import EventBus
 
     bus = EventBus(size=4)
     for i in range(1, 11):
@@ -908,7 +908,7 @@ def test_events_carry_ids_and_since_resumes_exactly_after_one(tmp_path: Path) ->
 
 
 def test_a_reader_that_resumes_behind_the_ring_gets_a_lag_event(tmp_path: Path) -> None:
-    from topasd.service import BUS_SIZE
+    from topasd.daemon.bus import BUS_SIZE
 
     with Daemon(tmp_path, "--workload", "chain3", "--rate", "0.5") as d:
         d.wait_for(lambda s: s["event_id"] > BUS_SIZE + 100)
@@ -925,7 +925,8 @@ def test_pollers_share_one_state_snapshot_until_it_ages_or_a_change_comes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from concurrent.futures import Future
 
-    from topasd.api import STATE_MAX_AGE_S, _States
+    from topasd.api.deps import STATE_MAX_AGE_S
+    from topasd.api.deps import StateCache as _States
 
     class Loop:  # the service's state(): one engine-loop snapshot per call
         snapshots = 0
@@ -937,7 +938,7 @@ def test_pollers_share_one_state_snapshot_until_it_ages_or_a_change_comes(
             return fut
 
     wall = [100.0]
-    monkeypatch.setattr("topasd.api.time.monotonic", lambda: wall[0])
+    monkeypatch.setattr("topasd.api.deps.time.monotonic", lambda: wall[0])
     loop = Loop()
     states = _States(loop)  # type: ignore[arg-type]
 
@@ -958,11 +959,11 @@ def test_pollers_share_one_state_snapshot_until_it_ages_or_a_change_comes(
 
 
 def test_the_paced_clock_is_wall_time_times_speed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from topasd.service import Clock
+    from topasd.daemon.clock import PacedClock
 
     wall = [1000.0]
-    monkeypatch.setattr("topasd.service.time.monotonic", lambda: wall[0])
-    clock = Clock(500.0)
+    monkeypatch.setattr("topasd.daemon.clock.time.monotonic", lambda: wall[0])
+    clock = PacedClock(500.0)
     assert clock.now() == 0.0
     wall[0] += 0.2
     assert clock.now() == pytest.approx(100.0)  # 0.2 s of wall time at 500x
@@ -1028,8 +1029,8 @@ def test_detach_status_and_stop(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=90)
         assert sp.returncode == 0 and "stopped" in sp.stdout
         assert not runtime.exists()
-        from topasd.cli import _exited
-        assert _exited(info["pid"])  # "stopped" means the process is gone, not just its file
+        from topasd.cli.daemon import exited
+        assert exited(info["pid"])  # "stopped" means the process is gone, not just its file
         gone = subprocess.run([*base, "status", "--runtime-file", str(runtime)], env=env,
                               capture_output=True, text=True, timeout=60)
         assert gone.returncode == 2 and gone.stderr.startswith("error: no daemon running")
@@ -1074,8 +1075,9 @@ def test_a_call_the_engine_refuses_leaves_no_task_open(tmp_path: Path) -> None:
     rounds KV up to whole blocks): the call fails, and the task it opened is
     dropped with a logged reason instead of staying in flight forever."""
     from topasd.config import load_settings
+    from topasd.daemon.calls import CallSpec
+    from topasd.daemon.service import Service
     from topasd.model import TopasError
-    from topasd.service import CallSpec, Service
 
     settings = load_settings({"db": str(tmp_path / "x.db"), "speed": "max"}, environ={})
     svc = Service(settings.settings)
@@ -1107,15 +1109,16 @@ def test_a_signal_while_the_engine_starts_stops_the_daemon_cleanly(
     """vLLM takes seconds to start: a SIGTERM then used to kill the daemon (exit
     143, no log). Now the daemon comes up, drains at once, and returns 0 with
     its run in the store."""
-    import topasd.api as api
     from topasd.config import load_settings
+    from topasd.daemon import process
+    from topasd.daemon.service import Service
 
-    class SlowStart(api.Service):
+    class SlowStart(Service):
         def __init__(self, settings: Any) -> None:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while the engine starts
             super().__init__(settings)
 
-    monkeypatch.setattr(api, "Service", SlowStart)
+    monkeypatch.setattr(process, "Service", SlowStart)
     settings = load_settings({"port": 0, "db": str(tmp_path / "t.db"),
                               "runtime_file": str(tmp_path / "d.json")}, environ={}).settings
     def too_early(signum: int, frame: Any) -> None:  # what the signal met before
@@ -1124,7 +1127,7 @@ def test_a_signal_while_the_engine_starts_stops_the_daemon_cleanly(
 
     before = signal.signal(signal.SIGTERM, too_early)
     try:
-        assert api.serve(settings) == 0
+        assert process.serve(settings) == 0
         assert signal.getsignal(signal.SIGTERM) is too_early  # handlers restored
     finally:
         signal.signal(signal.SIGTERM, before)

@@ -20,9 +20,11 @@ from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon, service_counts_until
 from topasd.config import load_settings
+from topasd.daemon.calls import CallSpec
+from topasd.daemon.errors import Unavailable
+from topasd.daemon.service import Service
 from topasd.model import Decision, EngineEvent, EventKind
 from topasd.runner import RunInfo
-from topasd.service import CallSpec, Service, Unavailable
 
 # ------------------------------------------------------------------ draining
 

@@ -172,30 +172,31 @@ def test_the_daemon_checks_fits_against_the_engines_pool(tmp_path: Path,
     """With SGLang the daemon's fit checks (API calls, driven tasks) use the
     pool the engine reports; a --budget below it stays."""
     from backends.base import EngineLimits
-    from topasd import service
     from topasd.config import load_settings
+    from topasd.daemon import engine, service
     from topasd.profiles import get_profile
 
     small = get_profile("small")
-    assert service.engine_profile(small, EngineLimits(), None) is small  # no pool reported
+    assert engine.engine_profile(small, EngineLimits(), None) is small  # no pool reported
     for budget, pool, want in [(None, 300, 300), (200, 300, 200), (500, 300, 300)]:
-        got = service.engine_profile(small, EngineLimits(pool_tokens=pool), budget)
+        got = engine.engine_profile(small, EngineLimits(pool_tokens=pool), budget)
         assert got.budget_tokens == want
     # vLLM's pool is the --budget rounded up to whole blocks, all of it the engine's:
     # a call that fits 1,024 tokens was refused against the 1,000 asked for
     vllm_like = EngineLimits(pool_tokens=1024, pool_from_budget=True)
-    assert service.engine_profile(small, vllm_like, 1000).budget_tokens == 1024
+    assert engine.engine_profile(small, vllm_like, 1000).budget_tokens == 1024
 
     backend = _sglang_backend(tmp_path, PoolReportingEngine(pool=300))
-    monkeypatch.setattr(service, "make_backend", lambda settings, profile: backend)
+    monkeypatch.setattr(engine, "make_backend", lambda settings, profile: backend)
     loaded = load_settings({"backend": "sglang", "model_path": "m", "profile": "small",
                             "db": str(tmp_path / "d.db")}, environ={})
     svc = service.Service(loaded.settings)
     try:
         assert svc.profile.budget_tokens == 300
-        # the dashboard's state before any scheduler spoke: the engine's pool, no queues
-        state = backend.state({}, {})  # type: ignore[attr-defined]
-        assert state.budget_tokens == 300 and not state.running and not state.waiting
+        # /v1/state between decisions (SGLang's view exists only while one is due): the
+        # engine's pool and no queues before any scheduler reported
+        state = svc._cmd_state(5)
+        assert state["budget"]["tokens"] == 300 and state["running"] == state["waiting"] == {}
     finally:
         svc.store.close()
         backend.close()  # type: ignore[attr-defined]

@@ -21,8 +21,11 @@ from store import queries as q
 from tests.daemonkit import Daemon
 from topasd.api import create_app
 from topasd.config import load_settings
+from topasd.daemon.bus import EventBus
+from topasd.daemon.metrics import Metrics
+from topasd.daemon.recorder import Recorder
+from topasd.daemon.service import Service
 from topasd.model import Candidate, Decision, ScoreTerms, TopasError
-from topasd.service import EventBus, Metrics, Service, _Recorder
 
 _LIMITS = itertools.count(7001)  # /v1/state caches a snapshot per limit: a new one is fresh
 
@@ -226,7 +229,7 @@ class _Sink:
 def test_decision_detail_keeps_a_chosen_candidate_that_does_not_score_best() -> None:
     """Cut to `limit` candidates, best total first (ties by index), the chosen one
     takes the last place when it would not make the cut; limit 0 gives none."""
-    rec = _Recorder(_Sink(), EventBus(), Metrics(), lambda: 3)  # type: ignore[arg-type]
+    rec = Recorder(_Sink(), EventBus(), Metrics(), lambda: 3)  # type: ignore[arg-type]
     rec.decision(_hand_built(chosen=2))  # the lowest total
 
     def idx(limit: int) -> list[int]:
@@ -246,7 +249,7 @@ def test_decision_detail_keeps_a_chosen_candidate_that_does_not_score_best() -> 
     assert detail is not None and detail["params_version"] == 3
     assert [c["total"] for c in detail["candidates"]] == [9.0, 1.0]
 
-    best = _Recorder(_Sink(), EventBus(), Metrics(), lambda: 0)  # type: ignore[arg-type]
+    best = Recorder(_Sink(), EventBus(), Metrics(), lambda: 0)  # type: ignore[arg-type]
     best.decision(_hand_built(chosen=3))  # ties the best total, after it by index
     top = best.detail(17, 1)
     assert top is not None and [c["idx"] for c in top["candidates"]] == [3]

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from topasd.config import load_settings
-from topasd.service import CallSpec, Invalid, Service
+from topasd.daemon.calls import CallSpec
+from topasd.daemon.errors import Invalid
+from topasd.daemon.service import Service
 
 
 def test_a_call_that_cannot_fit_names_a_fix_the_caller_can_apply(tmp_path: Path) -> None:

@@ -332,9 +332,10 @@ def test_a_call_that_reached_no_engine_needs_no_withdrawal(
     """A client that leaves while its call still waits for the engine loop (not
     started here) cancels the call: no withdrawal is sent, the reply is a
     Withdrawn, and the loop, once it runs, skips the call: no task, no request."""
-    from topasd import api
+    from topasd.api import openai
     from topasd.config import load_settings
-    from topasd.service import Service, Withdrawn
+    from topasd.daemon.errors import Withdrawn
+    from topasd.daemon.service import Service
 
     settings = load_settings({"budget": int(BUDGET), "speed": 20.0,
                               "db": str(tmp_path / "s.db")}, environ={}).settings
@@ -351,7 +352,7 @@ def test_a_call_that_reached_no_engine_needs_no_withdrawal(
         asked: list[str] = []
         monkeypatch.setattr(svc, "withdraw_call", lambda f, why: asked.append(why))
         with pytest.raises(Withdrawn, match="disconnected before the reply"):
-            asyncio.run(api._call(svc, fut, Gone()))  # type: ignore[arg-type]
+            asyncio.run(openai.call(svc, fut, Gone()))  # type: ignore[arg-type]
         assert fut.cancelled() and asked == []
         svc.start()
         counts = svc.state(1).result(30)["counts"]  # runs after the cancelled call
@@ -395,7 +396,7 @@ def test_the_console_status_line_counts_withdrawn_calls() -> None:
 
 
 def _spec(task: str | None, output: int, **meta: Any) -> Any:
-    from topasd.service import CallSpec
+    from topasd.daemon.calls import CallSpec
 
     where = {} if task is None else {"task_key": task, "workflow": "chain3", "stage": "a"}
     return CallSpec(system_tokens=0, system_key="", input_tokens=1, output_tokens=output,
@@ -404,7 +405,7 @@ def _spec(task: str | None, output: int, **meta: Any) -> Any:
 
 def _service(tmp_path: Path, **flags: Any) -> Any:
     from topasd.config import load_settings
-    from topasd.service import Service
+    from topasd.daemon.service import Service
 
     settings = load_settings({"budget": int(BUDGET), "speed": 20.0,
                               "db": str(tmp_path / "s.db"), **flags}, environ={}).settings

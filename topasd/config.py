@@ -17,7 +17,6 @@ import difflib
 import ipaddress
 import json
 import os
-import shlex
 import tempfile
 import tomllib
 from collections.abc import Callable, Mapping
@@ -32,8 +31,6 @@ from topasd.model import (
     MAX_BUDGET,
     TopasError,
     Workflow,
-    pid_alive,
-    pid_runs_topasd,
 )
 from topasd.profiles import DEFAULT_PROFILE, PROFILES
 from topasd.scheduler import ALL_POLICY_NAMES, build_policy
@@ -46,13 +43,6 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 class ConfigError(TopasError):
     """A setting is invalid; the message names it, its value and its source."""
-
-
-def stop_command(runtime_file: str | Path) -> str:
-    """The `topasd stop` that reaches the daemon of `runtime_file`."""
-    if str(runtime_file) == default_runtime_file():
-        return "topasd stop"
-    return f"topasd stop --runtime-file {shlex.quote(str(runtime_file))}"
 
 
 def default_runtime_file() -> str:
@@ -69,35 +59,78 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: Literal["sim", "vllm", "sglang"] = "sim"
-    model_path: str | None = None  # vllm: a model directory; sglang: a path or hub id
-    tp_size: int = Field(default=1, ge=1)  # sglang: tensor-parallel ranks
-    dp_size: int = Field(default=1, ge=1)  # sglang: data-parallel replicas
-    mem_fraction: float | None = Field(default=None, gt=0, le=1)  # sglang mem_fraction_static
-    hicache: bool = False  # sglang: hierarchical (host) KV cache for prefix moves
-    hicache_size: int | None = Field(default=None, ge=0)  # sglang: host pool GB per rank
-    profile: str = DEFAULT_PROFILE
-    budget: int | None = Field(default=None, ge=1, le=MAX_BUDGET)
-    policy: str = "topas"
-    params: dict[str, Any] = Field(default_factory=dict)
-    db: str = "topasd.db"
-    log_candidates: str = "top:8"
-    host: str = "127.0.0.1"
-    port: int = Field(default=8470, ge=0, le=65535)
-    token: str | None = None
-    speed: float | Literal["max"] = 1.0
-    workload: str | None = None
-    rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    tasks: int | None = Field(default=None, ge=1)
-    seed: int = Field(default=0, ge=0, le=INT64_MAX)
-    workflows: list[str] = Field(default_factory=list)
-    max_tokens: int = Field(default=256, ge=1)
-    task_timeout: float = Field(default=600.0, ge=0, allow_inf_nan=False)
-    model: str = "topasd-sim"
-    grace: float = Field(default=30.0, ge=0, allow_inf_nan=False)
-    runtime_file: str = Field(default_factory=default_runtime_file)
-    log_file: str | None = None
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    backend: Literal["sim", "vllm", "sglang"] = Field(
+        default="sim", description="Engine backend [default: sim]: the simulator, vLLM on "
+        "this CPU (docs/vllm.md) or SGLang on GPUs (docs/sglang.md).")
+    model_path: str | None = Field(
+        default=None, description="vllm/sglang: the model (vllm: a directory, `topasd model "
+        "tiny -o DIR`).")
+    tp_size: int = Field(default=1, ge=1,
+                         description="sglang: tensor-parallel ranks [default: 1].")
+    dp_size: int = Field(default=1, ge=1, description="sglang: data-parallel replicas, one "
+                         "TOPAS each [default: 1].")
+    mem_fraction: float | None = Field(
+        default=None, gt=0, le=1, description="sglang: mem_fraction_static [default: "
+        "SGLang's].")
+    hicache: bool = Field(default=False, description="sglang: hierarchical KV cache, so "
+                          "prefixes move to host memory [default: off].")
+    hicache_size: int | None = Field(default=None, ge=0,
+                                     description="sglang: host KV pool per rank, GB.")
+    profile: str = Field(default=DEFAULT_PROFILE, description="Hardware profile of the "
+                         f"simulator: {', '.join(sorted(PROFILES))} [default: "
+                         f"{DEFAULT_PROFILE}].")
+    budget: int | None = Field(
+        default=None, ge=1, le=MAX_BUDGET, description="Override the profile's KV budget "
+        "(tokens); with --backend sglang, at most the pool SGLang reports.")
+    policy: str = Field(default="topas", description="Scheduling policy [default: topas].")
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="A policy parameter, repeatable (beta=10, rho=1, "
+        "H_age=30, M=6, K=0, ...).")
+    db: str = Field(default="topasd.db", description="SQLite decision log [default: "
+                    "topasd.db].")
+    log_candidates: str = Field(default="top:8", description="Candidates per decision "
+                                "written to the log [default: top:8].")
+    host: str = Field(default="127.0.0.1",
+                      description="Address to listen on [default: 127.0.0.1].")
+    port: int = Field(default=8470, ge=0, le=65535,
+                      description="Port [default: 8470]; 0 picks a free one.")
+    token: str | None = Field(default=None, description="Bearer token for mutating "
+                              "endpoints (required off loopback).")
+    speed: float | Literal["max"] = Field(
+        default=1.0, description="Sim clock: engine seconds per wall second, or 'max' "
+        "(unpaced) [default: 1].")
+    workload: str | None = Field(default=None, description="Feed tasks of this workload "
+                                 "with the built-in driver.")
+    rate: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Driver arrival rate, task/s "
+        "(default: the workload's middle operating point).")
+    tasks: int | None = Field(
+        default=None, ge=1, description="Stop the driver after this many tasks (default: "
+        "unbounded); then it plays the trace `topasd trace gen` writes for the same "
+        "workload, rate, seed and count, so `topasd replay` reruns the daemon's work (with "
+        "no API clients, decision for decision).")
+    seed: int = Field(default=0, ge=0, le=INT64_MAX,
+                      description="Sampling seed [default: 0].")
+    workflows: list[str] = Field(
+        default_factory=list, description="Register a workflow spec file for /v1/tasks and "
+        "OpenAI calls, repeatable.")
+    max_tokens: int = Field(default=256, ge=1, description="Output tokens of an OpenAI call "
+                            "without max_tokens [default: 256].")
+    task_timeout: float = Field(
+        default=600.0, ge=0, allow_inf_nan=False, description="Drop an application-driven "
+        "task after this many seconds without a call [default: 600; 0: never].")
+    model: str = Field(default="topasd-sim", description="Model name listed by /v1/models "
+                       "[default: topasd-sim; with --model-path, its folder's name].")
+    grace: float = Field(default=30.0, ge=0, allow_inf_nan=False, description="Seconds "
+                         "running work may finish after SIGTERM [default: 30].")
+    runtime_file: str = Field(
+        default_factory=default_runtime_file, description="Where the bound address is "
+        "recorded for status/stop/console.")
+    log_file: str | None = Field(
+        default=None, description="Also log to this file (appended); with --detach, the "
+        "daemon's only log [default with --detach: beside the runtime file].")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Log level (logs go to stderr) [default: info].")
 
     @field_validator("profile")
     @classmethod
@@ -415,16 +448,3 @@ def _explain(exc: ValidationError, raw: Mapping[str, Any], sources: Mapping[str,
         problems.append(f"setting {name} = {value!r} (from {sources.get(name, 'default')}): "
                         f"{msg}")
     return "; ".join(problems)
-
-
-def read_runtime(path: str | Path) -> dict[str, Any] | None:
-    """The runtime file of a running daemon (None if absent, unreadable or stale)."""
-    try:
-        info = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(info, dict) or not pid_alive(info.get("pid")):
-        return None
-    if not pid_runs_topasd(info["pid"]):  # stale: the pid now belongs to another program
-        return None
-    return info

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topasd.model import TopasError
+from topasd.profiles import HardwareProfile
+
+if TYPE_CHECKING:
+    from backends.sglang.backend import SGLangBackend
 
 SUPPORTED_SGLANG = "0.5.23"  # the one version the contract tests pin
 
@@ -84,11 +88,10 @@ class SGLangOptions:
         return args
 
 
-def make_backend(options: SGLangOptions, profile: Any, **kwargs: Any) -> Any:
-    """The daemon-side SGLang backend (starts an in-process SGLang Engine).
-
-    `profile` is a topasd HardwareProfile: its cost hints feed the policy.
-    """
+def make_backend(options: SGLangOptions, profile: HardwareProfile,
+                 **kwargs: Any) -> SGLangBackend:
+    """The daemon-side SGLang backend (starts an in-process SGLang Engine);
+    the profile's cost hints feed the policy."""
     missing = [m for m in ("sglang", "zmq") if importlib.util.find_spec(m) is None]
     if missing:
         raise TopasError(f"the SGLang backend needs SGLang {SUPPORTED_SGLANG} (not installed: "

@@ -6,9 +6,12 @@ Importing this package does not import vLLM; `make_backend` does.
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backends.vllm.tiny import read_model_config, write_tiny_model
+
+if TYPE_CHECKING:
+    from backends.vllm.backend import VllmBackend
 
 __all__ = ["POOL_TOKENS", "available", "make_backend", "read_model_config", "write_tiny_model"]
 
@@ -20,7 +23,7 @@ def available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_backend(model: str, **options: Any) -> Any:
+def make_backend(model: str, **options: Any) -> VllmBackend:
     """A `VllmBackend` on the model directory `model` (options: budget_tokens,
     block_size, chunk_tokens, max_num_seqs, profile, clock, native, seed, audit,
     record)."""

@@ -1,0 +1,43 @@
+"""The FastAPI app over a started `Service`."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi_offline import FastAPIOffline
+
+from topasd.api import errors, routes
+from topasd.api.auth import BodyGuard, auth_dependency
+from topasd.api.deps import Context, StateCache
+from topasd.daemon.service import Service
+
+
+def create_app(service: Service) -> FastAPI:
+    """The daemon's HTTP API: body guard and auth, error shapes, the routers."""
+    settings = service.settings
+    app = FastAPIOffline(  # FastAPI serving the /docs assets itself: no CDN needed
+        title="topasd",
+        version=version(),
+        description="Workflow-aware prefix-state scheduler daemon (TOPAS): control API, "
+                    "event stream and an OpenAI-compatible API. See docs/api.md.",
+    )
+    app.add_middleware(BodyGuard, settings=settings)  # type: ignore[arg-type]
+    auth = auth_dependency(settings)
+    guarded: list[Any] = [Depends(auth)] if auth is not None else []
+    mutating = (400, 401, 403, 413, 422, 503) if auth is not None else (400, 413, 422, 503)
+    errors.install(app)
+    ctx = Context(service, StateCache(service), guarded, mutating)
+    for router in (routes.status(ctx), routes.control(ctx), routes.tasks(ctx),
+                   routes.openai_compatible(ctx)):
+        app.include_router(router)
+    return app
+
+
+def version() -> str:
+    """topasd's installed version ("unknown" from a bare checkout)."""
+    try:
+        return metadata.version("topasd")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,5 @@
+"""`python -m topasd.cli`: the `topasd` command."""
+
+from topasd.cli import main
+
+main()

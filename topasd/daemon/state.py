@@ -1,0 +1,88 @@
+"""`/v1/state`: the dashboard's snapshot, built on the engine loop's thread from
+the backend's dashboard state, the task book, the ledger and the metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from topasd.daemon.ledger import TaskLedger
+from topasd.daemon.metrics import STATS_WINDOW, Metrics, Transfer
+from topasd.model import EngineView, Location, Request, TaskView
+from topasd.scheduler.residual import ServiceModel, TaskPaths
+
+
+def request_dict(req: Request) -> dict[str, Any]:
+    return {"id": req.id, "task_id": req.task_id, "workflow": req.workflow,
+            "stage": req.stage, "round": req.round, "input_tokens": req.input_tokens,
+            "output_tokens": req.output_tokens, "generated": req.generated,
+            "ready_at": req.ready_at, "preemptions": req.preemptions}
+
+
+def by_agent(requests: Sequence[Request], limit: int) -> dict[str, list[dict[str, Any]]]:
+    """Requests by agent (agents sorted), at most `limit` each."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for req in requests:
+        out.setdefault(req.agent, []).append(request_dict(req))
+    return {a: rs[:limit] for a, rs in sorted(out.items())}
+
+
+def budget(view: EngineView) -> dict[str, int]:
+    """The KV budget and what holds it: resident prefixes, running requests."""
+    used_prefix = sum(p.tokens for p in view.prefixes.values() if p.location is Location.GPU)
+    used_req = sum(r.kv_tokens() for r in view.running)
+    return {"tokens": view.budget_tokens, "used": used_prefix + used_req,
+            "prefixes": used_prefix, "requests": used_req}
+
+
+def prefixes(view: EngineView, transfers: Mapping[str, Transfer]) -> list[dict[str, Any]]:
+    """Each agent's prefix: where it lives, and the move under way."""
+    return [{"agent": p.agent, "tokens": p.tokens, "location": str(p.location),
+             "ready": p.ready, "host_copy": p.host_copy,
+             "transfer": tr.as_dict() if (tr := transfers.get(p.agent)) else None}
+            for p in sorted(view.prefixes.values(), key=lambda p: p.agent)]
+
+
+def tasks(view: EngineView, in_flight: Mapping[int, TaskView], ledger: TaskLedger,
+          model: ServiceModel, quantiles: Any, limit: int) -> list[dict[str, Any]]:
+    """The first `limit` tasks in flight: their entry, the stages running and
+    waiting, and the expected remaining path E[LP] (one pass per DAG)."""
+    run_stage: dict[int, dict[str, Request]] = {}
+    wait_stage: dict[int, set[str]] = {}
+    for req in view.running:
+        run_stage.setdefault(req.task_id, {})[req.stage] = req
+    for req in view.waiting:
+        wait_stage.setdefault(req.task_id, set()).add(req.stage)
+    paths = TaskPaths(model, view.costs, view.workflows, quantiles, view.t)
+    listed = list(in_flight.values())[:limit]
+    paths.lhat_batch([(task, run_stage.get(task.id, {}), [()]) for task in listed
+                      if task.workflow in view.workflows])
+    out = []
+    for task in listed:
+        entry = ledger.entries.get(task.id)
+        item: dict[str, Any] = entry.as_dict(task) if entry is not None else {"id": task.id}
+        on = run_stage.get(task.id, {})
+        item["stages_running"] = sorted(on)
+        item["stages_waiting"] = sorted(wait_stage.get(task.id, set()) - set(on))
+        item["remaining_s"] = (paths.lhat(task, on) if task.workflow in view.workflows
+                               else None)
+        out.append(item)
+    return out
+
+
+def headline(metrics: Metrics, decision_ms: Sequence[float], t: float) -> dict[str, Any]:
+    """Headline numbers: throughput and mean JCT over the whole run, p99 JCT and
+    decision latency over the last STATS_WINDOW values (None before the first)."""
+    n = sum(metrics.jct.counts)
+    jcts = np.fromiter(metrics.recent_jct, float, len(metrics.recent_jct))
+    ms = np.asarray(decision_ms[-STATS_WINDOW:], dtype=float)
+    return {
+        "tasks_finished": int(n),
+        "throughput_task_s": n / t if t > 0 else 0.0,
+        "jct_mean_s": metrics.jct.sum / n if n else None,
+        "jct_p99_s": float(np.percentile(jcts, 99)) if jcts.size else None,
+        "decision_ms_mean": float(ms.mean()) if ms.size else None,
+        "decision_ms_p99": float(np.percentile(ms, 99)) if ms.size else None,
+    }
