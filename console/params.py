@@ -3,56 +3,16 @@ the daemon's ranges, and the change set sent to `PATCH /v1/params`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from topasd.scheduler.param_specs import PARAM_SPECS, SPEC_BY_NAME, ParamSpec
 
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One editable TOPAS parameter."""
-
-    name: str  # TopasParams field
-    label: str  # the paper's name
-    kind: str  # float | int | bool | choice
-    nullable: bool = False  # empty input allowed: it means `empty`
-    choices: tuple[str, ...] = ()
-    help: str = ""
-    empty: str = ""  # what an empty input means (the placeholder)
+FIELDS: tuple[ParamSpec, ...] = PARAM_SPECS  # the form's rows, in order
+BY_NAME: Mapping[str, ParamSpec] = SPEC_BY_NAME
 
 
-FIELDS: tuple[Field, ...] = (
-    Field("beta", "beta", "float", help="V_reuse pressure (Eq. 11)"),
-    Field("rho", "rho", "float", help="aging strength (Eq. 12)"),
-    Field("h_age", "H_age", "float", nullable=True, help="age scale, s (empty: observed)",
-          empty="observed"),
-    Field("m", "M", "int", help="enumerate every prefix set when |A_t| <= M"),
-    Field("k", "K", "int", help="cap on admissions/preemptions per decision (0: none)"),
-    Field("b_swap", "B_swap", "float", nullable=True,
-          help="host link, bytes/s (empty: the backend's)", empty="the backend's"),
-    Field("mu", "mu", "float", nullable=True,
-          help="KV bytes per prefix token (empty: the backend's)", empty="the backend's"),
-    Field("samples", "samples", "int", help="E[LP] samples on non-chain DAGs"),
-    Field("seed", "seed", "int", help="seed of the sample quantiles"),
-    Field("reuse", "reuse", "bool", help="V_reuse term"),
-    Field("aging", "aging", "bool", help="task aging"),
-    Field("reservation", "reservation", "choice", choices=("optimistic", "full"),
-          help="decode KV reservation d_r"),
-    Field("preempt", "preempt", "bool", help="allow preemption (extension: off keeps Q_t)"),
-    Field("preempt_margin", "preempt_margin", "float",
-          help="a preemption's score must be this many times its cost (extension; 0: off)"),
-    Field("hol_age", "hol_age", "float", nullable=True,
-          help="hold KV for the oldest request after this wait, s (extension; empty: off)",
-          empty="off"),
-    Field("pack_order", "pack_order", "choice", choices=("ratio", "arrival"),
-          help="GreedyPack order: progress per KV token, or task arrival (extension)"),
-    Field("start_gate", "start_gate", "bool",
-          help="start no new task in a preemption or past a started one (extension)"),
-)
-BY_NAME = {f.name: f for f in FIELDS}
-
-
-def parse(field: Field, text: str, ranges: Mapping[str, tuple[float, float]]) -> Any:
+def parse(field: ParamSpec, text: str, ranges: Mapping[str, tuple[float, float]]) -> Any:
     """The value of one text input; ValueError with a short reason if invalid."""
     text = text.strip()
     if not text:
@@ -79,11 +39,13 @@ def parse(field: Field, text: str, ranges: Mapping[str, tuple[float, float]]) ->
 
 def validate(policy: str, values: Mapping[str, Any], current_policy: str,
              current: Mapping[str, Any], ranges: Mapping[str, tuple[float, float]],
-             policies: tuple[str, ...] | list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+             policies: Collection[str], tunable: Collection[str],
+             ) -> tuple[dict[str, Any], dict[str, str]]:
     """(changes, errors) of a filled form: `values` holds text for number fields,
     bools and strings for the others. Only parameters the current policy has and
     whose value differs are sent; a switch to another policy resets the rest to
-    its defaults (the daemon's rule), and baselines take no parameters."""
+    its defaults (the daemon's rule), and policies not `tunable` (baselines)
+    take no parameters."""
     errors: dict[str, str] = {}
     changes: dict[str, Any] = {}
     if policy not in policies:
@@ -98,16 +60,16 @@ def validate(policy: str, values: Mapping[str, Any], current_policy: str,
             try:
                 value = parse(field, str(raw), ranges)
             except ValueError as exc:
-                errors[name] = f"{field.label}: {exc}"
+                errors[name] = f"{field.symbol}: {exc}"
                 continue
         elif field.kind == "bool":
             value = bool(raw)
         elif raw in field.choices:
             value = raw
         else:
-            errors[name] = f"{field.label}: one of {', '.join(field.choices)}"
+            errors[name] = f"{field.symbol}: one of {', '.join(field.choices)}"
             continue
-        if value != current[name] and policy.startswith("topas"):
+        if value != current[name] and policy in tunable:
             changes[name] = value
     return changes, errors
 

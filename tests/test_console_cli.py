@@ -53,26 +53,27 @@ def test_form_sends_only_valid_changes() -> None:
     text = {"beta": "20", "rho": "1", "h_age": "", "m": "6", "reuse": True,
             "reservation": "optimistic"}
     policies = ["fcfs", "topas", "topas-base"]
-    assert validate("topas", text, "topas", current, ranges, policies) == ({}, {})
+    tunable = ["topas", "topas-base"]
+    assert validate("topas", text, "topas", current, ranges, policies, tunable) == ({}, {})
     changes, errors = validate("topas", {**text, "beta": "5", "h_age": "30", "reuse": False},
-                               "topas", current, ranges, policies)
+                               "topas", current, ranges, policies, tunable)
     assert (changes, errors) == ({"beta": 5.0, "h_age": 30.0, "reuse": False}, {})
     changes, errors = validate("topas", {**text, "beta": "5000", "m": "2.5", "rho": "x"},
-                               "topas", current, ranges, policies)
+                               "topas", current, ranges, policies, tunable)
     assert changes == {}
     assert errors == {"beta": "beta: in [0, 1000]", "m": "M: an integer",
                       "rho": "rho: a number"}
     _, errors = validate("topas", {**text, "seed": "-1"}, "topas", {**current, "seed": 0},
-                         {**ranges, "seed": (0, 2**31 - 1)}, policies)
+                         {**ranges, "seed": (0, 2**31 - 1)}, policies, tunable)
     assert errors == {"seed": "seed: in [0, 2147483647]"}  # not 2.14748e+09
-    assert validate("topas-base", text, "topas", current, ranges, policies) == (
+    assert validate("topas-base", text, "topas", current, ranges, policies, tunable) == (
         {"policy": "topas-base"}, {})
-    assert validate("fcfs", {**text, "beta": "1"}, "topas", current, ranges, policies) == (
-        {"policy": "fcfs"}, {})  # baselines take no parameters
-    assert validate("nope", text, "topas", current, ranges, policies)[1] == {
+    assert validate("fcfs", {**text, "beta": "1"}, "topas", current, ranges, policies,
+                    tunable) == ({"policy": "fcfs"}, {})  # baselines take no parameters
+    assert validate("nope", text, "topas", current, ranges, policies, tunable)[1] == {
         "policy": "policy: one of fcfs, topas, topas-base"}
-    assert validate("topas", {"beta": ""}, "fcfs", {}, ranges, policies) == ({"policy": "topas"},
-                                                                            {})
+    assert validate("topas", {"beta": ""}, "fcfs", {}, ranges, policies,
+                    tunable) == ({"policy": "topas"}, {})
     assert {f.name for f in FIELDS} >= set(current)
     # exactly: the form sends back what it shows (12345678901 as 1.23457e+10 rounded it)
     assert [text_of(x) for x in (None, 20.0, 0.5, 7, 2.5e10, 12345678901.0, 1234567.0,

@@ -315,6 +315,10 @@ def test_patch_beta_takes_effect_at_the_next_decision_and_is_logged(tmp_path: Pa
         ranges = got["ranges"]  # integer parameters have integer bounds
         assert ranges["m"] == [0, 16] and all(isinstance(v, int) for v in ranges["m"])
         assert isinstance(ranges["beta"][1], float)
+        specs = {s["name"]: s for s in got["specs"]}  # one per parameter, as the form shows
+        assert set(specs) == set(got["params"]) and specs["h_age"]["symbol"] == "H_age"
+        assert specs["m"]["range"] == ranges["m"] and specs["reuse"]["kind"] == "bool"
+        assert "topas-paper" in got["tunable"] and "fcfs" not in got["tunable"]
         d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 12)
         r = d.http.patch("/v1/params", json={"beta": 0})
         assert r.status_code == 200, r.text

@@ -16,6 +16,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from console import keys
 from console.params import BY_NAME, FIELDS, parse, text_of, validate
 from console.sources import ApiError, ConnectionLost
+from topasd.scheduler import TUNABLE_NAMES
 
 if TYPE_CHECKING:
     from console.app import ConsoleApp
@@ -53,7 +54,7 @@ class ParamsScreen(Screen[None]):
                             classes="param-help", id="help-policy")
             for f in FIELDS:
                 with Horizontal(classes="param-row", id=f"row-{f.name}"):
-                    yield Label(f.label, classes="param-label")
+                    yield Label(f.symbol, classes="param-label")
                     if f.kind == "bool":
                         yield Switch(id=f"param-{f.name}")
                     elif f.kind == "choice":
@@ -61,7 +62,7 @@ class ParamsScreen(Screen[None]):
                                           allow_blank=False)
                     else:
                         yield Input(id=f"param-{f.name}", classes="param-input",
-                                    placeholder=f.empty)
+                                    placeholder=f.unset or "")
                     yield Label(Text(f.help), classes="param-help", id=f"help-{f.name}")
             with Horizontal(id="params-buttons"):
                 yield Button(f"Apply ({self._key('params.apply')})", id="apply",
@@ -161,7 +162,7 @@ class ParamsScreen(Screen[None]):
         """(changes, errors) of the form against the daemon's `info`."""
         policy, values = self.form_values()
         return validate(policy, values, info["policy"], info["params"], _ranges(info),
-                        info["policies"])
+                        info["policies"], info.get("tunable", TUNABLE_NAMES))
 
     @on(Input.Changed, ".param-input")
     def _check(self, event: Input.Changed) -> None:
@@ -184,7 +185,7 @@ class ParamsScreen(Screen[None]):
         row = self.query_one(f"#row-{name}")
         row.set_class(error is not None, "-invalid")
         if error is not None:
-            label.update(Text(f"✗ {f.label}: {error}", style="bold red"))
+            label.update(Text(f"✗ {f.symbol}: {error}", style="bold red"))
         elif self.info is not None and name in _ranges(self.info):
             lo, hi = _ranges(self.info)[name]
             label.update(Text(f"{f.help} · [{lo:g}, {hi:g}]"))
@@ -291,7 +292,7 @@ def _newer_than_the_log(params: dict[str, Any]) -> dict[str, Any]:
 
 def _label(name: str) -> str:
     """A parameter by the form's (the paper's) name."""
-    return BY_NAME[name].label if name in BY_NAME else name
+    return BY_NAME[name].symbol if name in BY_NAME else name
 
 
 def _ranges(info: dict[str, Any]) -> dict[str, tuple[float, float]]:

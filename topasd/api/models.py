@@ -21,8 +21,8 @@ from pydantic import (
 
 from topasd.model import TopasError
 from topasd.scheduler import ALL_POLICY_NAMES
-from topasd.scheduler.param_specs import PARAM_ALIASES, canonical_params
-from topasd.scheduler.params import PAPER, PARAM_RANGES, TopasParams
+from topasd.scheduler.param_specs import PARAM_SPECS, ParamSpec, canonical_params
+from topasd.scheduler.params import PAPER, TopasParams
 
 MAX_NAME = 256
 
@@ -250,6 +250,19 @@ class TaskInfo(BaseModel):
     stages: dict[str, StageInfo]
 
 
+class ParamSpecInfo(BaseModel):
+    """One TOPAS parameter as users see it (topasd/scheduler/param_specs.py)."""
+
+    name: str = Field(description="The parameter's field name.")
+    symbol: str = Field(description="The paper's name (H_age, M, K, B_swap), else the name.")
+    help: str
+    kind: Literal["float", "int", "bool", "choice"]
+    unset: str | None = Field(description="What null means; null: the parameter needs a value.")
+    choices: list[str]
+    extension: bool = Field(description="Beyond the paper (docs/topas.md, Extensions).")
+    range: list[int | float] | None
+
+
 class ParamsInfo(BaseModel):
     policy: str
     params: dict[str, Any]
@@ -258,6 +271,8 @@ class ParamsInfo(BaseModel):
         description="[low, high] of each parameter (integers for the integer ones).")
     aliases: dict[str, str]
     policies: list[str]
+    tunable: list[str] = Field(description="The policies that take these parameters.")
+    specs: list[ParamSpecInfo] = Field(description="Every TOPAS parameter, in form order.")
 
 
 class ParamsChanged(ParamsInfo):
@@ -325,46 +340,46 @@ class ModelList(BaseModel):
 
 
 def _params_patch_model() -> type[BaseModel]:
-    """The PATCH /v1/params body, built from TopasParams and its ranges."""
+    """The PATCH /v1/params body, built from the parameter specs (param_specs.py):
+    each parameter under its field name or the paper's, typed and ranged."""
     hints = typing.get_type_hints(TopasParams)
-    alias_of = {v: k for k, v in PARAM_ALIASES.items()}
     policies = Literal[tuple(ALL_POLICY_NAMES)]  # type: ignore[valid-type]
     fields: dict[str, Any] = {
         "policy": (policies, Field(default=None, description="Switch the policy (its "
                                    "parameters reset to defaults plus this body's).")),
     }
-    for name, hint in hints.items():
+    for spec in PARAM_SPECS:
+        hint: Any = hints[spec.name]
         extra: dict[str, Any] = {}
-        if name in PARAM_RANGES:
-            lo, hi = PARAM_RANGES[name]
-            extra = {"ge": lo, "le": hi}
-            if float in typing.get_args(hint) or hint is float:
+        if spec.range is not None:
+            extra = {"ge": spec.range[0], "le": spec.range[1]}
+            if spec.kind == "float":
                 extra["allow_inf_nan"] = False  # NaN: "a finite number", not "<= hi"
-        if name == "reservation":
-            hint = Literal["full", "optimistic"]
-        if name == "pack_order":
-            hint = Literal["ratio", "arrival"]
-        if name in alias_of:
-            extra["validation_alias"] = AliasChoices(name, alias_of[name])
-        desc = f"TOPAS `{name}`" + (f" (paper: {alias_of[name]})" if name in alias_of else "")
-        if name in ("h_age", "b_swap", "mu"):
-            desc += "; null: derived (observed / the backend's)"
-        if name == "hol_age":
-            desc += "; null: off (an extension beyond the paper, see docs/topas.md)"
-        if name in ("preempt", "preempt_margin", "start_gate"):
-            desc += "; an extension beyond the paper (docs/topas.md)"
-        if name == "pack_order":
-            desc += "; 'arrival' is an extension beyond the paper (docs/topas.md)"
-        if name in PAPER:
-            desc += (f"; {getattr(TopasParams(), name)!r} by default, {PAPER[name]!r} in "
-                     "topas-paper")
-        if hint is bool:
+        if spec.choices:
+            hint = Literal[spec.choices]
+        if spec.kind == "bool":
             hint = StrictBool
-        fields[name] = (hint, Field(default=None, description=desc, **extra))
+        if spec.symbol != spec.name:
+            extra["validation_alias"] = AliasChoices(spec.name, spec.symbol)
+        fields[spec.name] = (hint, Field(default=None, description=describe(spec), **extra))
     base = type("ParamsBody", (RequestBody,),
                 {"model_config": ConfigDict(extra="forbid", strict=True),
                  "_one_name": model_validator(mode="before")(_one_name_per_param)})
     return create_model("ParamsPatch", __base__=base, **fields)
+
+
+def describe(spec: ParamSpec) -> str:
+    """A parameter's OpenAPI description, from its spec."""
+    paper = f" (paper: {spec.symbol})" if spec.symbol != spec.name else ""
+    text = f"TOPAS `{spec.name}`{paper}: {spec.help}"
+    if spec.unset is not None:
+        text += f"; null: {spec.unset}"
+    if spec.extension:
+        text += "; an extension beyond the paper (docs/topas.md)"
+    if spec.name in PAPER:
+        text += (f"; {getattr(TopasParams(), spec.name)!r} by default, {PAPER[spec.name]!r} "
+                 "in topas-paper")
+    return text
 
 
 def _one_name_per_param(cls: type, data: Any) -> Any:

@@ -31,9 +31,8 @@ from topasd.api.models import (
 from topasd.api.prometheus import CONTENT_TYPE, Collector
 from topasd.daemon.errors import Invalid, Unavailable
 from topasd.model import TopasError
-from topasd.scheduler import ALL_POLICY_NAMES
-from topasd.scheduler.param_specs import PARAM_ALIASES
-from topasd.scheduler.params import PARAM_RANGES
+from topasd.scheduler import ALL_POLICY_NAMES, TUNABLE_NAMES
+from topasd.scheduler.param_specs import PARAM_ALIASES, PARAM_SPECS, spec_dict
 
 _STATE_SCHEMA: dict[int | str, dict[str, Any]] = {200: {"content": {"application/json": {
     "schema": {"type": "object", "additionalProperties": True,
@@ -144,11 +143,11 @@ def _params_routes(router: APIRouter, ctx: Context) -> None:
 
 
 def param_meta() -> dict[str, Any]:
-    """What a client needs to fill a parameter form: ranges, the paper's names,
-    the policies."""
-    return {"ranges": {k: list(v) for k, v in PARAM_RANGES.items()},
-            "aliases": dict(PARAM_ALIASES),
-            "policies": list(ALL_POLICY_NAMES)}
+    """What a client needs to fill a parameter form: the specs (ranges, the
+    paper's names, help), the policies and which of them take parameters."""
+    return {"ranges": {s.name: list(s.range) for s in PARAM_SPECS if s.range is not None},
+            "aliases": dict(PARAM_ALIASES), "policies": list(ALL_POLICY_NAMES),
+            "tunable": list(TUNABLE_NAMES), "specs": [spec_dict(s) for s in PARAM_SPECS]}
 
 
 def tasks(ctx: Context) -> APIRouter:
