@@ -18,37 +18,45 @@ process would hold that process's GIL row by row.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import marshal
 import signal
 import sqlite3
 import struct
 import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO
 
 BUSY_TIMEOUT_MS = 10_000
 
-# event: (kind, t, request_id, task_id, agent, stage, tokens, value, note)
-EVENT_SQL = ("INSERT INTO engine_events (run_id, kind, t, request_id, task_id, agent, stage, "
-             "tokens, value, note) VALUES ({run}, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-# decision: (seq, t, wall_ms, wall_ts, reservation, blocked, retry, n_candidates) for a
-# compact no-op, else + (admit, preempt, load, evict, n_logged) and, when a candidate
-# was chosen, + (chosen, chosen_resident, j_admit, j_move, j_redo, j_revoke, v_reuse, total)
-DECISION_SQL = (
-    "INSERT INTO decisions (run_id, seq, t, wall_ms, wall_ts, reservation, blocked, retry, "
-    "n_candidates, noop, admit, preempt, load, evict, n_admit, n_preempt, n_load, n_evict, "
-    "n_logged, chosen, chosen_resident, j_admit, j_move, j_redo, j_revoke, v_reuse, total) "
-    "VALUES ({run}, " + ", ".join("?" * 26) + ")")
-# candidates come per decision: (seq, chosen, indices or None for all, rows), each row
-# (resident, admit, preempt, j_admit, j_move, j_redo, j_revoke, v_reuse); the SQL row is
-# (seq, idx, won, resident, admit, preempt, j_admit, ..., v_reuse, total)
-CANDIDATE_SQL = (
-    "INSERT INTO candidates (run_id, decision_seq, idx, won, resident, admit, preempt, "
-    "j_admit, j_move, j_redo, j_revoke, v_reuse, total) VALUES ({run}, "
-    + ", ".join("?" * 12) + ")")
-# param change: (t, wall_ts, name, old_json, new_json, source, from_decision)
-PARAM_SQL = ("INSERT INTO param_changes (run_id, t, wall_ts, name, old, new, source, "
-             "from_decision) VALUES ({run}, ?, ?, ?, ?, ?, ?, ?)")
+def _sibling(name: str, path: Path) -> ModuleType:
+    """A stdlib-only module of topasd, by path (this process runs with -I -S:
+    topasd's packages, and the site packages they import, are not on its path)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_HERE = Path(__file__).resolve().parent
+columns = _sibling("_topasd_store_columns", _HERE / "columns.py")
+score_total = _sibling("_topasd_score", _HERE.parent / "topasd" / "score.py").score_total
+
+# The rows of a frame, in the layouts of store/columns.py: events as EVENT_ROW;
+# decisions as DECISION_HEAD (a compact no-op), + DECISION_LISTS, + DECISION_CHOSEN
+# (expanded here to DECISION_ROW); candidates per decision as (seq, chosen, indices
+# or None for all, rows), each row CANDIDATE_SENT (expanded to CANDIDATE_ROW);
+# parameter changes as PARAM_ROW.
+EVENT_SQL = columns.insert_sql("engine_events")
+DECISION_SQL = columns.insert_sql("decisions")
+CANDIDATE_SQL = columns.insert_sql("candidates")
+PARAM_SQL = columns.insert_sql("param_changes")
+_HEAD = len(columns.DECISION_HEAD)
+_LISTED = _HEAD + len(columns.DECISION_LISTS)
 # The requests and tasks rows that one frame's events touched, folded in. A request's
 # input_tokens is its own input (beyond its agent's prefix) from its arrival
 # (`request_ready`; 0 there means not given), else its first admission's. Its
@@ -104,7 +112,7 @@ COUNTS_SQL = ("UPDATE runs SET decisions = decisions + ?, candidates = candidate
 
 _HEADER = struct.Struct("<I")
 _TOKEN = struct.Struct("<Q")
-_NO_TERMS = (None,) * 8
+_NO_TERMS = (None,) * len(columns.DECISION_CHOSEN)
 
 
 _JSON: dict[tuple[Any, ...], str] = {}
@@ -121,16 +129,18 @@ def _list(values: tuple[Any, ...]) -> str:
 
 
 def _decision_row(d: tuple[Any, ...]) -> tuple[Any, ...]:
-    head = d[:8]
-    if len(d) == 8:
+    """A decision as sent, as DECISION_ROW."""
+    head = d[:_HEAD]
+    if len(d) == _HEAD:
         return (*head, 1, None, None, None, None, 0, 0, 0, 0, 0, *_NO_TERMS)
-    admit, preempt, load, evict, logged = d[8:13]
+    admit, preempt, load, evict, logged = d[_HEAD:_LISTED]
     noop = int(not (admit or preempt or load or evict))
     lists = (_list(admit), _list(preempt), _list(load), _list(evict))
     sizes = (len(admit), len(preempt), len(load), len(evict))
-    if len(d) == 13:
+    if len(d) == _LISTED:
         return (*head, noop, *lists, *sizes, logged, *_NO_TERMS)
-    return (*head, noop, *lists, *sizes, logged, d[13], _list(d[14]), *d[15:21])
+    chosen, resident, *terms = d[_LISTED:]
+    return (*head, noop, *lists, *sizes, logged, chosen, _list(resident), *terms)
 
 
 def _candidate_rows(groups: list[tuple[Any, ...]]) -> Any:
@@ -138,7 +148,7 @@ def _candidate_rows(groups: list[tuple[Any, ...]]) -> Any:
         for k, (resident, admit, preempt, ja, jm, jr, jv, vr) in enumerate(rows):
             idx = k if indices is None else indices[k]
             yield (seq, idx, idx == chosen, _list(resident), _list(admit), _list(preempt),
-                   ja, jm, jr, jv, vr, ja - jm - jr - jv + vr)
+                   ja, jm, jr, jv, vr, score_total(ja, jm, jr, jv, vr))
 
 
 def write_frame(conn: sqlite3.Connection, frame: tuple[Any, ...]) -> None:

@@ -5,7 +5,9 @@ order, and recorded by name in `_topasd_migrations` (name, applied_at). A
 database holding a migration this code does not know was written by a newer
 topasd and is refused rather than guessed at.
 
-Tables (times `t` are seconds on the backend's clock, `*_ts` unix wall time):
+The columns of each table are listed once, in `store.columns`, each with
+the migration that added it. Tables (times `t` are seconds on the backend's
+clock, `*_ts` unix wall time):
 
 - `runs`: one row per run: policy, backend, profile, params (JSON: the
   profile's, the policy's and the backend's settings, and for TOPAS which
@@ -43,8 +45,11 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from functools import partial
 
 from sqlite_utils import Database
+
+from store.columns import TABLES, added_by, columns
 
 MIGRATIONS_TABLE = "_topasd_migrations"
 
@@ -60,47 +65,23 @@ def migration(fn: Migration) -> Migration:
 
 @migration
 def m001_core_tables(db: Database) -> None:
-    db.table("runs").create({
-        "id": int, "started_ts": float, "finished_ts": float, "status": str, "pid": int,
-        "host": str, "policy": str, "backend": str, "profile": str, "params": str,
-        "workload": str, "seed": int, "trace_meta": str, "version": str,
-        "log_candidates": str, "summary": str, "error": str, "decisions": int,
-        "candidates": int, "events": int,
-    }, pk="id", not_null=["status", "policy", "backend"])
-    db.table("tasks").create({
-        "run_id": int, "task_id": int, "workflow": str, "arrival": float,
-        "completion": float, "jct": float,
-    }, pk=("run_id", "task_id"), foreign_keys=[("run_id", "runs", "id")])
-    db.table("requests").create({
-        "run_id": int, "request_id": int, "task_id": int, "stage": str, "agent": str,
-        "input_tokens": int, "output_tokens": int, "ready": float, "admitted": float,
-        "started": float, "finished": float, "service_s": float, "preemptions": int,
-        "retractions": int,
-    }, pk=("run_id", "request_id"), foreign_keys=[("run_id", "runs", "id")],
-        defaults={"preemptions": 0, "retractions": 0})
-    db.table("decisions").create({
-        "run_id": int, "seq": int, "t": float, "wall_ms": float, "wall_ts": float,
-        "noop": int, "admit": str, "preempt": str, "load": str, "evict": str,
-        "n_admit": int, "n_preempt": int, "n_load": int, "n_evict": int,
-        "reservation": str, "blocked": int, "retry": int, "n_candidates": int,
-        "n_logged": int, "chosen": int, "chosen_resident": str, "j_admit": float,
-        "j_move": float, "j_redo": float, "j_revoke": float, "v_reuse": float,
-        "total": float,
-    }, pk=("run_id", "seq"), foreign_keys=[("run_id", "runs", "id")])
-    db.table("candidates").create({
-        "run_id": int, "decision_seq": int, "idx": int, "won": int, "resident": str,
-        "admit": str, "preempt": str, "j_admit": float, "j_move": float, "j_redo": float,
-        "j_revoke": float, "v_reuse": float, "total": float,
-    }, pk=("run_id", "decision_seq", "idx"), foreign_keys=[("run_id", "runs", "id")])
-    db.table("engine_events").create({
-        "id": int, "run_id": int, "t": float, "kind": str, "request_id": int,
-        "task_id": int, "agent": str, "stage": str, "tokens": int, "value": float,
-        "note": str,
-    }, pk="id", not_null=["run_id", "t", "kind"], foreign_keys=[("run_id", "runs", "id")])
-    db.table("param_changes").create({
-        "id": int, "run_id": int, "t": float, "wall_ts": float, "name": str, "old": str,
-        "new": str, "source": str,
-    }, pk="id", not_null=["run_id", "name"], foreign_keys=[("run_id", "runs", "id")])
+    cols = partial(columns, added_by=m001_core_tables.__name__)
+    db.table("runs").create(cols("runs"), pk="id", not_null=["status", "policy", "backend"])
+    db.table("tasks").create(cols("tasks"), pk=("run_id", "task_id"),
+                             foreign_keys=[("run_id", "runs", "id")])
+    db.table("requests").create(cols("requests"), pk=("run_id", "request_id"),
+                                foreign_keys=[("run_id", "runs", "id")],
+                                defaults={"preemptions": 0, "retractions": 0})
+    db.table("decisions").create(cols("decisions"), pk=("run_id", "seq"),
+                                 foreign_keys=[("run_id", "runs", "id")])
+    db.table("candidates").create(cols("candidates"), pk=("run_id", "decision_seq", "idx"),
+                                  foreign_keys=[("run_id", "runs", "id")])
+    db.table("engine_events").create(cols("engine_events"), pk="id",
+                                     not_null=["run_id", "t", "kind"],
+                                     foreign_keys=[("run_id", "runs", "id")])
+    db.table("param_changes").create(cols("param_changes"), pk="id",
+                                     not_null=["run_id", "name"],
+                                     foreign_keys=[("run_id", "runs", "id")])
 
 
 @migration
@@ -123,14 +104,31 @@ def m003_param_change_first_decision(db: Database) -> None:
     """`param_changes.from_decision`: the first decision `seq` a change applies to.
     A decision and a change may share an engine time; the number says which
     came first (NULL in logs written before: `t` is all they have)."""
-    db.table("param_changes").add_column("from_decision", int)
+    _add_columns(db, m003_param_change_first_decision.__name__)
 
 
 @migration
 def m004_request_withdrawn(db: Database) -> None:
     """`requests.withdrawn`: when a request was taken back unfinished (its
     client went away); NULL for every other request, and in older logs."""
-    db.table("requests").add_column("withdrawn", float)
+    _add_columns(db, m004_request_withdrawn.__name__)
+
+
+def _add_columns(db: Database, migration: str) -> None:
+    """Add the columns `store.columns` says `migration` adds."""
+    for table, name, typ in added_by(migration):
+        db.table(table).add_column(name, typ)
+
+
+def _check_columns() -> None:
+    """Every column of `store.columns` names a migration that exists."""
+    known = {name for name, _ in MIGRATIONS}
+    stray = sorted({since for cols in TABLES.values() for _, _, since in cols} - known)
+    if stray:
+        raise ValueError(f"store/columns.py names unknown migrations {stray}")
+
+
+_check_columns()
 
 
 def applied(db: Database) -> list[str]:

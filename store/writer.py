@@ -48,8 +48,10 @@ from operator import add, attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+from store.columns import CANDIDATE_SENT, EVENT_ROW, TERMS
 from store.db import StoreError
 from topasd.model import Decision, EngineEvent, EventKind, Reservation, TopasError
+from topasd.score import score_total
 
 if TYPE_CHECKING:
     from store.db import Store
@@ -62,12 +64,12 @@ FRAME_ROWS = 50_000  # at most this many rows per frame (one transaction)
 _HEADER = struct.Struct("<I")
 _KIND = attrgetter("kind")
 _KIND1 = {k: (k.value,) for k in EventKind}  # EventKind -> (plain str,)
-_EVENT_REST = attrgetter("t", "request_id", "task_id", "agent", "stage", "tokens", "value",
-                         "note")
+assert EVENT_ROW[0] == "kind"  # sent as its plain value, then the other attributes
+_EVENT_REST = attrgetter(*EVENT_ROW[1:])
 _RESERVATION = {r: r.value for r in Reservation}
-_CAND_LISTS = attrgetter("resident", "admit", "preempt")
+_CAND_LISTS = attrgetter(*CANDIDATE_SENT[:3])
 _CAND_TERMS = attrgetter("terms")
-_TERMS = attrgetter("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse")
+_TERMS = attrgetter(*TERMS)
 
 
 class WriterProcess:
@@ -364,6 +366,8 @@ class StoreSink:
 
     def _decision_rows(self, d: Decision, wall_ts: float, out: list[tuple[Any, ...]],
                        cands: list[tuple[Any, ...]]) -> None:
+        """`d`'s row in the layouts of `store.columns` (DECISION_HEAD, + DECISION_LISTS,
+        + DECISION_CHOSEN), and its logged candidates' rows (CANDIDATE_SENT)."""
         self._seq += 1
         seq, n = self._seq, len(d.candidates)
         head = (seq, d.t, d.wall_ms, wall_ts, _RESERVATION.get(d.reservation, "full"),
@@ -387,8 +391,7 @@ class StoreSink:
             out.append(head + lists)
         else:
             tm = chosen.terms
-            out.append(head + lists + (d.chosen, chosen.resident, tm.j_admit, tm.j_move,
-                                       tm.j_redo, tm.j_revoke, tm.v_reuse, tm.total))
+            out.append(head + lists + (d.chosen, chosen.resident, *_TERMS(tm), tm.total))
         if rows:
             cands.append((seq, d.chosen, indices, rows))
 
@@ -407,7 +410,7 @@ def candidate_rows(d: Decision) -> list[tuple[Any, ...]]:
 
 def _top(rows: list[tuple[Any, ...]], chosen: int | None, n: int) -> list[int]:
     """Indices of the n best rows by total score, plus the chosen one, ascending."""
-    totals = [r[3] - r[4] - r[5] - r[6] + r[7] for r in rows]
+    totals = [score_total(*r[3:8]) for r in rows]
     best = sorted(range(len(rows)), key=totals.__getitem__, reverse=True)[:n]
     if chosen is not None and chosen not in best:
         best.append(chosen)

@@ -169,6 +169,24 @@ def test_an_older_file_is_migrated_forward(tmp_path: Path) -> None:
         assert [r.policy for r in q.runs(store.db)] == ["fcfs"]  # data kept
 
 
+def test_the_tables_have_the_columns_store_columns_lists_old_files_too(tmp_path: Path) -> None:
+    """store/columns.py is the one list: a new file and one migrated from the
+    first migration hold exactly its columns, in its order, and every row the
+    writer process inserts names columns of its table."""
+    from store import columns
+
+    old = Database(tmp_path / "old.db")
+    migrate(old, upto=MIGRATIONS[0][0])
+    old.close()
+    for path in (tmp_path / "new.db", tmp_path / "old.db"):
+        with Store(path) as store:
+            for table in columns.TABLES:
+                got = [r[1] for r in store.db.execute(f"PRAGMA table_info({table})")]
+                assert got == list(columns.columns(table)), (path.name, table)
+    for table, row in columns.ROWS.items():
+        assert set(row) <= set(columns.columns(table)) and "run_id" not in row
+
+
 def test_a_migration_that_fails_halfway_leaves_the_file_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each migration and its record commit together: a migration that dies

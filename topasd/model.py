@@ -19,6 +19,8 @@ from typing import Any, cast
 import networkx as nx
 import numpy as np
 
+from topasd.score import score_total
+
 
 class TopasError(Exception):
     """An error a user can fix; the message names the place and the fix."""
@@ -534,7 +536,7 @@ class ScoreTerms:
 
     @property
     def total(self) -> float:
-        return self.j_admit - self.j_move - self.j_redo - self.j_revoke + self.v_reuse
+        return score_total(self.j_admit, self.j_move, self.j_redo, self.j_revoke, self.v_reuse)
 
 
 @dataclass(frozen=True, slots=True)
