@@ -11,7 +11,7 @@
     python bench/sim_vs_vllm.py --fit-only     # print the fitted step costs (JSON)
 
 `--fit-only` is the profile-fitting command: its JSON is what
-`backends/vllm/backend.py` keeps as `CPU_FIT` (the default costs of the vLLM
+`backends/vllm/sizing.py` keeps as `CPU_FIT` (the default costs of the vLLM
 backend's `vllm-cpu-tiny` profile).
 """
 
@@ -179,7 +179,7 @@ def _report(args: argparse.Namespace, fit: StepFit, rows: list[dict[str, Any]],
         "",
         f"Fitted step costs (the profile-fitting command: `python bench/sim_vs_vllm.py "
         f"--fit-only --clock {args.clock}`, JSON kept as `CPU_FIT` in "
-        f"`backends/vllm/backend.py`): overhead {fit.overhead * 1e3:.3f} ms, "
+        f"`backends/vllm/sizing.py`): overhead {fit.overhead * 1e3:.3f} ms, "
         f"{fit.lin * 1e6:.3f} us per batched token, {fit.attn * 1e9:.4f} ns per prefill "
         f"attention pair, {fit.kv * 1e9:.3f} ns per context token read; fitted on "
         f"{fit.samples} calibration steps (mean {fit.mean_step_s * 1e3:.2f} ms, mean abs "
@@ -192,17 +192,7 @@ def _report(args: argparse.Namespace, fit: StepFit, rows: list[dict[str, Any]],
         "| per-task mean abs error | worst task |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        runs = ", ".join(f"{m:.3f}" for m in r["runs"])
-        lines.append(f"| {r['policy']} | {r['mean_real']:.3f} s | {runs} | "
-                     f"{r['mean_sim']:.3f} s | {r['mean_err'] * 100:+.1f}% | "
-                     f"{r['task_abs_err'] * 100:.1f}% | {r['task_max_err'] * 100:+.1f}% |")
-    lines += ["", "Per task (JCT in s, vLLM median / sim):", ""]
-    lines += ["| task | " + " | ".join(r["policy"] for r in rows) + " |",
-              "|---" * (len(rows) + 1) + "|"]
-    for t in rows[0]["tasks"]:
-        cells = [f"{r['real'][t]:.3f} / {r['sim'][t]:.3f}" for r in rows]
-        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    lines += _tables(rows)
     worst = max(r["modelled_err"] for r in rows)
     lines += ["", f"Target (mean JCT within 15% for every policy): "
               f"**{'met' if ok else 'not met'}**.", "",
@@ -215,6 +205,23 @@ def _report(args: argparse.Namespace, fit: StepFit, rows: list[dict[str, Any]],
               "step, and TOPAS's decisions shifting with measured times (its aging and "
               "service estimates read the clock)."]
     return "\n".join(lines)
+
+
+def _tables(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-policy rows of the report's first table, and the per-task table."""
+    lines = []
+    for r in rows:
+        runs = ", ".join(f"{m:.3f}" for m in r["runs"])
+        lines.append(f"| {r['policy']} | {r['mean_real']:.3f} s | {runs} | "
+                     f"{r['mean_sim']:.3f} s | {r['mean_err'] * 100:+.1f}% | "
+                     f"{r['task_abs_err'] * 100:.1f}% | {r['task_max_err'] * 100:+.1f}% |")
+    lines += ["", "Per task (JCT in s, vLLM median / sim):", ""]
+    lines += ["| task | " + " | ".join(r["policy"] for r in rows) + " |",
+              "|---" * (len(rows) + 1) + "|"]
+    for t in rows[0]["tasks"]:
+        cells = [f"{r['real'][t]:.3f} / {r['sim'][t]:.3f}" for r in rows]
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -16,7 +16,17 @@ import numpy as np
 from sqlite_utils import Database
 
 from store.db import StoreError
-from topasd.model import KEPT_NOTE
+from topasd.lifecycle import (
+    REQUEST_PHASE,
+    RUNNING,
+    TASK_ENDS,
+    WAITING,
+    PrefixPhase,
+    episode_ends,
+    prefix_after,
+    request_phase,
+)
+from topasd.model import Location
 
 # ------------------------------------------------------------------- runs
 
@@ -186,7 +196,9 @@ _SEGMENT_KINDS = ("request_admit", "request_start", "prefill_end", "request_fini
 
 
 def request_segments(db: Database, run_id: int) -> list[Segment]:
-    """Every admission episode of every request of a run, by admission time."""
+    """Every admission episode of every request of a run, by admission time
+    (an episode as `topasd.lifecycle` defines it: from the request's turn to
+    running until it leaves running)."""
     _, t_end = time_span(db, run_id)
     marks = ", ".join("?" * len(_SEGMENT_KINDS))
     rows = db.execute(
@@ -195,22 +207,20 @@ def request_segments(db: Database, run_id: int) -> list[Segment]:
         f"ORDER BY request_id, id", [run_id, *_SEGMENT_KINDS])
     out: list[Segment] = []
     for rid, group in _by_request(rows):
-        attempt = 0
+        attempt, phase = 0, None
         open_: dict[str, Any] | None = None
         for _, t, kind, task, stage, agent in group:
-            if kind == "request_admit":
+            new = REQUEST_PHASE.get(kind, phase)
+            if new == RUNNING and phase != RUNNING:
                 attempt += 1
                 open_ = {"admitted": t, "started": None, "prefill_end": None, "task": task,
                          "stage": stage, "agent": agent}
-            elif open_ is None:
-                continue
-            elif kind == "request_start":
-                open_["started"] = t
-            elif kind == "prefill_end":
-                open_["prefill_end"] = t
-            else:
+            elif open_ is not None and kind in ("request_start", "prefill_end"):
+                open_["started" if kind == "request_start" else "prefill_end"] = t
+            elif open_ is not None and episode_ends(phase, new):
                 out.append(_segment(rid, attempt, open_, t, kind.removeprefix("request_")))
                 open_ = None
+            phase = new
         if open_ is not None:
             out.append(_segment(rid, attempt, open_, max(t_end, open_["admitted"]), "open"))
     out.sort(key=lambda s: (s.admitted, s.request_id))
@@ -272,46 +282,74 @@ class PrefixSpan:
 
 
 def prefix_spans(db: Database, run_id: int) -> list[PrefixSpan]:
-    """Prefix residency, recomputation and host transfers of a run, by start."""
+    """Prefix residency, recomputation and host transfers of a run, by start:
+    the changes `topasd.lifecycle.prefix_after` makes to each prefix, as
+    intervals (a host transfer drawn to its planned end unless a load ends
+    early; one the log outlives keeps its planned end)."""
     _, t_end = time_span(db, run_id)
     rows = db.execute(
         "SELECT agent, t, kind, tokens, value, note FROM engine_events "
         "WHERE run_id = ? AND request_id IS NULL AND agent IS NOT NULL "
         "AND kind LIKE 'prefix_%' ORDER BY id", [run_id])
-    out: list[PrefixSpan] = []
-    resident: dict[str, tuple[float, int]] = {}
-    computing: dict[str, float] = {}
-    loading: dict[str, int] = {}  # agent -> index in `out` of its load under way
+    spans = _Spans()
     for agent, t, kind, tokens, value, note in rows:
-        if kind in ("prefix_load_start", "prefix_compute_start") and agent not in resident:
-            resident[agent] = (t, tokens)
-        if kind in ("prefix_load_start", "prefix_offload_start"):
-            if kind == "prefix_load_start":  # drawn to its planned end unless it ends early
-                loading[agent] = len(out)
-            out.append(PrefixSpan(agent, "load" if kind == "prefix_load_start" else "offload",
-                                  t, t + (value or 0.0), tokens, note or ""))
-        elif kind == "prefix_load_end" and agent in loading:
-            k = loading.pop(agent)
-            out[k] = replace(out[k], end=max(t, out[k].start))
-        elif kind == "prefix_compute_start":
-            computing[agent] = t
-        elif kind == "prefix_compute_end" and agent in computing:
-            out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens))
-        elif kind == "prefix_evict":
-            i = loading.pop(agent) if agent in loading else None
-            if i is not None and t < out[i].end:  # evicted mid-load
-                out[i] = replace(out[i], end=max(t, out[i].start), note="cancelled")
-            if agent in computing:
-                out.append(PrefixSpan(agent, "compute", computing.pop(agent), t, tokens,
-                                      "cancelled"))
-            if agent in resident:
-                start, tok = resident.pop(agent)
-                out.append(PrefixSpan(agent, "resident", start, max(t, start), tok,
-                                      note or "evicted"))
-    for agent, (start, tok) in resident.items():
-        out.append(PrefixSpan(agent, "resident", start, max(t_end, start), tok, "still resident"))
-    out.sort(key=lambda s: (s.start, s.agent, s.kind))
-    return out
+        spans.event(agent, t, kind, tokens, value, note or "")
+    return spans.close(t_end)
+
+
+class _Spans:
+    """Prefix intervals from each prefix's changes of state."""
+
+    def __init__(self) -> None:
+        self.out: list[PrefixSpan] = []
+        self.state: dict[str, PrefixPhase] = {}
+        self.resident: dict[str, tuple[float, int]] = {}  # agent -> (since, tokens)
+        self.moving: dict[str, int] = {}  # agent -> index in `out` of its host transfer
+
+    def event(self, agent: str, t: float, kind: str, tokens: int, value: float,
+              note: str) -> None:
+        old = self.state.get(agent)
+        new = self.state[agent] = prefix_after(old, t, kind, tokens, value, note)
+        was_on = old is not None and old.location is Location.GPU
+        if new.location is Location.GPU and not was_on:
+            self.resident[agent] = (t, tokens)
+        started = new.transfer is not None and new.since == t and (
+            old is None or (old.transfer, old.since) != (new.transfer, new.since))
+        if old is not None and old.transfer is not None and (
+                started or new.transfer != old.transfer):
+            self._ended(agent, old, t, kind, tokens)
+        if started and new.transfer in ("load", "offload"):
+            self.moving[agent] = len(self.out)
+            self.out.append(PrefixSpan(agent, new.transfer, t, t + (value or 0.0), tokens,
+                                       note))
+        if was_on and new.location is not Location.GPU and agent in self.resident:
+            start, tok = self.resident.pop(agent)
+            self.out.append(PrefixSpan(agent, "resident", start, max(t, start), tok,
+                                       note or "evicted"))
+
+    def _ended(self, agent: str, old: PrefixPhase, t: float, kind: str, tokens: int) -> None:
+        """`old`'s move ended at `t`: a load where it ended (cancelled by an
+        eviction before its planned end), a recompute from its start."""
+        evicted = kind == "prefix_evict"
+        if old.transfer == "compute" and old.since is not None:
+            self.out.append(PrefixSpan(agent, "compute", old.since, t, tokens,
+                                       "cancelled" if evicted else ""))
+        elif old.transfer == "load" and agent in self.moving:
+            i = self.moving.pop(agent)
+            span = self.out[i]
+            if not evicted:  # its end (or the next move): drawn to where it ended
+                self.out[i] = replace(span, end=max(t, span.start))
+            elif t < span.end:
+                self.out[i] = replace(span, end=max(t, span.start), note="cancelled")
+        elif old.transfer == "offload":
+            self.moving.pop(agent, None)  # drawn to its planned end
+
+    def close(self, t_end: float) -> list[PrefixSpan]:
+        for agent, (start, tok) in self.resident.items():
+            self.out.append(PrefixSpan(agent, "resident", start, max(t_end, start), tok,
+                                       "still resident"))
+        self.out.sort(key=lambda s: (s.start, s.agent, s.kind))
+        return self.out
 
 
 def agents(db: Database, run_id: int) -> list[str]:
@@ -502,18 +540,18 @@ class StateAt:
     headline: Headline
 
 
-# mutable replay state; values are tuples (copied cheaply at checkpoints)
-# prefix: (tokens, location, ready, host_copy, transfer, until)
-# request: (task, agent, stage, state, since, input_tokens, episode)
+# mutable replay state; values are immutable (copied cheaply at checkpoints)
+# request: (task, agent, stage, phase, since, input_tokens, episode)
 # task: (workflow, arrival, done stages)
-_Prefix = tuple[int, str, bool, bool, str | None, float | None]
 _Req = tuple[int | None, str, str | None, str, float, int, int]
 _Task = tuple[str | None, float, frozenset[str]]
 
 
 @dataclass(slots=True)
 class _Replaying:
-    prefixes: dict[str, _Prefix] = field(default_factory=dict)
+    """A run's state folded from its events (`topasd.lifecycle`)."""
+
+    prefixes: dict[str, PrefixPhase] = field(default_factory=dict)
     requests: dict[int, _Req] = field(default_factory=dict)
     tasks: dict[int, _Task] = field(default_factory=dict)
     arrived: int = 0
@@ -529,65 +567,35 @@ class _Replaying:
         if rid is not None:
             self._request(t, kind, rid, task, agent, stage, tokens)
         elif kind.startswith("prefix_") and agent is not None:
-            self._prefix(t, kind, agent, tokens, value, note)
+            self.prefixes[agent] = prefix_after(self.prefixes.get(agent), t, kind, tokens,
+                                                value, note)
         elif kind == "task_arrive":
             self.arrived += 1
             self.tasks[task] = (note or None, t, frozenset())
         elif kind == "stage_finish" and task in self.tasks:
             wf, arrival, done = self.tasks[task]
             self.tasks[task] = (wf, arrival, done | {stage})
-        elif kind == "task_finish":
-            self.finished += 1
+        elif kind in TASK_ENDS:  # finished, or abandoned: no longer in flight
+            self.finished += kind == "task_finish"
             self.tasks.pop(task, None)
-        elif kind == "task_abandon":
-            self.tasks.pop(task, None)  # no longer in flight, and not finished
 
     def _request(self, t: float, kind: str, rid: int, task: int | None, agent: str | None,
                  stage: str | None, tokens: int) -> None:
+        if kind not in REQUEST_PHASE:
+            return
         old = self.requests.get(rid)
+        phase = request_phase(None if old is None else old[3], kind)
         if kind == "request_ready":
-            self.requests[rid] = (task, agent or "", stage, "waiting", t, 0, 0)
+            self.requests[rid] = (task, agent or "", stage, WAITING, t, 0, 0)
         elif old is None:
             return
-        elif kind == "request_admit":
-            self.requests[rid] = (*old[:3], "running", t, tokens or 0, old[6] + 1)
-        elif kind in ("preempt", "retract"):
-            self.requests[rid] = (*old[:3], "waiting", t, old[5], old[6])
-        elif kind == "request_finish":
-            self.requests_finished += 1
+        elif phase is None:  # finished or withdrawn
+            self.requests_finished += kind == "request_finish"
             del self.requests[rid]
-        elif kind == "request_withdraw":  # waiting or running: its caller went away
-            del self.requests[rid]
-
-    def _prefix(self, t: float, kind: str, agent: str, tokens: int, value: float,
-                note: str | None = None) -> None:
-        size, loc, ready, host, xfer, until = self.prefixes.get(
-            agent, (tokens, "none", False, False, None, None))
-        size = tokens or size
-        if kind == "prefix_load_start":
-            loc, ready, xfer, until = "gpu", False, "load", t + (value or 0.0)
-            if note == KEPT_NOTE:  # the kept copy is the resident one again
-                host = False
-        elif kind == "prefix_compute_start":
-            loc, ready, xfer, until = "gpu", False, "compute", None
-        elif kind in ("prefix_load_end", "prefix_compute_end"):
-            ready = True
-            if xfer in ("load", "compute"):
-                xfer, until = None, None
-        elif kind == "prefix_offload_start":
-            xfer, until = "offload", t + (value or 0.0)
-        elif kind == "prefix_offload_end":
-            host = True
-            if xfer == "offload":
-                xfer, until = None, None
-        elif kind == "prefix_evict":
-            loc = "host" if host or xfer == "offload" else "none"
-            ready = False
-            if xfer != "offload":
-                xfer, until = None, None
-        elif kind == "prefix_drop":  # a kept copy gave up its room
-            loc, host = "none", False
-        self.prefixes[agent] = (size, loc, ready, host, xfer, until)
+        elif phase == RUNNING:  # admitted: a new episode, its prefill as its KV
+            self.requests[rid] = (*old[:3], phase, t, tokens or 0, old[6] + 1)
+        else:  # preempted or retracted
+            self.requests[rid] = (*old[:3], phase, t, old[5], old[6])
 
 
 class RunReplay:
@@ -678,7 +686,7 @@ class RunReplay:
         run_stages: dict[int | None, set[str]] = {}
         wait_stages: dict[int | None, set[str]] = {}
         for rid, (task, agent, stage, st, since, inp, ep) in sorted(s.requests.items()):
-            if st == "running":
+            if st == RUNNING:
                 running.append(RequestAt(rid, task, agent, stage, st, since,
                                          self._kv(rid, ep, t, inp)))
                 run_stages.setdefault(task, set()).add(stage or "")
@@ -690,7 +698,8 @@ class RunReplay:
                    tuple(sorted(run_stages.get(tid, set()))),
                    tuple(sorted(wait_stages.get(tid, set()) - run_stages.get(tid, set()))))
             for tid, (wf, arrival, done) in sorted(s.tasks.items()))
-        prefixes = tuple(PrefixAt(a, *p) for a, p in sorted(s.prefixes.items()))
+        prefixes = tuple(PrefixAt(a, p.tokens, p.location.value, p.ready, p.host_copy,
+                                  p.transfer, p.until) for a, p in sorted(s.prefixes.items()))
         n_dec = bisect_right(self.decision_times, t)
         return StateAt(t=t, budget_tokens=self.budget_tokens, prefixes=prefixes,
                        running=tuple(running), waiting=tuple(waiting), tasks=tasks,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from backends.vllm import read_model_config, write_tiny_model
-from backends.vllm.backend import context_fix, context_tokens, cpu_profile, kv_bytes_per_token
+from backends.vllm.sizing import context_fix, context_tokens, cpu_profile, kv_bytes_per_token
 from store import Store
 from store import queries as q
 from tests.daemonkit import Daemon, service_counts_until

@@ -28,7 +28,8 @@ from click.testing import CliRunner
 
 from backends.sim.engine import SimBackend
 from backends.vllm import make_backend, write_tiny_model
-from backends.vllm.backend import VllmBackend, cpu_profile
+from backends.vllm.backend import VllmBackend
+from backends.vllm.sizing import cpu_profile
 from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
 from store import Store
 from tests.simkit import RecordingSink

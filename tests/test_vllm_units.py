@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backends.vllm import read_model_config, write_tiny_model
-from backends.vllm.backend import kv_footprint, pool_tokens, shared_prefix_tokens
+from backends.vllm.sizing import kv_footprint, pool_tokens, shared_prefix_tokens
 from backends.vllm.tokens import RESERVED_IDS, SyntheticTokens
 from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
 from topasd.cli import main

@@ -221,7 +221,34 @@ class Loaded:
 def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None = None,
                   environ: Mapping[str, str] | None = None) -> Loaded:
     """Merge defaults < TOML file < `TOPAS_*` env < `flags` (None values are unset)."""
-    env = os.environ if environ is None else environ
+    raw, sources = _merged(flags, config, os.environ if environ is None else environ)
+    try:
+        settings = Settings(**raw)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, raw, sources)) from None
+    _check_engine(settings, sources)
+    if "model" not in raw and settings.model_path:  # /v1/models names the engine's model
+        settings = settings.model_copy(update={"model": Path(settings.model_path).name})
+    if settings.tasks is not None and settings.workload is None:
+        raise ConfigError("setting tasks needs a workload (--workload NAME) to drive")
+    if settings.rate is not None and settings.workload is None:
+        raise ConfigError("setting rate needs a workload (--workload NAME) to drive")
+    try:
+        build_policy(settings.policy, settings.params)
+    except TopasError as exc:
+        raise ConfigError(f"setting params (from {sources.get('params', 'default')}): "
+                          f"{exc}") from None
+    _check_specs(settings, sources)
+    if not settings.loopback and not settings.token:
+        raise ConfigError(f"host {settings.host!r} is not a loopback address: set a bearer "
+                          "token (--token, TOPAS_TOKEN or token in topasd.toml) so that "
+                          "mutating endpoints are protected")
+    return Loaded(settings, {k: sources.get(k, "default") for k in Settings.model_fields})
+
+
+def _merged(flags: Mapping[str, Any] | None, config: str | None, env: Mapping[str, str]
+            ) -> tuple[dict[str, Any], dict[str, str]]:
+    """The raw settings (file, then environment, then flags) and each one's source."""
     raw: dict[str, Any] = {}
     sources: dict[str, str] = {}
     path = config or env.get(f"{ENV_PREFIX}CONFIG")
@@ -244,10 +271,12 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
         else:
             raw[key] = value
             sources[key] = "flag"
-    try:
-        settings = Settings(**raw)
-    except ValidationError as exc:
-        raise ConfigError(_explain(exc, raw, sources)) from None
+    return raw, sources
+
+
+def _check_engine(settings: Settings, sources: Mapping[str, str]) -> None:
+    """The engine settings fit the backend: a real engine has a model and runs in
+    real time; the SGLang options are for SGLang."""
     if settings.backend != "sim":
         if not settings.model_path:
             raise ConfigError(f"backend {settings.backend} needs a model: --model-path PATH"
@@ -260,8 +289,6 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
     elif settings.model_path is not None:
         raise ConfigError("setting model_path needs --backend vllm or sglang (the simulator "
                           "takes no model)")
-    if "model" not in raw and settings.model_path:  # /v1/models names the engine's model
-        settings = settings.model_copy(update={"model": Path(settings.model_path).name})
     sglang_only = {"tp_size": settings.tp_size != 1, "dp_size": settings.dp_size != 1,
                    "mem_fraction": settings.mem_fraction is not None,
                    "hicache": settings.hicache, "hicache_size": settings.hicache_size is not None}
@@ -269,21 +296,6 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
     if settings.backend != "sglang" and stray:
         raise ConfigError(f"setting {stray[0]} (from {sources.get(stray[0], 'default')}) is "
                           f"for --backend sglang, not {settings.backend}: drop it")
-    if settings.tasks is not None and settings.workload is None:
-        raise ConfigError("setting tasks needs a workload (--workload NAME) to drive")
-    if settings.rate is not None and settings.workload is None:
-        raise ConfigError("setting rate needs a workload (--workload NAME) to drive")
-    try:
-        build_policy(settings.policy, settings.params)
-    except TopasError as exc:
-        raise ConfigError(f"setting params (from {sources.get('params', 'default')}): "
-                          f"{exc}") from None
-    _check_specs(settings, sources)
-    if not settings.loopback and not settings.token:
-        raise ConfigError(f"host {settings.host!r} is not a loopback address: set a bearer "
-                          "token (--token, TOPAS_TOKEN or token in topasd.toml) so that "
-                          "mutating endpoints are protected")
-    return Loaded(settings, {k: sources.get(k, "default") for k in Settings.model_fields})
 
 
 def _check_specs(settings: Settings, sources: Mapping[str, str]) -> None:

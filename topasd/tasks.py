@@ -1,7 +1,8 @@
 """The task book: arrival times and stage histories the EngineView carries.
 
 Fed by engine events (request service) and the workflow driver (stage and
-task completion); each change replaces one frozen `TaskView`.
+task completion) through `lifecycle.stage_after`; each change replaces one
+frozen `TaskView`.
 """
 
 from __future__ import annotations
@@ -9,14 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from topasd.model import (
-    EngineEvent,
-    EventKind,
-    StageProgress,
-    StageStatus,
-    TaskView,
-    Workflow,
-)
+from topasd.lifecycle import stage_after
+from topasd.model import EngineEvent, EventKind, StageProgress, TaskView, Workflow
 
 
 class TaskBook:
@@ -35,13 +30,12 @@ class TaskBook:
         self.arrivals[task_id] = t
 
     def on_event(self, ev: EngineEvent) -> None:
-        if ev.kind is EventKind.REQUEST_READY:
-            self._update(ev.task_id, ev.stage, status=StageStatus.ACTIVE, start=ev.t)
-        elif ev.kind is EventKind.REQUEST_FINISH:
-            self._update(ev.task_id, ev.stage, service=ev.value, round_done=True)
+        """A request's event moves its stage's history (`lifecycle.stage_after`)."""
+        if ev.kind in (EventKind.REQUEST_READY, EventKind.REQUEST_FINISH):
+            self._update(ev.task_id, ev.stage, ev.kind, ev.t, ev.value)
 
     def stage_done(self, task_id: int, stage: str, t: float) -> None:
-        self._update(task_id, stage, status=StageStatus.DONE, finish=t)
+        self._update(task_id, stage, EventKind.STAGE_FINISH, t)
 
     def task_done(self, task_id: int, t: float) -> None:
         self.finishes[task_id] = t
@@ -54,21 +48,11 @@ class TaskBook:
     def jct(self) -> dict[int, float]:
         return {i: self.finishes[i] - self.arrivals[i] for i in self.finishes}
 
-    def _update(self, task_id: int | None, stage: str | None, *, status: StageStatus | None = None,
-                start: float | None = None, finish: float | None = None, service: float = 0.0,
-                round_done: bool = False) -> None:
+    def _update(self, task_id: int | None, stage: str | None, kind: EventKind, t: float,
+                value: float = 0.0) -> None:
         task = self.tasks.get(task_id)  # type: ignore[arg-type]
         if task is None or stage is None:
             return
-        old = task.stages[stage]
-        new = replace(
-            old,
-            status=status or old.status,
-            service_s=old.service_s + service,
-            rounds_done=old.rounds_done + (1 if round_done else 0),
-            started_at=old.started_at if old.started_at is not None else start,
-            finished_at=finish if finish is not None else old.finished_at,
-        )
         stages = dict(task.stages)
-        stages[stage] = new
+        stages[stage] = stage_after(task.stages[stage], kind, t, value)
         self.tasks[task.id] = replace(task, stages=stages)

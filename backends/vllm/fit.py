@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from backends.vllm.backend import StepSample, cpu_profile
+from backends.vllm.backend import StepSample
+from backends.vllm.sizing import cpu_profile
 from topasd.model import TopasError
 from topasd.profiles import HardwareProfile
 

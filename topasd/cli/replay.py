@@ -298,7 +298,7 @@ def _vllm_context(opts: dict[str, Any] | None) -> tuple[int, str] | None:
     if opts is None:
         return None
     from backends.vllm import read_model_config
-    from backends.vllm.backend import context_fix, context_tokens
+    from backends.vllm.sizing import context_fix, context_tokens
 
     context = context_tokens(read_model_config(opts["model"]), opts["budget_tokens"])
     return context, context_fix(context, opts["budget_tokens"])
@@ -307,7 +307,7 @@ def _vllm_context(opts: dict[str, Any] | None) -> tuple[int, str] | None:
 def _vllm_profile(opts: dict[str, Any]) -> HardwareProfile:
     """The cost profile a vLLM run reports (the pool as the backend will size it)."""
     from backends.vllm import read_model_config
-    from backends.vllm.backend import cpu_profile, pool_tokens
+    from backends.vllm.sizing import cpu_profile, pool_tokens
 
     budget = pool_tokens(opts["budget_tokens"])
     given = opts.get("profile")

@@ -8,7 +8,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from topasd.model import EngineEvent, EventKind
+from topasd.lifecycle import (
+    REQUEST_PHASE,
+    RUNNING,
+    TASK_ENDS,
+    PrefixPhase,
+    prefix_after,
+    request_phase,
+)
+from topasd.model import EngineEvent, EventKind, Location
 
 STATS_WINDOW = 10_000  # p99 JCT and decision latency over this many recent values
 
@@ -24,14 +32,6 @@ class Transfer:
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "since": self.since, "until": self.until}
-
-
-_TRANSFER_EVENTS = frozenset({
-    EventKind.PREFIX_LOAD_START, EventKind.PREFIX_LOAD_END, EventKind.PREFIX_OFFLOAD_START,
-    EventKind.PREFIX_OFFLOAD_END, EventKind.PREFIX_COMPUTE_START, EventKind.PREFIX_COMPUTE_END,
-    EventKind.PREFIX_EVICT})
-_TRANSFER_ENDS = {EventKind.PREFIX_LOAD_END: "load", EventKind.PREFIX_OFFLOAD_END: "offload",
-                  EventKind.PREFIX_COMPUTE_END: "compute"}
 
 
 JCT_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
@@ -78,55 +78,48 @@ class Metrics:
         self.t = 0.0
         self.recent_jct: deque[float] = deque(maxlen=STATS_WINDOW)
         self.transfers: dict[str, Transfer] = {}  # prefix moves under way, by agent
-        self._running_ids: set[int] = set()  # admitted, not finished, preempted or withdrawn
+        self._phase: dict[int, str] = {}  # the requests in the engine: waiting or running
+        self._prefixes: dict[str, PrefixPhase] = {}
 
     def event(self, ev: EngineEvent) -> None:
+        """Count `ev` and fold it into the queues and prefixes (`topasd.lifecycle`)."""
         kind = ev.kind
         self.counts[kind] += 1
-        agent = ev.agent or ""
-        if kind in _TRANSFER_EVENTS:
-            self._transfer(ev)
-        if kind is EventKind.REQUEST_READY:
-            self.waiting[agent] = self.waiting.get(agent, 0) + 1
-        elif kind is EventKind.REQUEST_ADMIT:
-            self.waiting[agent] -= 1
-            self.running[agent] = self.running.get(agent, 0) + 1
-            self._running_ids.add(ev.request_id)  # type: ignore[arg-type]
-        elif kind in (EventKind.PREEMPT, EventKind.RETRACT):
-            self.running[agent] -= 1
-            self.waiting[agent] = self.waiting.get(agent, 0) + 1
-            self._running_ids.discard(ev.request_id)  # type: ignore[arg-type]
-        elif kind is EventKind.REQUEST_FINISH:
-            self.running[agent] -= 1
-            self._running_ids.discard(ev.request_id)  # type: ignore[arg-type]
-        elif kind is EventKind.REQUEST_WITHDRAW:
-            if ev.request_id in self._running_ids:  # taken out of the batch
-                self._running_ids.discard(ev.request_id)  # type: ignore[arg-type]
-                self.running[agent] -= 1
-            else:
-                self.waiting[agent] -= 1
-        elif kind in (EventKind.PREFIX_LOAD_START, EventKind.PREFIX_COMPUTE_START):
-            self.on_gpu[agent] = 1
-        elif kind is EventKind.PREFIX_EVICT:
-            self.on_gpu[agent] = 0
+        if ev.request_id is not None and kind in REQUEST_PHASE:
+            self._request(ev.request_id, ev.agent or "", kind)
+        elif ev.request_id is None and ev.agent is not None and kind.startswith("prefix_"):
+            self._prefix(ev)
         elif kind is EventKind.TASK_FINISH:
             self.jct.observe(ev.value)
             self.recent_jct.append(ev.value)
 
-    def _transfer(self, ev: EngineEvent) -> None:
-        """Track prefix moves: a load or backup runs [t, t + value), a recompute until
-        its end event; an eviction ends all but a backup (which still completes)."""
-        agent, kind = ev.agent or "", ev.kind
-        now = self.transfers.get(agent)
-        if kind is EventKind.PREFIX_LOAD_START:
-            self.transfers[agent] = Transfer("load", ev.t, ev.t + ev.value)
-        elif kind is EventKind.PREFIX_OFFLOAD_START:
-            self.transfers[agent] = Transfer("offload", ev.t, ev.t + ev.value)
-        elif kind is EventKind.PREFIX_COMPUTE_START:
-            self.transfers[agent] = Transfer("compute", ev.t, None)
-        elif now is not None and (_TRANSFER_ENDS.get(kind) == now.kind or (
-                kind is EventKind.PREFIX_EVICT and now.kind != "offload")):
-            del self.transfers[agent]
+    def _request(self, request_id: int, agent: str, kind: EventKind) -> None:
+        """Waiting and running requests by agent."""
+        old = self._phase.get(request_id)
+        new = request_phase(old, kind)
+        if old is not None:
+            self._queue(old)[agent] -= 1
+        if new is None:
+            self._phase.pop(request_id, None)
+            return
+        self._phase[request_id] = new
+        queue = self._queue(new)
+        queue[agent] = queue.get(agent, 0) + 1
+
+    def _queue(self, phase: str) -> dict[str, int]:
+        return self.running if phase == RUNNING else self.waiting
+
+    def _prefix(self, ev: EngineEvent) -> None:
+        """Prefixes on the GPU, and the moves under way (a load or backup runs
+        [t, t + value), a recompute until its end; see `lifecycle.prefix_after`)."""
+        agent = ev.agent or ""
+        p = prefix_after(self._prefixes.get(agent), ev.t, ev.kind, ev.tokens, ev.value, ev.note)
+        self._prefixes[agent] = p
+        self.on_gpu[agent] = int(p.location is Location.GPU)
+        if p.transfer is None:
+            self.transfers.pop(agent, None)
+        elif p.since is not None:
+            self.transfers[agent] = Transfer(p.transfer, p.since, p.until)
 
     def decision(self, wall_ms: float) -> None:
         self.decisions += 1
@@ -134,5 +127,4 @@ class Metrics:
 
     @property
     def tasks_in_flight(self) -> int:
-        return (self.counts[EventKind.TASK_ARRIVE] - self.counts[EventKind.TASK_FINISH]
-                - self.abandoned)
+        return self.counts[EventKind.TASK_ARRIVE] - sum(self.counts[k] for k in TASK_ENDS)
