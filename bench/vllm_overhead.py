@@ -2,11 +2,11 @@
 
 One invocation runs the same trace through a real vLLM engine on this CPU
 (tiny dummy-weight Qwen2) three times: vLLM's own scheduler alone, FCFS
-decisions carried out by `TopasScheduler`, and TOPAS. Scheduler time per step
+decisions carried out by `PolicyScheduler`, and TOPAS. Scheduler time per step
 counts what scheduling costs around the model's forward pass:
 
 - vLLM default: `Scheduler.schedule()` + `update_from_output()`;
-- topasd: the same two calls of `TopasScheduler` (carrying out decisions,
+- topasd: the same two calls of `PolicyScheduler` (carrying out decisions,
   gating admission, pinning prefixes), plus building the policy's view and
   validating/handing over its decision, plus the policy's own decision time.
 
@@ -40,7 +40,7 @@ def _run(model: Path, trace: Trace, policy: str, native: bool) -> dict[str, Any]
     decide_s = sum(result.decision_ms) / 1e3
     total = s.sched_s + (0.0 if native else s.policy_io_s + decide_s)
     return {
-        "label": "vLLM default scheduler" if native else f"TopasScheduler + {policy}",
+        "label": "vLLM default scheduler" if native else f"PolicyScheduler + {policy}",
         "steps": s.steps, "decisions": 0 if native else result.decisions,
         "engine_us": s.sched_s / s.steps * 1e6,
         "io_us": 0.0 if native else s.policy_io_s / s.steps * 1e6,

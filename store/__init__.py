@@ -8,6 +8,6 @@ Schema: `store.schema`; batching, no-op and candidate rules: `store.writer`.
 """
 
 from store.db import Store, StoreError, connect
-from store.writer import CandidateLog, StoreSink
+from store.writer import CandidateFilter, StoreSink
 
-__all__ = ["CandidateLog", "Store", "StoreError", "StoreSink", "connect"]
+__all__ = ["CandidateFilter", "Store", "StoreError", "StoreSink", "connect"]

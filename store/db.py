@@ -14,7 +14,7 @@ from store.schema import MIGRATIONS_TABLE, migrate, unknown
 from topasd.model import TopasError, pid_alive
 
 if TYPE_CHECKING:
-    from store.writer import CandidateLog, StoreSink, WriterProcess
+    from store.writer import CandidateFilter, StoreSink, WriterProcess
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -76,13 +76,13 @@ class Store:
         self._lock = threading.Lock()
         self.mark_interrupted()
 
-    def sink(self, log_candidates: str | CandidateLog = "all", *, batch_rows: int = 2048,
+    def sink(self, log_candidates: str | CandidateFilter = "all", *, batch_rows: int = 2048,
              flush_s: float = 0.05) -> StoreSink:
         """A sink for one run (pass it to `topasd.runner.Run`)."""
-        from store.writer import CandidateLog, StoreSink
+        from store.writer import CandidateFilter, StoreSink
 
-        spec = (log_candidates if isinstance(log_candidates, CandidateLog)
-                else CandidateLog.parse(log_candidates))
+        spec = (log_candidates if isinstance(log_candidates, CandidateFilter)
+                else CandidateFilter.parse(log_candidates))
         return StoreSink(self, spec, batch_rows=batch_rows, flush_s=flush_s)
 
     def writer(self) -> WriterProcess:

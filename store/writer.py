@@ -23,7 +23,7 @@ Decisions: every decision is stored, one row each, numbered `seq` 1..n in the
 order the policy made them (so `runs.decisions` equals the runner's count).
 A no-op decision (`Decision.is_noop`) without candidates is a compact row:
 time, wall times, reservation, flags, `noop = 1`; its list and score columns
-are NULL. Candidates are written per `CandidateLog`: `all`, `none`, or
+are NULL. Candidates are written per `CandidateFilter`: `all`, `none`, or
 `top:N` (the N best by total score, plus the chosen one);
 `decisions.n_candidates` always holds how many the policy generated and
 `n_logged` how many rows `candidates` holds for it.
@@ -95,7 +95,7 @@ class WriterProcess:
         try:
             body = marshal.dumps((run_id, *frame), 2)  # version 2: no refs, fastest
         except ValueError:  # numpy scalars or enums inside: convert, then retry
-            body = marshal.dumps(_plain((run_id, *frame)), 2)
+            body = marshal.dumps(_marshalable((run_id, *frame)), 2)
         self._write(_HEADER.pack(len(body)) + body)
 
     def barrier(self) -> None:
@@ -148,19 +148,19 @@ class WriterProcess:
 
 
 @dataclass(frozen=True, slots=True)
-class CandidateLog:
+class CandidateFilter:
     """Which candidates of a decision are written: `all`, `none` or `top:N`."""
 
     mode: Literal["all", "top", "none"] = "all"
     n: int = 0
 
     @staticmethod
-    def parse(spec: str) -> CandidateLog:
+    def parse(spec: str) -> CandidateFilter:
         s = spec.strip().lower()
         if s in ("all", "none"):
-            return CandidateLog(s)  # type: ignore[arg-type]
+            return CandidateFilter(s)  # type: ignore[arg-type]
         if s.startswith("top:") and s[4:].isdigit() and int(s[4:]) >= 1:
-            return CandidateLog("top", int(s[4:]))
+            return CandidateFilter("top", int(s[4:]))
         raise StoreError(f"--log-candidates: expected all, none or top:N (N >= 1), got {spec!r}")
 
     def __str__(self) -> str:
@@ -195,7 +195,7 @@ class StoreSink:
     completes the run's row. Outside `Run`, call the hooks yourself.
     """
 
-    def __init__(self, store: Store, candidates: CandidateLog, *, batch_rows: int = 2048,
+    def __init__(self, store: Store, candidates: CandidateFilter, *, batch_rows: int = 2048,
                  flush_s: float = 0.05) -> None:
         self.store = store
         self.candidates = candidates
@@ -417,12 +417,12 @@ def _top(rows: list[tuple[Any, ...]], chosen: int | None, n: int) -> list[int]:
     return sorted(best)
 
 
-def _plain(obj: Any) -> Any:
+def _marshalable(obj: Any) -> Any:
     """Builtin scalars in tuples/lists only (enums by value, numpy scalars by .item())."""
     if type(obj) is list:
-        return [_plain(x) for x in obj]
+        return [_marshalable(x) for x in obj]
     if isinstance(obj, (tuple, set, frozenset)):
-        return tuple(_plain(x) for x in obj)
+        return tuple(_marshalable(x) for x in obj)
     if obj is None or type(obj) in (int, float, str, bool):
         return obj
     if isinstance(obj, (EventKind, Reservation)):

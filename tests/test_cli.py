@@ -417,7 +417,7 @@ def test_a_stale_runtime_file_whose_pid_is_another_program_is_not_signalled(
             assert "no daemon running" in line
         assert other.poll() is None  # never signalled
         runtime.write_text(json.dumps({"pid": 2**70, "url": "http://127.0.0.1:9"}))
-        res = invoke("stop", "--runtime-file", str(runtime))  # was an OverflowError
+        res = invoke("stop", "--runtime-file", str(runtime))  # a pid beyond any: no daemon
         assert "no daemon running" in assert_clean_error(res.exit_code, res.stdout, res.stderr)
     finally:
         other.kill()
@@ -457,7 +457,7 @@ def test_tool_commands_name_a_path_they_cannot_use(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# Inputs that used to be accepted silently, hang or crash later
+# Inputs refused up front, with the place and the fix (not run, hung on or crashed later)
 # --------------------------------------------------------------------------
 
 

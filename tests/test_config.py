@@ -61,7 +61,7 @@ def test_print_config_shows_merged_values_and_sources(tmp_path: Path,
 
 def test_the_model_name_defaults_to_the_engines_model_folder() -> None:
     """/v1/models lists `model`: the simulator's name, else the model folder's
-    name (a vLLM daemon used to call itself topasd-sim); a given name wins."""
+    name (a vLLM daemon never calls itself topasd-sim); a given name wins."""
     assert load_settings({}, environ={}).settings.model == "topasd-sim"
     vllm = {"backend": "vllm", "model_path": "/models/tiny-qwen"}
     assert load_settings(vllm, environ={}).settings.model == "tiny-qwen"
@@ -88,7 +88,7 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"workflows": ["/nowhere/w.yaml"]}, {}, ["setting workflows = '/nowhere/w.yaml'",
                                               "cannot read"]),
     ({"profile": "h100"}, {}, ["unknown hardware profile", "small"]),
-    # a seed numpy refuses, or one the decision log cannot hold, used to pass
+    # a seed numpy refuses, or one the decision log cannot hold, is refused
     ({}, {"TOPAS_SEED": "-3"}, ["setting seed = '-3' (from env TOPAS_SEED)", "0"]),
     ({"seed": 2**63}, {}, ["setting seed = 9223372036854775808", "9223372036854775807"]),
     ({"policy": "magic"}, {}, ["unknown policy", "topas"]),
@@ -96,7 +96,7 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"params": {"zeta": 1}}, {}, ["unknown TOPAS parameter(s) ['zeta']"]),
     ({"policy": "fcfs", "params": {"beta": 1}}, {}, ["takes no parameters"]),
     ({"host": "0.0.0.0"}, {}, ["not a loopback address", "token"]),
-    # one parameter under both its names: the last used to win without a word
+    # one parameter under both its names is an error, not the last one winning
     ({"params": {"H_age": 30, "h_age": 40}}, {}, ["H_age and h_age name the same parameter"]),
     ({}, {"TOPAS_PARAMS": "M=3,m=4"}, ["(from env TOPAS_PARAMS)", "M and m name the same"]),
     # an HTTP header carries the token: a non-ASCII one could never authenticate
@@ -148,8 +148,9 @@ def test_bad_config_files(tmp_path: Path) -> None:
 
 def test_two_workflows_may_not_share_a_name(tmp_path: Path) -> None:
     """A spec named like a built-in workflow, the --workload's or another spec
-    is refused: later ones used to win silently, and a built-in workload's
-    tasks then ran on the wrong stages (KeyError in the engine loop)."""
+    is refused: every task and call runs the workflow its name names (a later
+    one replacing a built-in would run a built-in workload's tasks on the
+    wrong stages)."""
     spec = ("name: {name}\nagents: {{P: {{prefix_tokens: 100}}}}\n"
             "stages:\n  - {{name: plan, agent: P, input_tokens: 10, output_tokens: 10}}\n")
     for name in ("chain3", "mine"):
@@ -215,8 +216,8 @@ def test_a_parameter_may_not_undo_what_defines_an_ablation_variant() -> None:
 
 def test_an_engine_backend_that_is_not_installed_is_one_clear_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--backend sglang` without SGLang names the extra to install (it was a
-    traceback ending in "No module named 'zmq'")."""
+    """`--backend sglang` without SGLang is one line naming the extra to install,
+    not a traceback ending in "No module named 'zmq'"."""
     import importlib.util
 
     monkeypatch.chdir(tmp_path)

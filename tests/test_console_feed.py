@@ -1,7 +1,7 @@
 """The live decision feed keeps its last FEED_ROWS decisions; a following
 cursor announces every new last decision, so the Candidates panel follows it
-too (a full feed used to stop announcing: the cursor stayed on the same row
-index while the rows under it moved)."""
+too, also once the feed is full (the cursor's row index then stays while the
+rows under it move)."""
 
 from __future__ import annotations
 

@@ -300,8 +300,8 @@ def test_form_outcomes_are_notified_and_a_baseline_has_no_editable_parameters(
 
 
 def test_leaving_the_form_with_unsent_edits_says_so(daemon: Daemon) -> None:
-    """Escape used to drop edits without a word; a form that could not load
-    from the daemon used to ignore ctrl+s."""
+    """Escape with unsent edits says they are dropped; ctrl+s on a form that
+    could not load from the daemon says why nothing is sent."""
     app = live_app(daemon)
     notes = recorded_notes(app)
 

@@ -175,9 +175,9 @@ def test_the_replayed_state_is_the_engines_after_every_decision(
 def test_a_load_waiting_for_the_host_link_holds_its_gpu_room_from_the_decision(
         tmp_path: Path) -> None:
     """The engine reserves a prefix's GPU room when a load is decided, even when
-    the serial host link is still busy with another transfer. The log used to
-    start the load when the link freed, so a replay showed the prefix off the
-    GPU in between (found by the property test above)."""
+    the serial host link is still busy with another transfer: the log starts
+    the load at the decision, so a replay shows the prefix on the GPU from
+    then on, waiting for the link included (found by the property test above)."""
     agents = {"A0": {"prefix_tokens": 0}, "A1": {"prefix_tokens": 16}}
     w0 = workflow_from_dict({"name": "w0", "agents": agents,
                              "stages": [{"name": "s0", "agent": "A0"}]})
@@ -411,7 +411,7 @@ def test_noop_toggle_and_sorting(db: Path) -> None:
 
 def test_the_palette_brings_an_open_screen_forward(db: Path) -> None:
     """Parameters or Go-to chosen from the command palette while already open
-    (even under Help) comes forward; a second copy used to crash the app."""
+    (even under Help) comes forward; no second copy is opened."""
     from console.screens.goto import GotoScreen
     from console.screens.help import HelpScreen
 

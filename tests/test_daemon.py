@@ -460,7 +460,8 @@ def test_react_rounds_early_task_end_and_abandoned_tasks(tmp_path: Path) -> None
 def test_a_named_agents_prefix_is_its_first_system_prompt(tmp_path: Path) -> None:
     """A later call of the agent with another system prompt keeps the agent's
     prefix and sends its own system prompt as input: usage counts it, and a
-    call that cannot fit is 422 (it used to run with the first call's size)."""
+    call that cannot fit with its own system prompt is 422 (the first call's size
+    does not stand for it)."""
     with Daemon(tmp_path) as d:
         def call(system: str, agent: str = "agY", user: str = "go") -> httpx.Response:
             return d.http.post("/v1/chat/completions", json={
@@ -776,8 +777,7 @@ def test_a_signal_to_the_whole_process_group_drains_and_logs_everything(
     """Ctrl-C in a terminal (or `timeout`, or a service manager) signals the
     daemon's whole process group: the decision-log writer, in a session of its
     own, keeps writing while the daemon drains, and the run ends clean (under
-    load the signal used to reach a writer still starting, before it could
-    ignore signals: "the writer process ended early")."""
+    load too, when the signal can arrive while the writer is still starting)."""
     with Daemon(tmp_path, "--workload", "chain3", "--rate", "2", "--grace", "60",
                 speed="50", own_group=True) as d:
         d.wait_for(lambda s: s["counts"]["requests_running"] > 0)
@@ -1110,9 +1110,9 @@ def test_a_call_the_engine_refuses_leaves_no_task_open(tmp_path: Path) -> None:
 
 def test_a_signal_while_the_engine_starts_stops_the_daemon_cleanly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM takes seconds to start: a SIGTERM then used to kill the daemon (exit
-    143, no log). Now the daemon comes up, drains at once, and returns 0 with
-    its run in the store."""
+    """vLLM takes seconds to start: a SIGTERM meanwhile does not kill the daemon
+    (exit 143, no log); it comes up, drains at once, and returns 0 with its run
+    in the store."""
     from topasd.config import load_settings
     from topasd.daemon import process
     from topasd.daemon.service import Service
@@ -1126,8 +1126,8 @@ def test_a_signal_while_the_engine_starts_stops_the_daemon_cleanly(
     settings = load_settings({"port": 0, "db": str(tmp_path / "t.db"),
                               "runtime_file": str(tmp_path / "d.json")}, environ={}).settings
     def too_early(signum: int, frame: Any) -> None:  # what the signal met before
-        raise AssertionError("SIGTERM came before serve() took it: without the fix the "
-                             "default action would have killed the daemon")
+        raise AssertionError("SIGTERM came before serve() took it: the default action "
+                             "would have killed the daemon")
 
     before = signal.signal(signal.SIGTERM, too_early)
     try:

@@ -38,7 +38,7 @@ def test_the_daemon_serves_a_workload_and_an_openai_call_through_vllm(tmp_path: 
             "messages": [{"role": "system", "content": "You are a terse helper."},
                          {"role": "user", "content": "hello"}]}).json()
         # within the 16,384-token pool, beyond the tiny model's 8,192-token context:
-        # refused up front (it used to stop the engine loop when its stage came up)
+        # refused up front, before the engine loop meets it at its stage
         long = httpx.post(f"{d.url}/v1/tasks", timeout=60, json={
             "workflow": "chain3", "stages": {"b": {"input_tokens": 5000, "output_tokens": 5}}})
         assert long.status_code == 422 and "max_model_len) is 8192" in long.text

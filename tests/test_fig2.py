@@ -274,10 +274,10 @@ def test_topas_on_the_literal_fig2_ties_stage_values_and_saves_the_move() -> Non
 
 
 def test_topas_does_not_thrash_between_prefixes_that_are_still_loading() -> None:
-    """Regression: with T1.a running at t=6, V_reuse used to value B for T1.b
-    even in the state that preempts T1.a, so TOPAS swapped A and B at every
-    load end for ~1,600 units (2,436 preemptions). Reuse now needs the running
-    predecessor's prefix to stay resident too."""
+    """With T1.a running at t=6, V_reuse values B for T1.b only in states that
+    keep T1.a's prefix resident (reuse needs the running predecessor's prefix
+    too); valuing it in the state that preempts T1.a swaps A and B at every
+    load end for ~1,600 units (2,436 preemptions)."""
     arrivals = [0.0, 3.0, 6.0]
     topas, _, backend = run_fig2("topas", arrivals, S2_BATCH, True)
     lpm, _, _ = run_fig2("lpm", arrivals, S2_BATCH, True)

@@ -220,8 +220,8 @@ class PreemptTheFirstAdmission(AdmitEverything):
 def test_a_request_with_an_empty_input_can_be_preempted_before_its_prefill() -> None:
     """A request whose whole prompt is its agent's prefix (input 0 tokens) sits
     in the prefill FIFO with nothing left to prefill until its prefill step;
-    preempting it there used to leave its id in the FIFO, and the engine
-    stopped with a KeyError (found by the property test above)."""
+    preempting it there takes its id out of the FIFO too, and the engine runs
+    on (found by the property test above)."""
     wf = workflow_from_dict({"name": "w", "agents": {"A": {"prefix_tokens": 4000}},
                              "stages": [{"name": "a", "agent": "A"}]})
     tasks = (TaskRecord(0, "w", 0.0, {"a": (RoundSpec(0, 3, 0.0),)}),

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from sqlite_utils import Database
 
 from backends.sim.engine import SimBackend
-from store import CandidateLog, Store, StoreError
+from store import CandidateFilter, Store, StoreError
 from store import queries as q
 from store.schema import MIGRATIONS, MIGRATIONS_TABLE, migrate
 from topasd.cli import main
@@ -236,7 +236,7 @@ def test_files_that_are_not_a_log_of_this_topasd_are_refused(tmp_path: Path) -> 
     with pytest.raises(StoreError, match="no such decision log"):
         Store(tmp_path / "missing.db", create=False)
     with pytest.raises(StoreError, match="expected all, none or top:N"):
-        CandidateLog.parse("top:0")
+        CandidateFilter.parse("top:0")
 
 
 def test_a_log_locked_by_another_process_says_so(tmp_path: Path,

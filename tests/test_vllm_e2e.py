@@ -348,8 +348,8 @@ def _admit_all(v: Any) -> Decision | None:
 def test_an_admission_and_its_preemption_before_one_step_leave_it_waiting(runs: Runs) -> None:
     """Two decisions between engine steps: admit 1, then preempt it (a task
     arriving at the same instant asks again). vLLM must carry them out in that
-    order: request 1 stays waiting until admitted again (it used to start
-    anyway, and the backend stopped with EngineMismatch)."""
+    order: request 1 stays waiting until admitted again (started anyway, the
+    backend would stop with EngineMismatch)."""
     backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile")
     finished: list[int] = []
 
@@ -379,7 +379,7 @@ def test_an_eviction_and_a_reload_before_one_step_leave_the_prefix_pinned(runs: 
     """Two decisions between engine steps (a daemon's run_until slice can end
     right after `apply`): evict A, then load A back for a new request. vLLM
     must carry them out in that order, so A ends pinned and the request runs
-    (the reload used to be dropped: the queued eviction unpinned A after it)."""
+    (the queued eviction does not unpin A after the reload)."""
     backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, clock="profile")
     started: list[int] = []
 

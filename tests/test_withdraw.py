@@ -199,7 +199,7 @@ def test_a_client_that_disconnects_takes_its_waiting_call_back(tmp_path: Path) -
         # its task only ever reached stage a, yet the replay knows chain3 has three
         assert [(tk.stages_done, tk.stages_total) for tk in after.tasks
                 if tk.task_id == task_id] == [(0, 3)]
-        # the retry was a new request of the same task, and it finished
+        # the retry is a new request of the same task, and it finished
         retry = store.db.execute(
             "SELECT request_id FROM engine_events WHERE kind = 'request_finish' AND "
             "task_id = ? AND request_id != ?", [task_id, rid]).fetchall()
@@ -439,8 +439,8 @@ def test_a_retry_queued_right_behind_the_withdrawal_takes_its_round(tmp_path: Pa
 
 def test_a_plain_calls_task_is_abandoned_when_its_call_is_withdrawn(tmp_path: Path) -> None:
     """A call without a task_id is a task of one call that no retry can reach:
-    withdrawing the call abandons the task at once (it used to stay in flight
-    for good: the task timeout only sees tasks with an id)."""
+    withdrawing the call abandons the task at once (the task timeout only sees
+    tasks with an id, so nothing else would end it)."""
     svc = _service(tmp_path)
     try:
         filler = svc.submit_call(_spec("f", 600, last_in_task=True))

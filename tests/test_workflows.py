@@ -98,7 +98,7 @@ def test_duplicate_stage_is_named() -> None:
     ("output_tokens", {"uniform": [1, 2], "choice": [3]}, "exactly one"),
     ("observation_tokens", {"uniform_int": "ab"}, "malformed"),
     # NaN and infinity (YAML .nan, Python's JSON) and a sigma whose draws
-    # overflow used to pass the checks and stop trace sampling with a traceback
+    # overflow are refused when the spec loads, not met by trace sampling
     ("output_tokens", {"lognormal": {"median": float("nan"), "sigma": 1, "high": 9}}, "finite"),
     ("rounds", {"choice": [1, float("nan")]}, "finite"),
     ("input_tokens", {"uniform": [1, float("inf")]}, "finite"),

@@ -179,10 +179,10 @@ class Settings(BaseModel):
     @field_validator("log_candidates")
     @classmethod
     def _log_candidates(cls, v: str) -> str:
-        from store import CandidateLog
+        from store import CandidateFilter
 
         try:
-            return str(CandidateLog.parse(v))
+            return str(CandidateFilter.parse(v))
         except TopasError:
             raise ValueError("expected all, none or top:N (N >= 1)") from None
 

@@ -55,7 +55,7 @@ from topasd.model import (
 )
 
 log = logging.getLogger("topasd.sglang")
-Clock = Callable[[], float]
+TimeSource = Callable[[], float]  # seconds, monotonic
 UNCHUNKED = 1 << 30  # chunk_tokens reported when chunked prefill is off
 # per-request records (`first_seen`, `admitted_at`, `preemptions`) are kept for
 # the requests SGLang holds; finished and aborted ones are forgotten once the
@@ -106,15 +106,16 @@ class ApplyReport:
     skipped: list[str] = field(default_factory=list)
 
 
-class TopasScheduler:
-    """One scheduler process's TOPAS: view, decide (through `decider`), apply.
+class PolicyExecutor:
+    """One SGLang scheduler process's executor of a topasd policy (TOPAS or a
+    baseline): view, decide (through `decider`), apply.
 
     Deterministic given the SGLang state, the decisions and the clock: every
     tensor-parallel rank runs one on identical state and, fed the same decision
     (`RankSync`), makes identical changes.
     """
 
-    def __init__(self, decider: Decider, *, clock: Clock = time.monotonic,
+    def __init__(self, decider: Decider, *, clock: TimeSource = time.monotonic,
                  sync: Callable[[Decision | None], Decision | None] | None = None) -> None:
         self.decider = decider
         self.clock = clock
@@ -541,7 +542,7 @@ class LocalDecider:
     """Decide in this process with a topasd policy (tests; a single-process run)."""
 
     def __init__(self, policy: Any, workflows: Mapping[str, Workflow], costs: CostHints,
-                 tasks: Callable[[], Mapping[int, TaskView]], clock: Clock) -> None:
+                 tasks: Callable[[], Mapping[int, TaskView]], clock: TimeSource) -> None:
         self.policy = policy
         self.workflows = workflows
         self.costs = costs

@@ -5,7 +5,7 @@ every SGLang process, the scheduler subprocesses included.
 It registers nothing unless the daemon set `TOPASD_SGLANG_ENDPOINT`, so an
 SGLang server that merely has topasd installed is unaffected. When set, one
 AROUND hook on `Scheduler._get_new_batch_prefill_raw` runs TOPAS before each
-prefill pass (adapter.TopasScheduler.around_prefill).
+prefill pass (adapter.PolicyExecutor.around_prefill).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from backends.sglang.adapter import Decider, EngineSnapshot, RankSync, TopasScheduler
+from backends.sglang.adapter import Decider, EngineSnapshot, PolicyExecutor, RankSync
 from backends.sglang.channel import (
     DEFAULT_TIMEOUT_S,
     ENDPOINT_ENV,
@@ -29,7 +29,7 @@ log = logging.getLogger("topasd.sglang")
 
 PREFILL_TARGET = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
 FLUSH_TARGET = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
-ATTR = "_topasd"  # the TopasScheduler attached to a Scheduler instance
+ATTR = "_topasd"  # the PolicyExecutor attached to a Scheduler instance
 
 
 def register() -> None:
@@ -69,8 +69,8 @@ def flush_hook(original: Any, sched: Any, *args: Any, **kwargs: Any) -> Any:
     return original(sched, *args, **kwargs)
 
 
-def attach(sched: Any, decider: Decider | None = None) -> TopasScheduler:
-    """Attach a TopasScheduler to a Scheduler (the daemon's remote decider by default)."""
+def attach(sched: Any, decider: Decider | None = None) -> PolicyExecutor:
+    """Attach a PolicyExecutor to a Scheduler (the daemon's remote decider by default)."""
     sync = RankSync.for_scheduler(sched)
     channel = None
     if decider is None:
@@ -81,7 +81,7 @@ def attach(sched: Any, decider: Decider | None = None) -> TopasScheduler:
         else:
             decider = _follower
     t0 = float(os.environ.get(T0_ENV, "0") or 0)
-    topas = TopasScheduler(decider, clock=lambda: time.monotonic() - t0, sync=sync)
+    topas = PolicyExecutor(decider, clock=lambda: time.monotonic() - t0, sync=sync)
     topas.channel = channel  # type: ignore[attr-defined]
     if channel is not None and isinstance(decider, RemoteDecider):
         decider.topas = topas
@@ -96,7 +96,7 @@ class RemoteDecider:
 
     def __init__(self, channel: LeaderChannel) -> None:
         self.channel = channel
-        self.topas: TopasScheduler | None = None
+        self.topas: PolicyExecutor | None = None
 
     def __call__(self, snap: EngineSnapshot) -> Decision | None:
         events = self.topas.take_events() if self.topas is not None else []

@@ -1,7 +1,7 @@
 """`VllmBackend`: the Backend protocol over an in-process vLLM v1 engine.
 
 The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so
-the backend reaches its scheduler (`TopasScheduler`) between steps. A request
+the backend reaches its scheduler (`PolicyScheduler`) between steps. A request
 is added to vLLM when it becomes ready (synthetic token ids, `ignore_eos`,
 `min_tokens = max_tokens = output_tokens`, workflow metadata in
 `SamplingParams.extra_args["topasd"]`); the policy's decision is handed to the
@@ -70,7 +70,7 @@ from topasd.model import (
 )
 from topasd.profiles import HardwareProfile
 
-Clock = Literal["steps", "cpu", "wall", "profile"]
+ClockKind = Literal["steps", "cpu", "wall", "profile"]
 
 
 class EngineMismatch(TopasError):
@@ -163,14 +163,14 @@ class _Pending:
 
 
 class VllmBackend(EventBuffer):
-    """topasd's Backend over vLLM v1 with `TopasScheduler` (or, `native=True`,
+    """topasd's Backend over vLLM v1 with `PolicyScheduler` (or, `native=True`,
     vLLM's default scheduler deciding alone: no SCHEDULE events)."""
 
     name = "vllm"
 
     def __init__(self, model: str, *, budget_tokens: int = 4096, block_size: int = 32,
                  chunk_tokens: int = 512, max_num_seqs: int = 64,
-                 profile: HardwareProfile | None = None, clock: Clock = "steps",
+                 profile: HardwareProfile | None = None, clock: ClockKind = "steps",
                  native: bool = False, seed: int = 0, audit: bool = False,
                  record: bool = False, max_model_len: int | None = None) -> None:
         cfg = read_model_config(model)
@@ -720,7 +720,7 @@ def _make_engine(model: str, *, blocks: int, block_size: int, chunk_tokens: int,
     except ImportError as exc:
         raise TopasError(f"the vLLM backend needs vLLM: pip install -e '.[vllm]' ({exc})"
                          ) from None
-    from backends.vllm.scheduler import TimedScheduler, TopasScheduler
+    from backends.vllm.scheduler import PolicyScheduler, TimedScheduler
 
     args = EngineArgs(
         model=model, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
@@ -730,7 +730,7 @@ def _make_engine(model: str, *, blocks: int, block_size: int, chunk_tokens: int,
         gpu_memory_utilization=0.05, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=chunk_tokens, enforce_eager=True, disable_log_stats=True,
         async_scheduling=False, seed=seed,
-        scheduler_cls=TimedScheduler if native else TopasScheduler)
+        scheduler_cls=TimedScheduler if native else PolicyScheduler)
     try:
         config = args.create_engine_config()
         engine = LLMEngine(config, Executor.get_class(config), log_stats=False,

@@ -1,6 +1,6 @@
 """TOPAS inside vLLM v1: a `scheduler_cls` that carries out topasd decisions.
 
-`TopasScheduler` subclasses vLLM's own `Scheduler` and overrides two things:
+`PolicyScheduler` subclasses vLLM's own `Scheduler` and overrides two things:
 
 - admission: `schedule()` hides every waiting request except those the
   policy admitted (in the policy's order) from vLLM's waiting loop, so vLLM
@@ -18,7 +18,7 @@ use recomputes the prefix. Everything else (chunked prefill, block
 allocation, running-batch scheduling, output handling) is vLLM's.
 
 `TimedScheduler` is vLLM's default scheduler with a stopwatch: the baseline
-of `bench/vllm_overhead.py`, and the base of `TopasScheduler`.
+of `bench/vllm_overhead.py`, and the base of `PolicyScheduler`.
 
 The backend (`backends.vllm.backend`) talks to the scheduler only between
 engine steps: it queues a `Plan`, steps the engine, then reads `last`.
@@ -132,7 +132,7 @@ class TimedScheduler(Scheduler):
         return self.last
 
 
-class TopasScheduler(TimedScheduler):
+class PolicyScheduler(TimedScheduler):
     """vLLM's scheduler with admission, preemption and prefix residency
     decided by a topasd policy (see the module docstring)."""
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from backends.sglang import SUPPORTED_SGLANG
-from backends.sglang.adapter import EngineSnapshot, LocalDecider, TopasScheduler
+from backends.sglang.adapter import EngineSnapshot, LocalDecider, PolicyExecutor
 from backends.sglang.metadata import WorkflowMeta, kv_hints_envelope, read_meta
 from tests.sglang.conftest import PREFIXES, CpuEngine
 from topasd.model import (
@@ -76,11 +76,11 @@ def scripted(*decisions: Decision) -> Any:
     return decide
 
 
-def topas_for(decider: Any) -> TopasScheduler:
-    return TopasScheduler(decider, clock=Clock())
+def topas_for(decider: Any) -> PolicyExecutor:
+    return PolicyExecutor(decider, clock=Clock())
 
 
-def run_pass(topas: TopasScheduler, eng: CpuEngine, running_batch: Any = None) -> Any:
+def run_pass(topas: PolicyExecutor, eng: CpuEngine, running_batch: Any = None) -> Any:
     """The hooked call as SGLang 0.5.23 makes it (keyword arguments), then the
     loop's merge of its new batch; returns the new batch (or None)."""
     return eng.end_pass(topas.around_prefill(
@@ -547,7 +547,7 @@ def test_malformed_metadata_leaves_the_request_to_sglang() -> None:
 # ----------------------------------------------------------------- prefixes
 
 
-def _cached_idle_prefix(eng: CpuEngine, topas: TopasScheduler, agent: str, rid: int) -> None:
+def _cached_idle_prefix(eng: CpuEngine, topas: PolicyExecutor, agent: str, rid: int) -> None:
     """Run one request of `agent` to completion so its prefix stays cached, idle."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
@@ -701,7 +701,7 @@ def test_two_adapters_on_the_same_sglang_state_decide_and_act_alike() -> None:
     for _ in range(2):
         eng, clock = CpuEngine(kv_size=256), Clock()
         decider = _topas_decider(clock)
-        topas = TopasScheduler(decider, clock=clock)
+        topas = PolicyExecutor(decider, clock=clock)
         _scenario(eng)
         trace = []
         for step in range(6):
@@ -724,7 +724,7 @@ RANK_CHILD = """
     sys.path.insert(0, {root!r})
     from tests.sglang.conftest import CpuEngine
     from tests.sglang import test_contract as tc
-    from backends.sglang.adapter import RankSync, TopasScheduler
+    from backends.sglang.adapter import RankSync, PolicyExecutor
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2],
                             rank=rank, world_size=2)
@@ -732,7 +732,7 @@ RANK_CHILD = """
     sync = RankSync(rank, [0, 1], group)
     eng, clock = CpuEngine(kv_size=256), tc.Clock()
     decider = tc._topas_decider(clock) if rank == 0 else None
-    topas = TopasScheduler(decider, clock=clock, sync=sync)
+    topas = PolicyExecutor(decider, clock=clock, sync=sync)
     tc._scenario(eng)
     for _ in range(5):
         eng.end_pass(topas.around_prefill(lambda s: s.prefill_pass(), eng))

@@ -63,10 +63,10 @@ def test_scheduler_asks_daemon_decides_and_the_plan_is_admitted() -> None:
 
         req = eng.submit(read_meta(_FakeReq(call["kv_hints"])), list(range(8)), 4)
         req.kv_hints = decode_kv_hints_envelope(call["kv_hints"])
-        from backends.sglang.adapter import TopasScheduler
+        from backends.sglang.adapter import PolicyExecutor
 
         decider = RemoteDecider(LeaderChannel(endpoint, replica=1, timeout_s=20))
-        topas = TopasScheduler(decider, clock=Clock())
+        topas = PolicyExecutor(decider, clock=Clock())
         decider.topas = topas
         leader = threading.Thread(target=lambda: eng.end_pass(topas.around_prefill(
             lambda s: s.prefill_pass(), eng)))

@@ -318,13 +318,13 @@ def _vllm_profile(opts: dict[str, Any]) -> HardwareProfile:
 
 def _open_store(db_path: str | None, log_candidates: str | None) -> Store | None:
     """The decision log for --db (None without it); checks --log-candidates."""
-    from store import CandidateLog, Store
+    from store import CandidateFilter, Store
 
     if db_path is None:
         if log_candidates is not None:
             raise TopasError("--log-candidates needs --db FILE (the decision log to write)")
         return None
-    CandidateLog.parse(log_candidates or "all")
+    CandidateFilter.parse(log_candidates or "all")
     return Store(db_path)
 
 
