@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
-import networkx as nx
+import networkx as nx  # type: ignore[import-untyped]  # no stubs (read by the mypyc build too)
 import numpy as np
 
 from topasd.score import score_total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -29,6 +30,7 @@ from topasd.api.models import (
     TaskSubmit,
 )
 from topasd.api.prometheus import CONTENT_TYPE, Collector
+from topasd.daemon.calls import CallResult, CallSpec
 from topasd.daemon.errors import Invalid, Unavailable
 from topasd.model import TopasError
 from topasd.scheduler import ALL_POLICY_NAMES, TUNABLE_NAMES
@@ -185,29 +187,15 @@ def openai_compatible(ctx: Context) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         """OpenAI-compatible chat completion; the reply arrives when the simulated request
         finishes. Workflow metadata: the `topasd` field (docs/api.md)."""
-        spec = openai.chat_spec(body, settings)
-        result = await openai.call(service, service.submit_call(spec), request)
-        ctx.states.invalidate()
-        reply = openai.chat_reply(result, body.model)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(openai.chat_chunks(reply, include_usage),
-                                     media_type="text/event-stream")
-        return reply
+        return await _answer(ctx, openai.chat_spec(body, settings), request, body,
+                             openai.chat_reply, openai.chat_chunks)
 
     @router.post("/v1/completions", response_model=Completion, dependencies=ctx.guarded,
                  responses=replied)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         """OpenAI-compatible (legacy) text completion, as chat completions."""
-        spec = openai.completion_spec(body, settings)
-        result = await openai.call(service, service.submit_call(spec), request)
-        ctx.states.invalidate()
-        reply = openai.completion_reply(result, body.model)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(openai.completion_chunks(reply, include_usage),
-                                     media_type="text/event-stream")
-        return reply
+        return await _answer(ctx, openai.completion_spec(body, settings), request, body,
+                             openai.completion_reply, openai.completion_chunks)
 
     @router.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
@@ -216,3 +204,17 @@ def openai_compatible(ctx: Context) -> APIRouter:
         return ModelList(data=[card])
 
     return router
+
+
+async def _answer(ctx: Context, spec: CallSpec, request: Request,
+                  body: ChatCompletionRequest | CompletionRequest,
+                  reply: Callable[[CallResult, str], Any],
+                  chunks: Callable[[Any, bool], AsyncIterator[str]]) -> Any:
+    """Run one call and answer it: the reply, or its stream of chunks."""
+    result = await openai.call(ctx.service, ctx.service.submit_call(spec), request)
+    ctx.states.invalidate()
+    answer = reply(result, body.model)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(chunks(answer, include_usage), media_type="text/event-stream")
+    return answer

@@ -49,7 +49,8 @@ VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's c
 @sampling_options("Tasks for --workload.", "Seed for --workload.")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}); also "
-                   "the TOPAS ablation variants topas-base, topas-noreuse, topas-noaging.")
+                   "the TOPAS variants one by one: "
+                   f"{', '.join(n for n in ALL_POLICY_NAMES if n not in POLICY_NAMES)}.")
 @click.option("--backend", "-b", type=click.Choice(REPLAY_BACKENDS), default="sim",
               show_default=True,
               help="sim: the simulator; vllm: a real vLLM engine on this CPU (needs --model).")

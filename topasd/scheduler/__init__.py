@@ -22,19 +22,11 @@ from topasd.scheduler.param_specs import canonical_params  # noqa: E402
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant  # noqa: E402
 from topasd.scheduler.topas import TopasPolicy  # noqa: E402
 
-_ABOUT = {
-    "fcfs": "first come, first served", "lpm": "SGLang's longest prefix match",
-    "parrot-fcfs": "Parrot: task arrival order", "autellix-las": "Autellix: least attained "
-    "service", "spf": "deepest stage first",
-    "topas": "TOPAS with its defaults (the paper's plus three extensions)",
-    "topas-paper": "TOPAS as section IV gives it", "topas-base": "TOPAS without reuse or aging",
-    "topas-noreuse": "TOPAS without V_reuse", "topas-noaging": "TOPAS without aging",
-}
 POLICIES: Mapping[str, PolicyKind] = {
-    **{name: PolicyKind(name, tunable=False, searches=False, in_all=True,
-                        about=_ABOUT.get(name, "")) for name in BASELINES},
-    **{name: PolicyKind(name, tunable=True, searches=True, in_all=name == "topas",
-                        about=_ABOUT.get(name, "")) for name in VARIANTS},
+    **{name: PolicyKind(name, tunable=False, searches=False, in_all=True)
+       for name in BASELINES},  # the paper's baselines (baselines.py)
+    **{name: PolicyKind(name, tunable=True, searches=True, in_all=name == "topas")
+       for name in VARIANTS},  # TOPAS and its variants (params.py)
 }
 ALL_POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 POLICY_NAMES: tuple[str, ...] = tuple(n for n, k in POLICIES.items() if k.in_all)  # `all`

@@ -44,4 +44,3 @@ class PolicyKind:
     tunable: bool
     searches: bool
     in_all: bool
-    about: str
