@@ -47,11 +47,18 @@ class ConfigError(TopasError):
 
 def default_runtime_file() -> str:
     """Where a running daemon records its address: `$XDG_RUNTIME_DIR/topasd.json`,
-    else `<tmp>/topasd-<uid>.json`."""
+    else `topasd.json` in the private folder `private_runtime_dir()`."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and Path(base).is_dir():
         return str(Path(base) / "topasd.json")
-    return str(Path(tempfile.gettempdir()) / f"topasd-{os.getuid()}.json")
+    return str(private_runtime_dir() / "topasd.json")
+
+
+def private_runtime_dir() -> Path:
+    """`<tmp>/topasd-<uid>`: this user's folder for the runtime file and the
+    detached log when XDG_RUNTIME_DIR is unset (created 0700 by the daemon, and
+    refused when another user owns it or may enter it)."""
+    return Path(tempfile.gettempdir()) / f"topasd-{os.geteuid()}"
 
 
 class Settings(BaseModel):

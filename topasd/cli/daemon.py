@@ -3,6 +3,7 @@ flags are the settings (`topasd.config.Settings`), one per field."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -65,30 +66,34 @@ def start(config_path: str | None, detach: bool, print_config: bool, **given: An
 
 def _setup_logging(level: str, log_file: str | None = None) -> None:
     """Log to stderr, and to `log_file` too when given (a detached daemon's stderr
-    already is its log file)."""
+    already is its log file); the file is opened as `files.open_append` does."""
+    from topasd.daemon.files import open_append
+
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file:
         try:
-            handlers.append(logging.FileHandler(log_file))
-        except OSError as exc:
-            raise TopasError(f"cannot write the daemon log {log_file} ({exc.strerror}); give "
-                             "another --log-file") from None
+            raw = open_append(log_file, "daemon log")
+        except TopasError as exc:
+            raise type(exc)(f"{exc}; give another --log-file") from None
+        stream = io.TextIOWrapper(raw, line_buffering=True)
+        handlers.append(logging.StreamHandler(stream))
     logging.basicConfig(level=level.upper(), handlers=handlers,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _detach(settings: Settings) -> None:
     """Start this command again without --detach in a new session; wait until it listens."""
+    from topasd.daemon.files import open_append
+
     runtime = RuntimeFile(settings.runtime_file)
     runtime.check_free()
     log_path = Path(settings.log_file or runtime.path.with_suffix(".log"))
     args = [a for a in sys.argv[1:] if a != "--detach"]  # the same command, in the foreground
+    flag = "--log-file" if settings.log_file else "--runtime-file (the log sits beside it)"
     try:
-        log_fh = open(log_path, "ab")  # noqa: SIM115 (closed below, the child keeps its copy)
-    except OSError as exc:
-        flag = "--log-file" if settings.log_file else "--runtime-file (the log sits beside it)"
-        raise TopasError(f"cannot write the daemon log {log_path} ({exc.strerror}); give "
-                         f"another {flag}") from None
+        log_fh = open_append(log_path, "daemon log")
+    except TopasError as exc:
+        raise type(exc)(f"{exc}; give another {flag}") from None
     with log_fh:
         proc = subprocess.Popen([sys.executable, "-m", "topasd.cli", *args],
                                 stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
