@@ -68,6 +68,25 @@ def test_the_model_name_defaults_to_the_engines_model_folder() -> None:
     assert load_settings({**vllm, "model": "mine"}, environ={}).settings.model == "mine"
 
 
+def test_the_token_comes_from_a_file_and_a_token_flag_is_warned_of(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("a-token-of-sixteen-chars\nignored\n")
+    token.chmod(0o600)
+    loaded = load_settings({"host": "0.0.0.0", "token_file": str(token)}, environ={})
+    assert loaded.settings.token == "a-token-of-sixteen-chars" and loaded.warnings == ()
+    assert loaded.sources["token"] == f"token_file {token}"
+    assert "a-token-of" not in render(loaded)
+    token.chmod(0o644)
+    loaded = load_settings({"token_file": str(token)}, environ={})
+    assert loaded.warnings == (f"the token file {token} may be read by other users (mode 644); "
+                               "chmod 600 it",)
+    from_env = load_settings({}, environ={"TOPAS_TOKEN": "t"})
+    assert from_env.settings.token == "t" and from_env.warnings == ()
+    from_flag = load_settings({"token": "t"}, environ={})
+    assert len(from_flag.warnings) == 1 and "other users of this machine see it (`ps`)" in \
+        from_flag.warnings[0] and "--token-file FILE or TOPAS_TOKEN" in from_flag.warnings[0]
+
+
 def test_render_masks_the_token_and_lists_params() -> None:
     loaded = load_settings({"token": "secret", "params": {"H_age": 30, "K": 4}}, environ={})
     text = render(loaded)
@@ -96,6 +115,14 @@ def test_render_masks_the_token_and_lists_params() -> None:
     ({"params": {"zeta": 1}}, {}, ["unknown TOPAS parameter(s) ['zeta']"]),
     ({"policy": "fcfs", "params": {"beta": 1}}, {}, ["takes no parameters"]),
     ({"host": "0.0.0.0"}, {}, ["not a loopback address", "token"]),
+    # off loopback a token must not be guessable in a few tries
+    ({"host": "0.0.0.0", "token": "x"}, {}, ["1 characters is too short", "at least 16",
+                                            "secrets.token_urlsafe"]),
+    ({"token_file": "/nowhere/token"}, {}, ["setting token_file = '/nowhere/token' (from flag)",
+                                            "cannot read it (No such file or directory)"]),
+    ({"token_file": "/dev/null"}, {}, ["first line is empty"]),
+    ({"token_file": "/dev/null"}, {"TOPAS_TOKEN": "t"}, ["a token is also given (from env "
+                                                         "TOPAS_TOKEN); give one of them"]),
     # one parameter under both its names is an error, not the last one winning
     ({"params": {"H_age": 30, "h_age": 40}}, {}, ["H_age and h_age name the same parameter"]),
     ({}, {"TOPAS_PARAMS": "M=3,m=4"}, ["(from env TOPAS_PARAMS)", "M and m name the same"]),

@@ -615,7 +615,9 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
 
 
 def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:
-    with Daemon(tmp_path, "--host", "0.0.0.0", "--token", "s3cret") as d:
+    s3cret = "s3cret-of-16-chars"
+    with Daemon(tmp_path, "--host", "0.0.0.0", "--public-reads",
+                env=clean_env(TOPAS_TOKEN=s3cret)) as d:
         plain = httpx.Client(base_url=d.url, timeout=30)
         r = plain.post("/v1/tasks", json={"workflow": "chain3"})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
@@ -626,29 +628,29 @@ def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:
         assert plain.patch("/v1/params", json={"beta": 1}).status_code == 401
         assert plain.post("/v1/chat/completions", json={
             "model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
-        assert plain.get("/v1/state").status_code == 200  # reads stay open
+        assert plain.get("/v1/state").status_code == 200  # --public-reads: reads are open
         assert plain.get("/v1/params").status_code == 200
         with pytest.raises(openai.PermissionDeniedError):
             openai_client(d, "wrong-key").chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}])
-        ok = openai_client(d, "s3cret").chat.completions.create(
+        ok = openai_client(d, s3cret).chat.completions.create(
             model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
         assert ok.usage.completion_tokens == 4
         r = plain.post("/v1/tasks", json={"workflow": "chain3"},
-                       headers={"Authorization": "Bearer s3cret"})
+                       headers={"Authorization": f"Bearer {s3cret}"})
         assert r.status_code == 201
         # the token is checked before the body is read: junk without it is 401, not 400
         assert plain.post("/v1/tasks", content=b"{not json").status_code == 401
         # bodies over 16 MiB get 413, announced (Content-Length) or streamed (chunked)
         big = b'{"workflow": "' + b"x" * (16 * 1024 * 1024) + b'"}'
-        auth = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+        auth = {"Authorization": f"Bearer {s3cret}", "Content-Type": "application/json"}
         r = plain.post("/v1/tasks", content=big, headers=auth)
         assert r.status_code == 413 and "larger than 16,777,216 bytes" in r.text
         chunks = (big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20))
         assert plain.post("/v1/tasks", content=chunks, headers=auth).status_code == 413
         assert plain.get("/v1/state").status_code == 200  # still serving
         # only the Bearer scheme carries the token: any other is no token at all
-        for value in ("Basic s3cret", "s3cret", "Token s3cret", "Bearer"):
+        for value in (f"Basic {s3cret}", s3cret, f"Token {s3cret}", "Bearer"):
             r = plain.post("/v1/tasks", json={"workflow": "chain3"},
                            headers={"Authorization": value})
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", value
@@ -657,14 +659,15 @@ def test_mutating_endpoints_need_the_token_off_loopback(tmp_path: Path) -> None:
                            headers={"Authorization": value, "Content-Type": "application/json"})
             assert r.status_code == 401, value
         r = plain.post("/v1/tasks", json={"workflow": "chain3"},
-                       headers={"Authorization": "bearer s3cret"})  # the scheme is any case
+                       headers={"Authorization": f"bearer {s3cret}"})  # the scheme is any case
         assert r.status_code == 201
         # an announced oversized body is refused as soon as its headers are in,
         # before any of it is sent (the server does not wait for the body)
         with socket.create_connection(("127.0.0.1", d.info["port"])) as sock:
             sock.settimeout(20)
             sock.sendall(b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\n"
-                         b"Authorization: Bearer s3cret\r\nContent-Type: application/json\r\n"
+                         b"Authorization: Bearer " + s3cret.encode() + b"\r\n"
+                         b"Content-Type: application/json\r\n"
                          b"Content-Length: 20000000\r\n\r\n")
             assert sock.recv(64).startswith(b"HTTP/1.1 413")
         plain.close()

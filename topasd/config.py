@@ -101,8 +101,14 @@ class Settings(BaseModel):
                       description="Address to listen on [default: 127.0.0.1].")
     port: int = Field(default=8470, ge=0, le=65535,
                       description="Port [default: 8470]; 0 picks a free one.")
-    token: str | None = Field(default=None, description="Bearer token for mutating "
-                              "endpoints (required off loopback).")
+    token: str | None = Field(default=None, description="Bearer token (required off "
+                              "loopback, at least 16 characters there); on the command line "
+                              "other users see it in `ps`: prefer --token-file or TOPAS_TOKEN.")
+    token_file: str | None = Field(default=None, description="Read the bearer token from "
+                                   "this file (its first line; keep it 0600).")
+    public_reads: bool = Field(default=False, description="Off loopback, let reads (GET "
+                               "/v1/..., /metrics) through without the token [default: "
+                               "off: every /v1 and /metrics request needs it].")
     speed: float | Literal["max"] = Field(
         default=1.0, description="Sim clock: engine seconds per wall second, or 'max' "
         "(unpaced) [default: 1].")
@@ -217,18 +223,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MIN_REMOTE_TOKEN = 16  # characters of a token that guards a daemon bound off loopback
+
+
 @dataclass(frozen=True)
 class Loaded:
-    """Merged settings and where each value came from (flag, env NAME, file PATH, default)."""
+    """Merged settings and where each value came from (flag, env NAME, file PATH,
+    default), and what the operator should be warned of (e.g. a token on the
+    command line)."""
 
     settings: Settings
     sources: Mapping[str, str]
+    warnings: tuple[str, ...] = ()
 
 
 def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None = None,
                   environ: Mapping[str, str] | None = None) -> Loaded:
     """Merge defaults < TOML file < `TOPAS_*` env < `flags` (None values are unset)."""
     raw, sources = _merged(flags, config, os.environ if environ is None else environ)
+    warnings = _read_token_file(raw, sources)
     try:
         settings = Settings(**raw)
     except ValidationError as exc:
@@ -246,11 +259,54 @@ def load_settings(flags: Mapping[str, Any] | None = None, *, config: str | None 
         raise ConfigError(f"setting params (from {sources.get('params', 'default')}): "
                           f"{exc}") from None
     _check_specs(settings, sources)
-    if not settings.loopback and not settings.token:
+    _check_token(settings)
+    if sources.get("token") == "flag":
+        warnings += ("the bearer token is on the command line, where other users of this "
+                     "machine see it (`ps`); give it with --token-file FILE or TOPAS_TOKEN",)
+    return Loaded(settings, {k: sources.get(k, "default") for k in Settings.model_fields},
+                  warnings)
+
+
+def _check_token(settings: Settings) -> None:
+    """Off loopback the daemon needs a token, and one not guessed in a few tries."""
+    if settings.loopback:
+        return
+    if not settings.token:
         raise ConfigError(f"host {settings.host!r} is not a loopback address: set a bearer "
-                          "token (--token, TOPAS_TOKEN or token in topasd.toml) so that "
-                          "mutating endpoints are protected")
-    return Loaded(settings, {k: sources.get(k, "default") for k in Settings.model_fields})
+                          "token (--token-file FILE, TOPAS_TOKEN or token in topasd.toml) so "
+                          "that the API is protected")
+    if len(settings.token) < MIN_REMOTE_TOKEN:
+        raise ConfigError(f"setting token: {len(settings.token)} characters is too short for "
+                          f"host {settings.host!r} (off loopback: at least {MIN_REMOTE_TOKEN});"
+                          " make one with: python -c 'import secrets; "
+                          "print(secrets.token_urlsafe())'")
+
+
+def _read_token_file(raw: dict[str, Any], sources: dict[str, str]) -> tuple[str, ...]:
+    """Put the token of `token_file` (its first line) into `raw`; warnings about
+    the file (other users may read it). ConfigError when it is unreadable or
+    empty, or a token is given as well."""
+    path = raw.get("token_file")
+    if path is None:
+        return ()
+    where = f"setting token_file = {path!r} (from {sources['token_file']})"
+    if raw.get("token") is not None:
+        raise ConfigError(f"{where}: a token is also given (from {sources['token']}); give "
+                          "one of them")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            token = fh.readline().strip()
+            mode = os.fstat(fh.fileno()).st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{where}: cannot read it ({why})") from None
+    if not token:
+        raise ConfigError(f"{where}: its first line is empty; write the token there")
+    raw["token"], sources["token"] = token, f"token_file {path}"
+    if mode & 0o077:
+        return (f"the token file {path} may be read by other users (mode "
+                f"{mode & 0o777:o}); chmod 600 it",)
+    return ()
 
 
 def _merged(flags: Mapping[str, Any] | None, config: str | None, env: Mapping[str, str]
@@ -356,6 +412,22 @@ def raw_setting(name: str, flags: Mapping[str, Any] | None = None, *,
             return data[name]
     field = Settings.model_fields[name]
     return field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+
+
+def client_token(token_file: str | None = None, *, config: str | None = None) -> str | None:
+    """The token a client command (`status`, `console`) sends: `token_file`'s
+    first line, else the token setting (TOPAS_TOKEN, the TOML file's `token` or
+    `token_file`), as `topasd start` would read it; None when none is set."""
+    path = token_file or raw_setting("token_file", config=config)
+    if path is None:
+        token = raw_setting("token", config=config)
+        return str(token) if token else None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip() or None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"token file {path}: cannot read it ({why})") from None
 
 
 def render(loaded: Loaded) -> str:

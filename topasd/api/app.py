@@ -9,8 +9,8 @@ from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 
 from topasd.api import errors, routes
-from topasd.api.auth import BodyGuard, auth_dependency
-from topasd.api.deps import Context, StateCache
+from topasd.api.auth import RequestGuard, auth_dependency
+from topasd.api.deps import Context, Reads, StateCache
 from topasd.daemon.service import Service
 
 
@@ -23,12 +23,14 @@ def create_app(service: Service) -> FastAPI:
         description="Workflow-aware prefix-state scheduler daemon (TOPAS): control API, "
                     "event stream and an OpenAI-compatible API. See docs/api.md.",
     )
-    app.add_middleware(BodyGuard, settings=settings)  # type: ignore[arg-type]
+    app.add_middleware(RequestGuard, settings=settings)  # type: ignore[arg-type]
     auth = auth_dependency(settings)
     guarded: list[Any] = [Depends(auth)] if auth is not None else []
     mutating = (400, 401, 403, 413, 422, 503) if auth is not None else (400, 413, 422, 503)
+    read_auth = auth_dependency(settings, reads=True)
+    reads = Reads([Depends(read_auth)], (401, 403)) if read_auth is not None else Reads([], ())
     errors.install(app)
-    ctx = Context(service, StateCache(service), guarded, mutating)
+    ctx = Context(service, StateCache(service), guarded, mutating, reads)
     for router in (routes.status(ctx), routes.control(ctx), routes.tasks(ctx),
                    routes.openai_compatible(ctx)):
         app.include_router(router)

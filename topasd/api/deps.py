@@ -55,6 +55,14 @@ class StateCache:
 
 
 @dataclass(frozen=True)
+class Reads:
+    """How the guarded reads (`/v1/...` GETs, `/metrics`) are declared."""
+
+    guarded: list[Any]  # their dependencies (the bearer check off loopback), or none
+    errors: tuple[int, ...]  # the auth statuses they may answer (401, 403), or none
+
+
+@dataclass(frozen=True)
 class Context:
     """One app's routers' common ground."""
 
@@ -62,3 +70,4 @@ class Context:
     states: StateCache
     guarded: list[Any]  # dependencies of the mutating endpoints (the bearer check)
     mutating: tuple[int, ...]  # the error statuses a mutating endpoint may answer
+    reads: Reads

@@ -61,8 +61,10 @@ def status(ctx: Context) -> APIRouter:
             raise Unavailable("the engine is not running (starting, shutting down or failed)")
         return Ready(ready=True)
 
-    @router.get("/metrics", response_class=Response, responses={200: {
-        "content": {CONTENT_TYPE: {}}, "description": "Prometheus text format"}})
+    @router.get("/metrics", response_class=Response, dependencies=ctx.reads.guarded,
+                responses={200: {"content": {CONTENT_TYPE: {}},
+                                 "description": "Prometheus text format"},
+                           **responses(*ctx.reads.errors)})
     async def metrics() -> Response:
         """Prometheus metrics: JCT histogram, queue depths, resident prefixes, decision
         latency, swaps, preemptions, loop time."""
@@ -76,8 +78,8 @@ def control(ctx: Context) -> APIRouter:
     router = APIRouter(tags=["control"])
     service = ctx.service
 
-    @router.get("/v1/state", response_class=JSONResponse,
-                responses={**_STATE_SCHEMA, **responses(422, 503)})
+    @router.get("/v1/state", response_class=JSONResponse, dependencies=ctx.reads.guarded,
+                responses={**_STATE_SCHEMA, **responses(*ctx.reads.errors, 422, 503)})
     async def state(limit: int = Query(50, ge=1, le=10_000, description="Entries per list."
                                        )) -> Response:
         """Engine time, KV budget, resident prefixes and where they live, running and
@@ -85,8 +87,9 @@ def control(ctx: Context) -> APIRouter:
         expected remaining path, recent decisions, counters, headline statistics."""
         return Response(await ctx.states.get(limit), media_type="application/json")
 
-    @router.get("/v1/events", responses={200: {**_STREAM, "description": "Server-sent "
-                "events: `decision`, `engine`, `lag`, `end`."}, **responses(422)})
+    @router.get("/v1/events", dependencies=ctx.reads.guarded, responses={
+        200: {**_STREAM, "description": "Server-sent events: `decision`, `engine`, `lag`, "
+              "`end`."}, **responses(*ctx.reads.errors, 422)})
     async def events(request: Request,
                      kinds: str | None = Query(None, description="Comma-separated: decision "
                                                "and/or engine event kinds (request_finish, ...)"),
@@ -108,7 +111,7 @@ def control(ctx: Context) -> APIRouter:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @router.get("/v1/decisions/{seq}", response_model=DecisionDetail,
-                responses=responses(404, 422))
+                dependencies=ctx.reads.guarded, responses=responses(*ctx.reads.errors, 404, 422))
     async def get_decision(seq: int, candidates: int = Query(
             50, ge=0, le=10_000, description="Candidates to return: the best by total, "
             "plus the chosen one.")) -> dict[str, Any]:
@@ -123,7 +126,8 @@ def control(ctx: Context) -> APIRouter:
 def _params_routes(router: APIRouter, ctx: Context) -> None:
     service = ctx.service
 
-    @router.get("/v1/params", response_model=ParamsInfo)
+    @router.get("/v1/params", response_model=ParamsInfo, dependencies=ctx.reads.guarded,
+                responses=responses(*ctx.reads.errors))
     async def get_params() -> ParamsInfo:
         """The policy and its parameters."""
         return ParamsInfo(**service.params(), **param_meta())
@@ -167,8 +171,8 @@ def tasks(ctx: Context) -> APIRouter:
         ctx.states.invalidate()
         return JSONResponse(info, status_code=201, headers={"Location": f"/v1/tasks/{info['id']}"})
 
-    @router.get("/v1/tasks/{task_id}", response_model=TaskInfo,
-                responses=responses(404, 422, 503))
+    @router.get("/v1/tasks/{task_id}", response_model=TaskInfo, dependencies=ctx.reads.guarded,
+                responses=responses(*ctx.reads.errors, 404, 422, 503))
     async def get_task(task_id: int) -> dict[str, Any]:
         """A task's status, arrival, completion and stage progress."""
         return await wait(service.get_task(task_id))  # type: ignore[no-any-return]
@@ -197,7 +201,8 @@ def openai_compatible(ctx: Context) -> APIRouter:
         return await _answer(ctx, openai.completion_spec(body, settings), request, body,
                              openai.completion_reply, openai.completion_chunks)
 
-    @router.get("/v1/models", response_model=ModelList)
+    @router.get("/v1/models", response_model=ModelList, dependencies=ctx.reads.guarded,
+                responses=responses(*ctx.reads.errors))
     async def models() -> ModelList:
         """The model name this daemon serves (any name is accepted in requests)."""
         card = ModelCard(id=settings.model, created=int(service.started_wall), owned_by="topasd")

@@ -16,7 +16,12 @@ from typing import Any
 
 import click
 
-from topasd.cli.options import daemon_lookup_options, settings_flags, settings_options
+from topasd.cli.options import (
+    daemon_lookup_options,
+    settings_flags,
+    settings_options,
+    token_file_option,
+)
 from topasd.config import Settings
 from topasd.daemon.runtime import RuntimeFile
 from topasd.model import TopasError, pid_alive
@@ -48,6 +53,8 @@ def start(config_path: str | None, detach: bool, print_config: bool, **given: An
     from topasd.config import load_settings, render
 
     loaded = load_settings(settings_flags(given), config=config_path)
+    for warning in loaded.warnings:
+        click.echo(f"warning: {warning}", err=True)
     if print_config:
         click.echo(render(loaded))
         return
@@ -88,7 +95,10 @@ def _detach(settings: Settings) -> None:
     runtime = RuntimeFile(settings.runtime_file)
     runtime.check_free()
     log_path = Path(settings.log_file or runtime.path.with_suffix(".log"))
-    args = [a for a in sys.argv[1:] if a != "--detach"]  # the same command, in the foreground
+    # the same command in the foreground; a token given as a flag goes by the environment,
+    # so that the daemon's command line does not show it for its whole life
+    args, token = _without_token([a for a in sys.argv[1:] if a != "--detach"])
+    env = {**os.environ, DETACHED_ENV: "1", **({"TOPAS_TOKEN": token} if token else {})}
     flag = "--log-file" if settings.log_file else "--runtime-file (the log sits beside it)"
     try:
         log_fh = open_append(log_path, "daemon log")
@@ -97,7 +107,7 @@ def _detach(settings: Settings) -> None:
     with log_fh:
         proc = subprocess.Popen([sys.executable, "-m", "topasd.cli", *args],
                                 stdin=subprocess.DEVNULL, stdout=log_fh, stderr=log_fh,
-                                start_new_session=True, env={**os.environ, DETACHED_ENV: "1"})
+                                start_new_session=True, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         info = runtime.read()
@@ -114,13 +124,32 @@ def _detach(settings: Settings) -> None:
                      f"{log_path})")
 
 
+def _without_token(args: list[str]) -> tuple[list[str], str | None]:
+    """`args` without `--token T` / `--token=T`, and the token they gave."""
+    out: list[str] = []
+    token = None
+    items = iter(args)
+    for arg in items:
+        if arg == "--token":
+            token = next(items, None)
+        elif arg.startswith("--token="):
+            token = arg.removeprefix("--token=")
+        else:
+            out.append(arg)
+    return out, token
+
+
 @click.command()
 @daemon_lookup_options()
+@token_file_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print the daemon's state as JSON ({\"running\": false, ...} and exit "
                    "status 2 when none runs).")
-def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> None:
+def status(runtime_file: str | None, config_path: str | None, token_file: str | None,
+           as_json: bool) -> None:
     """Show whether a daemon runs, where, and what it is doing."""
+    from topasd.config import client_token
+
     runtime = RuntimeFile.configured(runtime_file, config_path)
     info = runtime.read()
     if info is None:
@@ -129,7 +158,7 @@ def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> 
         if as_json:  # a script gets JSON either way (and the exit status)
             click.echo(json.dumps({"running": False, "daemon": None, "error": why}))
         raise TopasError(why)
-    state = _daemon_state(info)
+    state = _daemon_state(info, client_token(token_file, config=config_path))
     if as_json:
         click.echo(json.dumps({"running": True, "daemon": info, "state": state}, indent=2))
         return
@@ -146,21 +175,24 @@ def status(runtime_file: str | None, config_path: str | None, as_json: bool) -> 
                f"  store: {info.get('db')} (run {info.get('run_id')})")
 
 
-def _daemon_state(info: dict[str, Any]) -> Any:
+def _daemon_state(info: dict[str, Any], token: str | None) -> Any:
     """GET /v1/state of the daemon `info` names; TopasError when it fails."""
     import httpx
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        reply = httpx.get(f"{info['url']}/v1/state", params={"limit": 1}, timeout=10)
+        reply = httpx.get(f"{info['url']}/v1/state", params={"limit": 1}, timeout=10,
+                          headers=headers)
         state = reply.json()
     except (httpx.HTTPError, ValueError) as exc:
         raise TopasError(f"daemon pid {info['pid']} at {info['url']} does not answer ({exc})"
                          ) from None
     if reply.status_code != 200:
         message = (state.get("error") or {}).get("message") if isinstance(state, dict) else None
+        fix = ("give `topasd status` the daemon's token: --token-file FILE or TOPAS_TOKEN"
+               if reply.status_code in (401, 403) else "see its log")
         raise TopasError(f"daemon pid {info['pid']} at {info['url']} answered GET /v1/state "
-                         f"with {reply.status_code}: {message or reply.text[:200]}; see its "
-                         "log")
+                         f"with {reply.status_code}: {message or reply.text[:200]}; {fix}")
     return state
 
 

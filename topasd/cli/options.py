@@ -51,6 +51,14 @@ def daemon_lookup_options(config_help: str = "TOML settings file naming runtime_
                      help=config_help))
 
 
+def token_file_option(fn: F) -> F:
+    """--token-file: where a client command reads the daemon's bearer token."""
+    return click.option(
+        "--token-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+        help="Read the daemon's bearer token from this file (default: TOPAS_TOKEN, else "
+             "the settings file's token or token_file).")(fn)
+
+
 def param_flags(items: tuple[str, ...]) -> dict[str, Any]:
     """`--param NAME=VALUE` flags as a mapping (values JSON where they parse)."""
     out: dict[str, Any] = {}

@@ -6,7 +6,7 @@ import math
 
 import click
 
-from topasd.cli.options import daemon_lookup_options
+from topasd.cli.options import daemon_lookup_options, token_file_option
 from topasd.model import TopasError
 
 
@@ -21,14 +21,16 @@ from topasd.model import TopasError
               help="With --db: start the time cursor here, in seconds (default: the start).")
 @daemon_lookup_options()
 @click.option("--token", default=None, envvar="TOPAS_TOKEN", show_envvar=True,
-              help="Bearer token for PATCH /v1/params on a daemon that needs one.")
+              help="Bearer token of a daemon that needs one (on the command line other "
+                   "users see it in `ps`: prefer TOPAS_TOKEN or --token-file).")
+@token_file_option
 @click.option("--keymap", type=click.Path(dir_okay=False), default=None,
               help="TOML file rebinding keys by binding id (see the help screen, `?`).")
 @click.option("--poll", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
               help="Seconds between state polls of a live daemon.")
 def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: float | None,
                 runtime_file: str | None, config_path: str | None, token: str | None,
-                keymap: str | None, poll: float) -> None:
+                token_file: str | None, keymap: str | None, poll: float) -> None:
     """The operator console (TUI): watch and steer the local daemon, or replay a log.
 
     Panels: KV residency, tasks in flight, the decision feed with every
@@ -56,6 +58,10 @@ def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: fl
         source = ReplaySource(db_path, run_id)
         ConsoleApp(replay=source, keymap=keys, at=at).run()
         return
+    if token is None or token_file is not None:
+        from topasd.config import client_token
+
+        token = client_token(token_file, config=config_path)
     target = find_daemon(url, runtime_file, token, config_path)
     ConsoleApp(target, keymap=keys, poll_s=poll).run()
 

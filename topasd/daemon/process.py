@@ -88,10 +88,25 @@ class _Signals:
         self.stop.set()
 
 
+class _WithoutQuery(logging.Filter):
+    """uvicorn's access-log lines (debug level) without the query string: a
+    client may put a secret there, and the log is no place for it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5:  # (client, method, path, http, status)
+            record.args = (*args[:2], str(args[2]).partition("?")[0], *args[3:])
+        return True
+
+
+WITHOUT_QUERY = _WithoutQuery()
+
+
 class _HttpServer:
     """uvicorn in a thread over an already bound socket."""
 
     def __init__(self, service: Service, sock: socket.socket, settings: Settings) -> None:
+        logging.getLogger("uvicorn.access").addFilter(WITHOUT_QUERY)
         config = uvicorn.Config(create_app(service), log_config=None, lifespan="off",
                                 access_log=settings.log_level == "debug",
                                 timeout_graceful_shutdown=5)
