@@ -507,7 +507,8 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
         err(h.post("/v1/tasks", content=b"\xff\xfe",  # a UTF-16 BOM: json reads it so
                    headers={"content-type": "application/json"}), 400, "not UTF-8 text")
         err(h.post("/v1/tasks", content=b"[" * 5000 + b"]" * 5000,
-                   headers={"content-type": "application/json"}), 400, "nested too deeply")
+                   headers={"content-type": "application/json"}), 400,
+            "nests 5000 levels deep, more than 32")
         err(h.post("/v1/tasks", content=b"", headers={"content-type": "application/json"}),
             400, "the body is empty")
         err(h.post("/v1/tasks", json={"workflow": 3}), 422, "workflow")

@@ -22,12 +22,12 @@ log = logging.getLogger("topasd")
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
-        (400, "Malformed request (not JSON)"),
+        (400, "Malformed request (not JSON, or nested more than 32 deep)"),
         (401, "Missing bearer token (non-loopback bind)"),
         (403, "Wrong bearer token"),
         (404, "Unknown id"),
         (409, "Conflicts with the task's state"),
-        (413, "The body is larger than 16 MiB"),
+        (413, "The body is larger than 16 MiB, or holds more than 100,000 JSON values"),
         (422, "Invalid body or parameters"),
         (503, "Shutting down, or the engine loop is not answering"),
     )

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 
 from topasd.api import openai, sse
+from topasd.api.bodies import BoundedJsonRoute
 from topasd.api.deps import Context, wait
 from topasd.api.errors import responses
 from topasd.api.models import (
@@ -75,7 +76,7 @@ def status(ctx: Context) -> APIRouter:
 
 def control(ctx: Context) -> APIRouter:
     """The engine's state, its event stream, decisions and live parameters."""
-    router = APIRouter(tags=["control"])
+    router = APIRouter(tags=["control"], route_class=BoundedJsonRoute)
     service = ctx.service
 
     @router.get("/v1/state", response_class=JSONResponse, dependencies=ctx.reads.guarded,
@@ -158,7 +159,7 @@ def param_meta() -> dict[str, Any]:
 
 def tasks(ctx: Context) -> APIRouter:
     """Tasks of registered workflows."""
-    router = APIRouter(tags=["tasks"])
+    router = APIRouter(tags=["tasks"], route_class=BoundedJsonRoute)
     service = ctx.service
 
     @router.post("/v1/tasks", response_model=TaskInfo, status_code=201,
@@ -182,7 +183,7 @@ def tasks(ctx: Context) -> APIRouter:
 
 def openai_compatible(ctx: Context) -> APIRouter:
     """OpenAI-compatible completions with workflow metadata (docs/api.md)."""
-    router = APIRouter(tags=["openai"])
+    router = APIRouter(tags=["openai"], route_class=BoundedJsonRoute)
     service, settings = ctx.service, ctx.service.settings
     replied = {200: _STREAM, **responses(409, *ctx.mutating)}
 
