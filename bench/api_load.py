@@ -13,6 +13,12 @@ which the engine loop was not running).
 
     python bench/api_load.py [--requests 3000] [--concurrency 64] [--policy topas] [--json]
 
+With `--readers N`, N clients read the `/v1/events` stream throughout, and
+one more polls `GET /health` back to back while the calls run: the report
+adds its latency (p50, p99, max), how many events the readers received, and
+every failed call (a non-200 answer or a broken connection). The issue-28
+run: `--readers 100 --concurrency 1000 --requests 1000 --warmup 0`.
+
 The client is a minimal keep-alive HTTP/1.1 client (one connection per
 concurrent client) on the same machine (2 cores here): it takes CPU from the
 daemon, and its own overhead is part of what the latency shows.
@@ -80,37 +86,84 @@ class Conn:
         self.writer.close()
 
 
+async def read_events(host: str, port: int, counts: list[int]) -> None:
+    """One `/v1/events` reader: reads (and counts the events of) the stream
+    until it ends or the task is cancelled."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /v1/events HTTP/1.1\r\nHost: topasd\r\n\r\n")
+    await writer.drain()
+    try:
+        await reader.readuntil(b"\r\n\r\n")
+        while chunk := await reader.read(1 << 16):
+            counts.append(chunk.count(b"\nevent: "))
+    finally:
+        writer.close()
+
+
+async def probe_health(host: str, port: int, stop: asyncio.Event, lat: list[float]) -> None:
+    """`GET /health` back to back until `stop`; each answer's wall latency."""
+    conn = await Conn.open(host, port)
+    try:
+        while not stop.is_set():
+            t = time.perf_counter()
+            status, _ = await conn.request("GET", "/health")
+            assert status == 200, status
+            lat.append(time.perf_counter() - t)
+    finally:
+        conn.close()
+
+
 async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
-               max_tokens: int) -> dict[str, Any]:
+               max_tokens: int, readers: int = 0) -> dict[str, Any]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     latencies: list[float] = []
     engine_lat: list[float] = []
     errors = 0
     counter = iter(range(n + warmup))
     marks: dict[str, Any] = {}
+    events: list[int] = []
+    streams = [asyncio.create_task(read_events(host, int(port), events)) for _ in range(readers)]
     conns = [await Conn.open(host, int(port)) for _ in range(concurrency)]
+    health: list[float] = []
+    stop = asyncio.Event()
+    probe = asyncio.create_task(probe_health(host, int(port), stop, health)) if readers else None
+
+    if warmup == 0:  # the window opens before the first call
+        marks["state0"] = (await conns[0].request("GET", "/v1/state?limit=1"))[1]
+        marks["t0"] = time.perf_counter()
 
     async def worker(conn: Conn) -> None:
         nonlocal errors
         for i in counter:
-            if i == warmup:
+            if i == warmup and warmup:
                 marks["state0"] = (await conn.request("GET", "/v1/state?limit=1"))[1]
                 marks["t0"] = time.perf_counter()
             t = time.perf_counter()
-            status, reply = await conn.request("POST", "/v1/chat/completions",
-                                               body(i, agents, max_tokens))
+            try:
+                status, reply = await conn.request("POST", "/v1/chat/completions",
+                                                   body(i, agents, max_tokens))
+            except (OSError, asyncio.IncompleteReadError, ValueError):
+                status, reply = 0, None  # a broken connection is a failed call
             if i >= warmup:
                 if status == 200:
                     latencies.append(time.perf_counter() - t)
                     engine_lat.append(reply["topasd"]["latency_s"])
                 else:
                     errors += 1
+            if status == 0:
+                return
 
     await asyncio.gather(*(worker(c) for c in conns))
     wall = time.perf_counter() - marks["t0"]
+    stop.set()
+    if probe is not None:
+        await probe
     state1 = (await conns[0].request("GET", "/v1/state?limit=1"))[1]
     for c in conns:
         c.close()
+    for task in streams:
+        task.cancel()
+    await asyncio.gather(*streams, return_exceptions=True)
     s0, s1 = marks["state0"], state1
     pump = s1["loop"]["pump_wall_s"] - s0["loop"]["pump_wall_s"]
     decide = s1["loop"]["decide_wall_s"] - s0["loop"]["decide_wall_s"]
@@ -127,6 +180,10 @@ async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
         "scheduler_share": decide / wall, "engine_share": (pump - decide) / wall,
         "outside_share": max(0.0, 1.0 - pump / wall),
         "engine_time_s": s1["t"] - s0["t"],
+        **({"readers": readers, "events_read": sum(events), "health_probes": len(health),
+            "health_p50_ms": float(np.percentile(health, 50)) * 1e3,
+            "health_p99_ms": float(np.percentile(health, 99)) * 1e3,
+            "health_max_ms": max(health) * 1e3} if readers else {}),
     }
 
 
@@ -139,6 +196,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=at_least(1), default=64)
     ap.add_argument("--policy", default="topas")
     ap.add_argument("--profile", default="qwen2.5-32b-a100")
+    ap.add_argument("--readers", type=at_least(0), default=0,
+                    help="/v1/events readers throughout, and a /health probe")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
@@ -146,7 +205,7 @@ def main() -> None:
         proc, url = start_daemon(Path(tmp), args.policy, args.profile)
         try:
             res = asyncio.run(load(url, args.requests, args.warmup, args.concurrency,
-                                   args.agents, args.max_tokens))
+                                   args.agents, args.max_tokens, args.readers))
         finally:
             proc.terminate()
             proc.wait(60)
@@ -171,6 +230,10 @@ def main() -> None:
         f"| daemon wall time | scheduler {res['scheduler_share']:.1%}, engine "
         f"{res['engine_share']:.1%}, outside both {res['outside_share']:.1%} |",
         f"| decisions | {res['decisions']} ({res['engine_time_s']:.0f} s of engine time) |",
+        *([f"| /v1/events readers | {args.readers}, {res['events_read']:,} events read |",
+           f"| /health while loaded | p50 {res['health_p50_ms']:.1f} ms, p99 "
+           f"{res['health_p99_ms']:.1f} ms, max {res['health_max_ms']:.1f} ms "
+           f"({res['health_probes']} probes) |"] if args.readers else []),
         "",
         f"Load average {os.getloadavg()[0]:.2f} on {res['cpus']} CPUs while measuring.",
     ])
@@ -180,8 +243,11 @@ def main() -> None:
 
 
         command = "python " + " ".join(["bench/api_load.py", *sys.argv[1:]])
-        update_section(f"api_load-{args.policy}",
-                       f"## Daemon API load ({args.policy})\n\nCommand: `{command}`\n\n{text}")
+        name, title = f"api_load-{args.policy}", f"Daemon API load ({args.policy})"
+        if args.readers:
+            name += f"-readers{args.readers}"
+            title += f" with {args.readers} event-stream readers"
+        update_section(name, f"## {title}\n\nCommand: `{command}`\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from fastapi_offline import FastAPIOffline
 from topasd.api import errors, routes
 from topasd.api.auth import RequestGuard, auth_dependency
 from topasd.api.deps import Context, Reads, StateCache
+from topasd.api.sse import EventFeed
 from topasd.daemon.service import Service
 
 
@@ -30,7 +31,7 @@ def create_app(service: Service) -> FastAPI:
     read_auth = auth_dependency(settings, reads=True)
     reads = Reads([Depends(read_auth)], (401, 403)) if read_auth is not None else Reads([], ())
     errors.install(app)
-    ctx = Context(service, StateCache(service), guarded, mutating, reads)
+    ctx = Context(service, StateCache(service), guarded, mutating, reads, EventFeed(service.bus))
     for router in (routes.status(ctx), routes.control(ctx), routes.tasks(ctx),
                    routes.openai_compatible(ctx)):
         app.include_router(router)

@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from topasd.api.sse import EventFeed
 from topasd.daemon.errors import Unavailable
 from topasd.daemon.service import Service
 
@@ -71,3 +72,4 @@ class Context:
     guarded: list[Any]  # dependencies of the mutating endpoints (the bearer check)
     mutating: tuple[int, ...]  # the error statuses a mutating endpoint may answer
     reads: Reads
+    events: EventFeed  # what the /v1/events readers share

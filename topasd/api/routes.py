@@ -107,7 +107,8 @@ def control(ctx: Context) -> APIRouter:
             raise Invalid(f"since: {since} is beyond the newest event id {newest} (ids start "
                           "again at 1 when the daemon restarts); resume with since <= "
                           f"{newest}, or leave it out to stream from now")
-        return StreamingResponse(sse.event_stream(service, request, wanted, since, max_events),
+        return StreamingResponse(sse.event_stream(ctx.events, service.stopped, request, wanted,
+                                                  since, max_events),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
