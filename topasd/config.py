@@ -134,6 +134,14 @@ class Settings(BaseModel):
         "task after this many seconds without a call [default: 600; 0: never].")
     model: str = Field(default="topasd-sim", description="Model name listed by /v1/models "
                        "[default: topasd-sim; with --model-path, its folder's name].")
+    max_tasks: int = Field(
+        default=4096, ge=0, description="Admission control: a new task (POST /v1/tasks, a "
+        "call that opens one, a driver arrival) while this many are in flight is refused "
+        "with 429 and Retry-After [default: 4096; 0: no bound].")
+    max_waiting: int = Field(
+        default=4096, ge=0, description="Admission control: a new task while this many "
+        "requests wait in the engine is refused with 429 [default: 4096; 0: no bound]; "
+        "calls of tasks in flight are always taken.")
     grace: float = Field(default=30.0, ge=0, allow_inf_nan=False, description="Seconds "
                          "running work may finish after SIGTERM [default: 30].")
     runtime_file: str = Field(

@@ -27,7 +27,8 @@ def create_app(service: Service) -> FastAPI:
     app.add_middleware(RequestGuard, settings=settings)  # type: ignore[arg-type]
     auth = auth_dependency(settings)
     guarded: list[Any] = [Depends(auth)] if auth is not None else []
-    mutating = (400, 401, 403, 413, 422, 503) if auth is not None else (400, 413, 422, 503)
+    mutating = (400, 401, 403, 413, 422, 429, 503) if auth is not None else (
+        400, 413, 422, 429, 503)
     read_auth = auth_dependency(settings, reads=True)
     reads = Reads([Depends(read_auth)], (401, 403)) if read_auth is not None else Reads([], ())
     errors.install(app)

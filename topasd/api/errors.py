@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from topasd.api.models import ErrorBody
-from topasd.daemon.errors import ServiceError
+from topasd.daemon.errors import Busy, ServiceError
 from topasd.model import TopasError
 from topasd.scheduler.param_specs import SPEC_BY_NAME, canonical_param
 
@@ -28,6 +28,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (404, "Unknown id"),
         (409, "Conflicts with the task's state"),
         (413, "The body is larger than 16 MiB, or holds more than 100,000 JSON values"),
+        (429, "At capacity (max_tasks, max_waiting): retry after Retry-After seconds"),
         (422, "Invalid body or parameters"),
         (503, "Shutting down, or the engine loop is not answering"),
     )
@@ -61,6 +62,8 @@ def _is_utf8(body: bytes) -> bool:
 async def service_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServiceError)
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    if isinstance(exc, Busy):
+        headers = {"Retry-After": str(exc.retry_after)}
     return error(exc.status, exc.kind, str(exc), headers=headers)
 
 

@@ -58,6 +58,8 @@ class Collector:
                 ("topasd_prefix_computes", "Prefixes recomputed by prefill.",
                  c[EventKind.PREFIX_COMPUTE_START]),
                 ("topasd_param_changes", "Live parameter changes.", m.param_changes),
+                ("topasd_tasks_refused_busy", "New tasks refused at the admission bounds "
+                 "(max_tasks, max_waiting: 429).", svc.refused_busy),
                 ("topasd_engine_loop_seconds", "Wall time in the engine and scheduler.",
                  m.pump_wall_s),
                 ("topasd_scheduler_seconds", "Wall time in policy decisions.",

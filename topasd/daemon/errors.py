@@ -32,6 +32,18 @@ class Unavailable(ServiceError):
     kind = "unavailable_error"
 
 
+class Busy(ServiceError):
+    """New work refused while the daemon is at a bound of its admission control;
+    `retry_after`: seconds until the client may try again (its Retry-After)."""
+
+    status = 429
+    kind = "rate_limit_error"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class Withdrawn(ServiceError):
     """A call taken back before it finished: its client went away (nobody reads the
     reply; 499 is the status logs use for a client that closed the request)."""

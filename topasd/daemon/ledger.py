@@ -56,7 +56,7 @@ class TaskLedger:
 
     def __init__(self) -> None:
         self.entries: OrderedDict[int, TaskEntry] = OrderedDict()
-        self.refused: dict[int, None] = {}  # driver task ids refused (cannot fit)
+        self.refused: dict[int, str] = {}  # driver task ids never admitted: why
         self.next_id = 0
 
     def new_id(self) -> int:
@@ -74,9 +74,10 @@ class TaskLedger:
                     break
         return entry
 
-    def refuse(self, task_id: int) -> None:
-        """A driver task that cannot fit the KV budget (never admitted)."""
-        remember(self.refused, task_id, None, KEEP_FINISHED)
+    def refuse(self, task_id: int, why: str) -> None:
+        """A driver task never admitted, and why (it cannot fit the KV budget, the
+        daemon was at capacity)."""
+        remember(self.refused, task_id, why, KEEP_FINISHED)
 
     def finished(self, view: TaskView, t: float) -> None:
         entry = self.entries.get(view.id)
@@ -97,8 +98,8 @@ class TaskLedger:
         if entry is not None:
             return entry
         if task_id in self.refused:
-            raise NotFound(f"task {task_id} of the driver's trace was never admitted: it "
-                           "cannot fit the KV budget (see driver_rejected in /v1/state)")
+            raise NotFound(f"task {task_id} of the driver's trace was never admitted: "
+                           f"{self.refused[task_id]}")
         if 0 <= task_id < self.next_id:
             raise NotFound(f"task {task_id} finished long ago and is no longer kept in "
                            "memory; read it from the store (tasks table)")

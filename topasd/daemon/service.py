@@ -35,7 +35,7 @@ import numpy as np
 
 from store import Store
 from topasd.config import Settings
-from topasd.daemon import engine, state
+from topasd.daemon import admission, engine, state
 from topasd.daemon.bus import EventBus
 from topasd.daemon.calls import Call, CallBook, CallResult, CallSpec, OpenTask
 from topasd.daemon.clock import PacedClock
@@ -117,7 +117,8 @@ class Service:
         self._quantiles = quantile_rows(64, 64, 0)  # E[remaining path] samples (state)
         self.clock = PacedClock(None if settings.speed == "max" else float(settings.speed))
         self.ledger = TaskLedger()
-        self.rejected = 0
+        self.rejected = 0  # driver tasks that cannot fit the KV budget
+        self.refused_busy = 0  # new tasks refused at the admission bounds (429)
         self._cmds: deque[Command] = deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -342,9 +343,16 @@ class Service:
             record = self.feeder.pop(self.ledger.new_id(), self.workflows.active)
             if self._fit_problem(record) is not None:
                 self.rejected += 1
-                self.ledger.refuse(record.id)
+                self.ledger.refuse(record.id, "it cannot fit the KV budget (see "
+                                   "driver_rejected in /v1/state)")
                 log.warning("driver task %d of %s does not fit the KV budget; skipped",
                             record.id, record.workflow)
+                continue
+            busy = self._busy()
+            if busy is not None:
+                self.ledger.refuse(record.id, f"{busy} (see tasks_refused_busy in /v1/state)")
+                if self.refused_busy == 1:
+                    log.warning("driver task %d skipped: %s", record.id, busy)
                 continue
             self._arrive(record, "driver", record.arrival)
 
@@ -382,6 +390,18 @@ class Service:
         self.metrics.abandoned += 1
         log.info("task %d (%s, client id %r) abandoned: %s", task.id, task.workflow.name,
                  task.key[1] if task.key else None, why)
+
+    def _busy(self) -> admission.Busy | None:
+        """The refusal of a new task at the admission bounds (counted), or None."""
+        m = self.metrics
+        load = admission.Load(len(self.loop.book.tasks), sum(m.waiting.values()),
+                              m.counts[EventKind.TASK_FINISH],
+                              m.counts[EventKind.REQUEST_FINISH],
+                              time.time() - self.started_wall)
+        busy = admission.refusal(load, self.settings.max_tasks, self.settings.max_waiting)
+        if busy is not None:
+            self.refused_busy += 1
+        return busy
 
     def _check_stall(self) -> None:
         waiting = sum(self.metrics.waiting.values())
@@ -428,6 +448,9 @@ class Service:
     def _cmd_task(self, workflow: str, overrides: dict[str, dict[str, int]]) -> dict[str, Any]:
         if self._draining:
             raise Unavailable("the daemon is shutting down: not admitting new tasks")
+        busy = self._busy()
+        if busy is not None:
+            raise busy
         wf = self.workflows.registered(workflow)
         unknown = sorted(set(overrides) - set(wf.stages))
         if unknown:
@@ -468,6 +491,9 @@ class Service:
                           f"{self.limit.what}; {fix}")
         opened = task is None
         if task is None:
+            busy = self._busy()
+            if busy is not None:
+                raise busy
             key = None if spec.task_key is None else (wf.name, spec.task_key)
             task = self._open_task(wf, key, spec.task_key)
         k = task.take_round(stage)
@@ -592,6 +618,7 @@ class Service:
             "decisions": self.loop.decisions,
             "events": sum(m.counts.values()),
             "driver_rejected": self.rejected,
+            "tasks_refused_busy": self.refused_busy,
             "tasks_abandoned": m.abandoned,
         }
 
