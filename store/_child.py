@@ -6,11 +6,14 @@ Reads frames from stdin, each a little-endian u32 length and a `marshal`
 payload `(run_id, events, decisions, candidates, params)` of plain tuples
 (layouts below, built by `store.writer`), and commits each frame as one
 transaction: the rows, the `tasks` and `requests` rows the frame's events
-touched, and the run's row counts. A frame of length 0 is a barrier: a u64
-token follows, which the writer prints on stdout once everything before it
-is committed. At end of input (the store closed it, or its process died) it
-exits; a partial last frame is dropped. On an error it prints one line to
-stderr and exits 3.
+touched, and the run's row counts, then prints `c` on stdout (the frame is
+committed). A frame of length 0 is a barrier: a u64 token follows, which the
+writer prints as `b TOKEN` once everything before it is committed. At end of
+input (the store closed it, or its process died) it exits; a partial last
+frame is dropped. It first checks that it may write the file (a read-only one
+fails at once, not at the first frame). On an error it prints one line to
+stderr (SQLite's words: "database or disk is full", "attempt to write a
+readonly database", ...) and exits 3.
 
 A process of its own, because SQLite binding in a thread of the scheduling
 process would hold that process's GIL row by row.
@@ -173,7 +176,8 @@ def write_frame(conn: sqlite3.Connection, frame: tuple[Any, ...]) -> None:
                                    run])
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite may have rolled back already (a full disk)
+            conn.execute("ROLLBACK")
         raise
 
 
@@ -202,18 +206,26 @@ def main(argv: list[str]) -> int:
     # Ctrl-C in a terminal (or a signal to the daemon's process group) reaches
     # this child too: it must keep writing while the daemon drains, and it
     # stops on end of input when the daemon closes the pipe.
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # A file-size limit (RLIMIT_FSIZE) is a full disk to SQLite, not a reason to die.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_IGN)
     try:
         conn = sqlite3.connect(path, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("BEGIN IMMEDIATE")  # may this process write the file at all?
+        try:
+            conn.execute("DELETE FROM runs WHERE 0")
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
         for frame in read_frames(sys.stdin.buffer):
             if isinstance(frame, int):
-                sys.stdout.write(f"{frame}\n")
-                sys.stdout.flush()
+                sys.stdout.write(f"b {frame}\n")
             else:
                 write_frame(conn, frame)
+                sys.stdout.write("c\n")
+            sys.stdout.flush()
         conn.close()
     except Exception as exc:
         text = str(exc).strip().splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,8 +86,9 @@ class Store:
                 else CandidateFilter.parse(log_candidates))
         return StoreSink(self, spec, batch_rows=batch_rows, flush_s=flush_s)
 
-    def writer(self) -> WriterProcess:
-        """The file's writer process, started on first use, shared by its sinks."""
+    def writer(self, on_exit: Callable[[], None] | None = None) -> WriterProcess:
+        """The file's writer process, started on first use, shared by its sinks
+        (one that died is replaced); `on_exit` is called when it ends."""
         from store.writer import WriterProcess
 
         with self._lock:
@@ -94,7 +96,9 @@ class Store:
                 self._writer.close()  # reap a writer that died
                 self._writer = None
             if self._writer is None:
-                self._writer = WriterProcess(self.path)
+                self._writer = WriterProcess(self.path, on_exit)
+            else:
+                self._writer.on_exit = on_exit
             return self._writer
 
     def mark_interrupted(self) -> int:

@@ -31,9 +31,12 @@ are NULL. Candidates are written per `CandidateFilter`: `all`, `none`, or
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import marshal
 import os
+import signal
 import socket
 import sqlite3
 import struct
@@ -42,6 +45,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from operator import add, attrgetter
@@ -57,7 +61,10 @@ if TYPE_CHECKING:
     from store.db import Store
     from topasd.runner import RunInfo, RunResult
 
+log = logging.getLogger("topasd")
+
 CHILD = Path(__file__).with_name("_child.py")
+MAX_RESTARTS = 5  # writers a sink starts after the first one died
 MAX_PENDING = 1_000_000  # the scheduling thread waits when the writer is this far behind
 FRAME_ROWS = 50_000  # at most this many rows per frame (one transaction)
 
@@ -72,10 +79,58 @@ _CAND_TERMS = attrgetter("terms")
 _TERMS = attrgetter(*TERMS)
 
 
-class WriterProcess:
-    """The writer process of one store file; frames in on stdin, acks out on stdout."""
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A frame as sent: its run, how many rows of the run it and the frames
+    before it hold (events, decisions and parameter changes: what the file
+    counts), and its bytes (kept until the writer says it is committed)."""
 
-    def __init__(self, path: Path) -> None:
+    run_id: int
+    rows_through: int
+    data: bytes
+
+
+class _GaveUp(Exception):
+    """The sink stopped writing (its cause is recorded)."""
+
+
+class WriterDied(TopasError):
+    """The writer process ended; `cause` says why, `restartable` whether a new
+    writer may go on (it was killed, not refused by the file or the disk)."""
+
+    def __init__(self, cause: str, restartable: bool) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.restartable = restartable
+
+
+def death_cause(code: int, err: str) -> WriterDied:
+    """Why a writer that exited with `code` and last stderr line `err` ended."""
+    low = err.lower()
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return WriterDied(f"the writer process was killed ({name})", True)
+    if "disk is full" in low or "no space" in low:
+        return WriterDied(f"the disk is full (SQLite: {err})", False)
+    if "readonly" in low or "read-only" in low:
+        return WriterDied(f"the file is read-only (SQLite: {err})", False)
+    if "disk i/o error" in low:
+        return WriterDied(f"a disk I/O error (SQLite: {err})", False)
+    if code == 0 and not err:
+        return WriterDied("the writer process ended early (exit 0)", True)
+    return WriterDied(f"the writer process failed ({err or f'exit status {code}'})", False)
+
+
+class WriterProcess:
+    """The writer process of one store file: frames in on stdin, `c` (committed)
+    and `b TOKEN` (barrier) lines out on stdout, read by a thread of its own.
+    The frames sent and not yet committed are kept, so that a new writer can
+    be given them when this one dies."""
+
+    def __init__(self, path: Path, on_exit: Callable[[], None] | None = None) -> None:
         try:
             # its own session: a signal to the daemon's process group (Ctrl-C,
             # `timeout`) must not reach it before `_child.main` ignores signals
@@ -87,33 +142,57 @@ class WriterProcess:
             raise StoreError(f"cannot start the decision-log writer ({exc})") from None
         self._send_lock = threading.Lock()
         self._ack_lock = threading.Lock()
+        self._acks = threading.Condition()
         self._tokens = 0
+        self._acked_token = 0
+        self.unacked: deque[Frame] = deque()
+        self.ended = False
+        self.on_exit = on_exit
         self.error: str | None = None
+        self._death: WriterDied | None = None
+        self._stderr: str | None = None
+        threading.Thread(target=self._read_acks, name=f"topasd-writer-acks-{self.proc.pid}",
+                         daemon=True).start()
 
-    def send(self, run_id: int, frame: tuple[Any, ...]) -> None:
+    def send(self, run_id: int, frame: tuple[Any, ...], rows_through: int) -> None:
         """Queue one frame of rows of run `run_id` (BrokenPipeError if the writer died)."""
         try:
             body = marshal.dumps((run_id, *frame), 2)  # version 2: no refs, fastest
         except ValueError:  # numpy scalars or enums inside: convert, then retry
             body = marshal.dumps(_marshalable((run_id, *frame)), 2)
-        self._write(_HEADER.pack(len(body)) + body)
+        self.adopt([Frame(run_id, rows_through, _HEADER.pack(len(body)) + body)])
+
+
+
+    def adopt(self, frames: list[Frame]) -> None:
+        """Send `frames`, built before (e.g. for a writer that died); all of them
+        count as unacknowledged at once, so none is lost if this one dies too
+        (BrokenPipeError then)."""
+        with self._acks:
+            self.unacked.extend(frames)
+        for frame in frames:
+            self._write(frame.data)
 
     def barrier(self) -> None:
-        """Return once every frame sent before is committed (StoreError if not)."""
+        """Return once every frame sent before is committed (WriterDied if not)."""
         with self._ack_lock:
             self._tokens += 1
             token = self._tokens
-            try:
+            with contextlib.suppress(BrokenPipeError):  # the wait below sees the end
                 self._write(_HEADER.pack(0) + struct.pack("<Q", token))
-                assert self.proc.stdout is not None
-                while True:
-                    line = self.proc.stdout.readline()
-                    if not line:
-                        raise BrokenPipeError
-                    if int(line) == token:
-                        return
-            except (BrokenPipeError, ValueError):
-                raise StoreError(f"decision log writer failed ({self._reap()})") from None
+            with self._acks:
+                while self._acked_token < token and not self.ended:
+                    self._acks.wait()
+                if self._acked_token >= token:
+                    return
+        raise self.death()
+
+    def death(self) -> WriterDied:
+        """Why the writer ended (waits for it to exit)."""
+        if self._death is None:
+            err = self._reap()
+            self._death = death_cause(self.proc.returncode, err)
+        return self._death
 
     def close(self) -> None:
         """End of input: the writer commits what it holds and exits."""
@@ -122,28 +201,51 @@ class WriterProcess:
             self.error = err
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.proc.poll() is None and not self.ended
+
+    def _read_acks(self) -> None:
+        assert self.proc.stdout is not None
+        with contextlib.suppress(ValueError, OSError):
+            for line in self.proc.stdout:
+                with self._acks:
+                    if line == b"c\n":
+                        self.unacked.popleft()
+                    elif line.startswith(b"b "):
+                        self._acked_token = int(line[2:])
+                        self._acks.notify_all()
+        with self._acks:
+            self.ended = True
+            self._acks.notify_all()
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
+        if self.on_exit is not None:
+            self.on_exit()
 
     def _write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
         with self._send_lock:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+            except ValueError:  # closed by _reap: as a writer that is gone
+                raise BrokenPipeError from None
 
     def _reap(self) -> str:
+        """Close the input, wait for the exit; the last stderr line of a failure."""
         proc = self.proc
-        try:
-            if proc.stdin is not None and not proc.stdin.closed:
-                proc.stdin.close()
-        except OSError:
-            pass
-        err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+        with self._send_lock:
+            with contextlib.suppress(OSError):
+                if proc.stdin is not None and not proc.stdin.closed:
+                    proc.stdin.close()
+            if self._stderr is None:
+                self._stderr = proc.stderr.read().decode(errors="replace").strip() \
+                    if proc.stderr else ""
+                if proc.stderr is not None:
+                    proc.stderr.close()
         code = proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
         if code != 0:
-            return err.splitlines()[-1] if err else f"writer exited with status {code}"
+            return self._stderr.splitlines()[-1] if self._stderr else \
+                f"writer exited with status {code}"
         return ""
 
 
@@ -214,6 +316,9 @@ class StoreSink:
         self._error: str | None = None
         self._seq = 0
         self._sent = 0
+        self._rows = 0  # rows of the run sent so far, as the file counts them
+        self.restarts = 0  # writers that took over from one that died
+        self.on_failure: Callable[[str], None] | None = None  # told the cause, once
 
     # ------------------------------------------------------- RunHooks
 
@@ -234,7 +339,7 @@ class StoreSink:
             self.run_id = int(self.store.db.table("runs").insert(row).last_pk)  # type: ignore[arg-type]
         except sqlite3.Error as exc:
             raise StoreError(f"{self.store.path}: cannot start a run ({exc})") from None
-        self._writer = self.store.writer()
+        self._writer = self.store.writer(on_exit=self._wake.set)
         self._thread = threading.Thread(target=self._feed, name=f"topasd-store-{self.run_id}",
                                         daemon=True)
         self._thread.start()
@@ -248,12 +353,18 @@ class StoreSink:
             text = _one_line(error)
         elif self._error is not None:
             status, text = "failed", f"decision log writer: {self._error}"
-        self.store.db.execute(
-            "UPDATE runs SET finished_ts = ?, status = ?, summary = ?, error = ? WHERE id = ?",
-            [time.time(), status, _summary(result), text, self.run_id])
+        try:
+            self.store.db.execute(
+                "UPDATE runs SET finished_ts = ?, status = ?, summary = ?, error = ? "
+                "WHERE id = ?", [time.time(), status, _summary(result), text, self.run_id])
+            row = ""
+        except sqlite3.Error as exc:
+            row = f"; the run's row could not be updated either ({exc})"
         if error is None and self._error is not None:
-            raise StoreError(f"{self.store.path}: writing the decision log failed "
-                             f"({self._error})")
+            raise StoreError(f"{self.store.path}: writing the decision log failed: "
+                             f"{self._error}{row}")
+        if row:
+            raise StoreError(f"{self.store.path}: the run is logged{row}")
 
     # ------------------------------------------------------- RunSink
 
@@ -284,14 +395,12 @@ class StoreSink:
     def sync(self) -> None:
         """Return once every decision, event and parameter change recorded before
         the call is committed (e.g. a change the API is about to acknowledge)."""
-        writer = self._writer
-        if self._error is not None or self._thread is None or writer is None:
+        if self._error is not None or self._thread is None or self._writer is None:
             self._fail()
         try:  # the rows pending now go in the first frames sent from here on
             self._send_pending(1 + max(len(self._events), len(self._decisions)) // FRAME_ROWS)
-            writer.barrier()
-        except BrokenPipeError:
-            self._error = "the writer process ended early"
+            self._barrier()
+        except _GaveUp:
             self._fail()
 
     def close(self) -> None:
@@ -301,14 +410,12 @@ class StoreSink:
             self._wake.set()
             self._thread.join()
             self._thread = None
-        writer, self._writer = self._writer, None
-        if writer is None:
+        if self._writer is None:
             return
         if self._error is None:
-            try:
-                writer.barrier()
-            except StoreError as exc:
-                self._error = str(exc)
+            with contextlib.suppress(_GaveUp):
+                self._barrier()
+        self._writer = None
         if self._error is None:
             self.rows_written = self._sent
 
@@ -329,17 +436,17 @@ class StoreSink:
                 self._send_pending()
                 if stopping:
                     return
-        except BrokenPipeError:
-            self._error = "the writer process ended early"
-        except StoreError as exc:
-            self._error = str(exc)
+        except _GaveUp:
+            pass
         except Exception as exc:
-            self._error = _one_line(exc)
+            self._give_up(_one_line(exc), raise_=False)
 
     def _send_pending(self, frames: int | None = None) -> None:
         """Send what is pending, in at most `frames` frames (None: all of it); one
         sender at a time, so frames stay in order."""
         with self._frames:
+            if self._writer is not None and self._writer.ended:
+                self._recover()
             sent = 0
             while (self._events or self._decisions or self._params) and (
                     frames is None or sent < frames):
@@ -361,8 +468,79 @@ class StoreSink:
         rows = list(map(add, map(_KIND1.__getitem__, map(_KIND, events)),
                         map(_EVENT_REST, events)))
         assert self._writer is not None and self.run_id is not None
-        self._writer.send(self.run_id, (rows, decisions, cands, params))
+        self._rows += len(rows) + len(decisions) + len(params)
+        try:
+            self._writer.send(self.run_id, (rows, decisions, cands, params), self._rows)
+        except BrokenPipeError:  # kept among the writer's unacknowledged frames
+            self._recover()
         self._sent += len(rows) + len(decisions) + len(params) + sum(len(c[3]) for c in cands)
+
+    # ------------------------------------------------------- a writer that died
+
+    def _barrier(self) -> None:
+        """`WriterProcess.barrier` on the current writer, through its restarts."""
+        while True:
+            assert self._writer is not None
+            try:
+                self._writer.barrier()
+                return
+            except WriterDied:
+                with self._frames:
+                    self._recover()
+
+    def _recover(self) -> None:
+        """The writer died: when it was killed (not refused by the disk or the
+        file), the file is sound and MAX_RESTARTS is not reached, a new writer
+        gets every frame the file does not hold yet, so nothing is lost; else
+        `_give_up` with the cause. Call with `_frames` held."""
+        while self._writer is not None and self._writer.ended:
+            old = self._writer
+            death = old.death()
+            if not death.restartable:
+                self._give_up(death.cause)
+            if self.restarts >= MAX_RESTARTS:
+                self._give_up(f"{death.cause}, after {self.restarts} restarts")
+            problem = self._unsound()
+            if problem is not None:
+                self._give_up(f"{death.cause}; {problem}")
+            frames = self._uncommitted(old.unacked)
+            self._writer = self.store.writer(on_exit=self._wake.set)
+            self.restarts += 1
+            log.warning("decision log %s: %s; a new writer took over (%d frame(s) sent again, "
+                        "none lost)", self.store.path, death.cause, len(frames))
+            with contextlib.suppress(BrokenPipeError):  # (it died too: the loop sees it)
+                self._writer.adopt(frames)
+
+    def _unsound(self) -> str | None:
+        """Why the file may not be written on (None: `PRAGMA quick_check` is ok)."""
+        try:
+            verdict = str(self.store.db.execute("PRAGMA quick_check").fetchone()[0])
+        except sqlite3.Error as exc:
+            return f"the file cannot be checked ({exc})"
+        return None if verdict == "ok" else f"the file is not sound (quick_check: {verdict})"
+
+    def _uncommitted(self, frames: deque[Frame]) -> list[Frame]:
+        """`frames` the file does not hold: by each run's row counts, which a
+        frame's transaction updates with its rows."""
+        held: dict[int, int] = {}
+        for run_id in {f.run_id for f in frames}:
+            held[run_id] = self.store.db.execute(
+                "SELECT (SELECT events + decisions FROM runs WHERE id = :r) + "
+                "(SELECT count(*) FROM param_changes WHERE run_id = :r)",
+                {"r": run_id}).fetchone()[0] or 0
+        return [f for f in frames if f.rows_through > held[f.run_id]]
+
+    def _give_up(self, cause: str, raise_: bool = True) -> None:
+        """Record the cause (the run's error, the sink's failures) and tell
+        `on_failure`, once; raises _GaveUp unless told not to."""
+        if self._error is None:
+            self._error = cause
+            log.error("decision log %s: %s; nothing more is written to it", self.store.path,
+                      cause)
+            if self.on_failure is not None:
+                self.on_failure(cause)
+        if raise_:
+            raise _GaveUp
 
     def _decision_rows(self, d: Decision, wall_ts: float, out: list[tuple[Any, ...]],
                        cands: list[tuple[Any, ...]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -522,7 +523,7 @@ def test_sigkill_mid_run_leaves_a_sound_file_that_the_next_run_appends_to(
         assert q.jct_stats(store.db, 2)["tasks"] == 5
 
 
-def test_runs_of_one_store_share_one_writer_and_a_dead_writer_is_an_error(
+def test_runs_of_one_store_share_one_writer_and_a_killed_writer_is_replaced_losing_nothing(
         tmp_path: Path) -> None:
     path = tmp_path / "w.db"
     trace = small_trace(tasks=3)
@@ -539,21 +540,60 @@ def test_runs_of_one_store_share_one_writer_and_a_dead_writer_is_an_error(
     assert os.getpgid(writer.proc.pid) != os.getpgid(0)
     sink = store.sink()
     sink.run_started(RunInfo("fcfs", "sim", "small", {}, "dag4", 0, {}))
-    os.kill(writer.proc.pid, signal.SIGKILL)
-    writer.proc.wait()
-    with pytest.raises(StoreError, match="decision log") as failure:
-        for i in range(5000):  # the error surfaces in event() or at the end
-            sink.event(EngineEvent(float(i), EventKind.TASK_ARRIVE, task_id=i))
-        sink.run_finished(None, None)
-    if q.get_run(store.db, sink.run_id).status == "running":  # raised by event(): the
-        sink.run_finished(None, failure.value)  # runner closes the run with its error
-    assert q.get_run(store.db, sink.run_id).status == "failed"
+    killed = set()
+    for i in range(20_000):  # killed four times while its frames are on the way
+        sink.event(EngineEvent(float(i), EventKind.TASK_ARRIVE, task_id=i))
+        if i % 5000 == 4999:
+            victim = store.writer().proc  # the sink's writer (it took over the last one)
+            killed.add(victim.pid)
+            os.kill(victim.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while sink.restarts < len(killed):  # the sink notices the end by itself
+                assert time.monotonic() < deadline, "the killed writer was not replaced"
+                time.sleep(0.01)
+    sink.run_finished(None, None)
+    assert sink.restarts == len(killed) == 4 and store.writer().proc.pid not in killed
+    run = q.get_run(store.db, sink.run_id)
+    assert run.status == "done" and run.error is None
+    n, distinct = store.db.execute(
+        "SELECT count(*), count(DISTINCT task_id) FROM engine_events WHERE run_id = ?",
+        [sink.run_id]).fetchone()
+    assert n == distinct == 20_000  # every event once: none lost, none twice
     store.close()
-    with Store(path) as again:  # the file is sound, and a new writer starts
+    with Store(path) as again:
         assert again.integrity() == "ok"
-        sink = again.sink()
-        Run(trace, make_policy("fcfs"), SimBackend(get_profile("small")), sink=sink).execute()
-        assert q.get_run(again.db, sink.run_id).status == "done"
+
+
+@pytest.mark.skipif(shutil.which("chattr") is None, reason="needs chattr (e2fsprogs)")
+def test_a_writer_the_file_refuses_is_not_restarted_and_the_run_says_why(
+        tmp_path: Path) -> None:
+    path = tmp_path / "ro.db"
+    store = Store(path)
+    sink = store.sink()
+    failures: list[str] = []
+    sink.on_failure = failures.append
+    sink.run_started(RunInfo("fcfs", "sim", "small", {}, "dag4", 0, {}))
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable attribute")
+    try:
+        victim = store.writer().proc
+        os.kill(victim.pid, signal.SIGKILL)  # its successor cannot write the file
+        with pytest.raises(StoreError, match="the file is read-only") as failure:
+            for i in range(100_000):
+                sink.event(EngineEvent(float(i), EventKind.TASK_ARRIVE, task_id=i))
+            sink.sync()
+        assert "attempt to write a readonly database" in str(failure.value)
+        assert failures == ["the file is read-only (SQLite: OperationalError: attempt to "
+                            "write a readonly database)"]
+        assert sink.restarts == 1  # the killed one was replaced; the refused one is not
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    with pytest.raises(StoreError, match="writing the decision log failed: the file is "
+                       "read-only"):
+        sink.run_finished(None, None)
+    assert q.get_run(store.db, sink.run_id).error.startswith(
+        "decision log writer: the file is read-only")
+    store.close()
 
 
 def test_readers_do_not_write_into_an_empty_file_and_failed_replays_leave_no_log(

@@ -58,8 +58,9 @@ def status(ctx: Context) -> APIRouter:
     @router.get("/ready", response_model=Ready, responses=responses(503))
     async def ready() -> Ready:
         """The engine loop runs and admits work."""
-        if not service.ready:
-            raise Unavailable("the engine is not running (starting, shutting down or failed)")
+        reason = service.unready_reason
+        if reason is not None:
+            raise Unavailable(reason)
         return Ready(ready=True)
 
     @router.get("/metrics", response_class=Response, dependencies=ctx.reads.guarded,

@@ -157,9 +157,13 @@ def serve(settings: Settings, on_ready: Callable[[dict[str, Any]], None] | None 
         runtime.remove_if_ours()
         with contextlib.suppress(OSError):
             sock.close()
-    if service.crash is not None:
+    if service.crash is not None or service.store_problem is not None:
         code = 1
-    log.info("topasd stopped (store %s flushed, exit %d)", settings.db, code)
+    if service.store_problem is None:
+        log.info("topasd stopped (store %s flushed, exit %d)", settings.db, code)
+    else:
+        log.error("topasd stopped (store %s NOT fully written: %s; exit %d)", settings.db,
+                  service.store_problem, code)
     return code
 
 

@@ -8,7 +8,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from store import StoreSink
+from store import StoreError, StoreSink
 from topasd.daemon.bus import DecisionSummary, EventBus
 from topasd.daemon.metrics import Metrics
 from topasd.model import Candidate, Decision, EngineEvent, EventKind
@@ -35,9 +35,20 @@ class Recorder:
         # E[remaining path] for /v1/state: the daemon's own F_{a,v} (Eq. 5), fed by the
         # same completions as the policy's, whatever the policy
         self.service_model = ServiceModel()
+        self.store_failed = False
+
+    def _logged(self, write: Callable[[Any], None], item: Any) -> None:
+        """Write `item` to the store unless the store failed (the sink then told
+        the service why; running work goes on, unlogged)."""
+        if self.store_failed:
+            return
+        try:
+            write(item)
+        except StoreError:
+            self.store_failed = True
 
     def decision(self, d: Decision) -> None:
-        self.store.decision(d)
+        self._logged(self.store.decision, d)
         with self._details_lock:
             self._details[d.seq] = (d, self._version())
             if len(self._details) > DETAIL_DECISIONS:
@@ -48,7 +59,7 @@ class Recorder:
         self.metrics.decision(d.wall_ms)
 
     def event(self, ev: EngineEvent) -> None:
-        self.store.event(ev)
+        self._logged(self.store.event, ev)
         self.bus.put("event", ev)
         self.metrics.event(ev)
         if ev.kind is EventKind.REQUEST_FINISH:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from store import Store
+from store import Store, StoreError
 from topasd.config import Settings
 from topasd.daemon import admission, engine, state
 from topasd.daemon.bus import EventBus
@@ -99,6 +99,8 @@ class Service:
             raise
         self.store = Store(settings.db)
         self.store_sink = self.store.sink(settings.log_candidates)
+        self.store_sink.on_failure = self._store_failed
+        self.store_problem: str | None = None  # why the decision log stopped, if it did
         self.bus = EventBus()
         self.metrics = Metrics()
         self.params_version = 0
@@ -157,8 +159,26 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        return (self._thread is not None and self._thread.is_alive() and not self._draining
-                and self.crash is None)
+        return self.unready_reason is None
+
+    @property
+    def unready_reason(self) -> str | None:
+        """Why the daemon admits no work now (None: it does)."""
+        if self.store_problem is not None:
+            return (f"the decision log failed ({self.store_problem}): no work is admitted "
+                    "until the daemon is restarted")
+        if self._thread is None or not self._thread.is_alive() or self.crash is not None:
+            return "the engine is not running (starting, stopped or failed)"
+        if self._draining:
+            return "the daemon is shutting down"
+        return None
+
+    def _store_failed(self, cause: str) -> None:
+        """The store sink gave up (its thread): stop admitting work, at once."""
+        self.store_problem = cause
+        log.error("not admitting work any more: the decision log failed (%s); running "
+                  "work goes on unlogged, restart the daemon once that is fixed", cause)
+        self._wake.set()
 
     @property
     def alive(self) -> bool:
@@ -191,7 +211,11 @@ class Service:
                            finishes=dict(book.finishes), requests_finished=loop.requests_finished,
                            decisions=loop.decisions, decision_ms=loop.decision_ms,
                            stats=self.backend.stats, wall_s=time.time() - self.started_wall)
-        self.store_sink.run_finished(None if self.crash else result, self.crash)
+        try:
+            self.store_sink.run_finished(None if self.crash else result, self.crash)
+        except StoreError as exc:
+            self.store_problem = self.store_problem or str(exc)
+            log.error("%s", exc)
         self.store.close()
         self.backend.close()
 
@@ -333,7 +357,7 @@ class Service:
             self._feed()
 
     def _next_arrival(self) -> float | None:
-        if self.feeder is None or self._draining:
+        if self.feeder is None or self._draining or self.store_problem is not None:
             return None
         return self.feeder.next_arrival
 
@@ -446,6 +470,7 @@ class Service:
     # ------------------------------------------------------------ commands
 
     def _cmd_task(self, workflow: str, overrides: dict[str, dict[str, int]]) -> dict[str, Any]:
+        self._refuse_unlogged()
         if self._draining:
             raise Unavailable("the daemon is shutting down: not admitting new tasks")
         busy = self._busy()
@@ -475,6 +500,7 @@ class Service:
     def _cmd_call(self, fut: Future[CallResult], spec: CallSpec) -> None:
         if not fut.set_running_or_notify_cancel():
             return  # the client went away before the call reached the engine
+        self._refuse_unlogged()
         wf, stage, task = self.calls.route(spec, self.workflows, self._draining)
         agent = wf.stages[stage].agent
         prefix = wf.agents[agent].prefix_tokens
@@ -540,6 +566,7 @@ class Service:
 
     def _cmd_params(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Validate and apply a parameter change (between two decisions); log it."""
+        self._refuse_unlogged()
         changes = {canonical_param(k): v for k, v in changes.items()}
         new_name = changes.pop("policy", None)
         t = self.backend.t
@@ -623,6 +650,12 @@ class Service:
         }
 
     # ----------------------------------------------------------- helpers
+
+    def _refuse_unlogged(self) -> None:
+        """Unavailable once the decision log failed: no work it could not record."""
+        if self.store_problem is not None:
+            raise Unavailable(f"not admitting work: the decision log failed "
+                              f"({self.store_problem}); restart the daemon once that is fixed")
 
     def _fit_problem(self, record: TaskRecord) -> str | None:
         problem = record.oversized_round(self.workflows.active[record.workflow],
