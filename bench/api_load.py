@@ -164,11 +164,19 @@ async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
     for task in streams:
         task.cancel()
     await asyncio.gather(*streams, return_exceptions=True)
-    s0, s1 = marks["state0"], state1
+    return summary(marks["state0"], state1, wall, latencies, engine_lat, errors) | (
+        {"readers": readers, "events_read": sum(events), "health_probes": len(health),
+         "health_p50_ms": float(np.percentile(health, 50)) * 1e3,
+         "health_p99_ms": float(np.percentile(health, 99)) * 1e3,
+         "health_max_ms": max(health) * 1e3} if readers else {})
+
+
+def summary(s0: dict[str, Any], s1: dict[str, Any], wall: float, latencies: list[float],
+            engine_lat: list[float], errors: int) -> dict[str, Any]:
+    """The measures of one load window, between the daemon's states `s0` and `s1`."""
     pump = s1["loop"]["pump_wall_s"] - s0["loop"]["pump_wall_s"]
     decide = s1["loop"]["decide_wall_s"] - s0["loop"]["decide_wall_s"]
     lat = np.array(latencies) * 1e3
-    decisions = s1["counts"]["decisions"] - s0["counts"]["decisions"]
     return {
         "requests": len(latencies), "errors": errors, "wall_s": wall,
         "rate_req_s": len(latencies) / wall,
@@ -176,15 +184,36 @@ async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
         "mean_ms": float(lat.mean()),
         "engine_p50_s": float(np.percentile(engine_lat, 50)),
         "engine_p99_s": float(np.percentile(engine_lat, 99)),
-        "decisions": decisions,
+        "decisions": s1["counts"]["decisions"] - s0["counts"]["decisions"],
         "scheduler_share": decide / wall, "engine_share": (pump - decide) / wall,
         "outside_share": max(0.0, 1.0 - pump / wall),
         "engine_time_s": s1["t"] - s0["t"],
-        **({"readers": readers, "events_read": sum(events), "health_probes": len(health),
-            "health_p50_ms": float(np.percentile(health, 50)) * 1e3,
-            "health_p99_ms": float(np.percentile(health, 99)) * 1e3,
-            "health_max_ms": max(health) * 1e3} if readers else {}),
     }
+
+
+def report(args: argparse.Namespace, res: dict[str, Any]) -> str:
+    """The results table of one run."""
+    return "\n".join([
+        f"/v1/chat/completions on the sim (unpaced), policy {args.policy}, "
+        f"{args.concurrency} clients, {args.agents} agents, max_tokens {args.max_tokens}:",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| sustained rate | {res['rate_req_s']:.1f} req/s ({res['requests']} requests, "
+        f"{res['errors']} errors, {res['wall_s']:.1f} s) |",
+        f"| latency (wall) | p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms |",
+        f"| latency (engine time) | p50 {res['engine_p50_s']:.1f} s, "
+        f"p99 {res['engine_p99_s']:.1f} s |",
+        f"| daemon wall time | scheduler {res['scheduler_share']:.1%}, engine "
+        f"{res['engine_share']:.1%}, outside both {res['outside_share']:.1%} |",
+        f"| decisions | {res['decisions']} ({res['engine_time_s']:.0f} s of engine time) |",
+        *([f"| /v1/events readers | {args.readers}, {res['events_read']:,} events read |",
+           f"| /health while loaded | p50 {res['health_p50_ms']:.1f} ms, p99 "
+           f"{res['health_p99_ms']:.1f} ms, max {res['health_max_ms']:.1f} ms "
+           f"({res['health_probes']} probes) |"] if args.readers else []),
+        "",
+        f"Load average {os.getloadavg()[0]:.2f} on {res['cpus']} CPUs while measuring.",
+    ])
 
 
 def main() -> None:
@@ -216,27 +245,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    text = "\n".join([
-        f"/v1/chat/completions on the sim (unpaced), policy {args.policy}, "
-        f"{args.concurrency} clients, {args.agents} agents, max_tokens {args.max_tokens}:",
-        "",
-        "| measure | value |",
-        "|---|---|",
-        f"| sustained rate | {res['rate_req_s']:.1f} req/s ({res['requests']} requests, "
-        f"{res['errors']} errors, {res['wall_s']:.1f} s) |",
-        f"| latency (wall) | p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms |",
-        f"| latency (engine time) | p50 {res['engine_p50_s']:.1f} s, "
-        f"p99 {res['engine_p99_s']:.1f} s |",
-        f"| daemon wall time | scheduler {res['scheduler_share']:.1%}, engine "
-        f"{res['engine_share']:.1%}, outside both {res['outside_share']:.1%} |",
-        f"| decisions | {res['decisions']} ({res['engine_time_s']:.0f} s of engine time) |",
-        *([f"| /v1/events readers | {args.readers}, {res['events_read']:,} events read |",
-           f"| /health while loaded | p50 {res['health_p50_ms']:.1f} ms, p99 "
-           f"{res['health_p99_ms']:.1f} ms, max {res['health_max_ms']:.1f} ms "
-           f"({res['health_probes']} probes) |"] if args.readers else []),
-        "",
-        f"Load average {os.getloadavg()[0]:.2f} on {res['cpus']} CPUs while measuring.",
-    ])
+    text = report(args, res)
     print(text)
     if args.write:
         import sys
