@@ -14,7 +14,8 @@ which the engine loop was not running).
     python bench/api_load.py [--requests 3000] [--concurrency 64] [--policy topas] [--json]
 
 With `--readers N`, N clients read the `/v1/events` stream throughout, and
-one more polls `GET /health` back to back while the calls run: the report
+one more, in a process of its own, polls `GET /health` back to back while
+the calls run: the report
 adds its latency (p50, p99, max), how many events the readers received, and
 every failed call (a non-200 answer or a broken connection). The issue-28
 run: `--readers 100 --concurrency 1000 --requests 1000 --warmup 0`.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -100,17 +102,24 @@ async def read_events(host: str, port: int, counts: list[int]) -> None:
         writer.close()
 
 
-async def probe_health(host: str, port: int, stop: asyncio.Event, lat: list[float]) -> None:
-    """`GET /health` back to back until `stop`; each answer's wall latency."""
-    conn = await Conn.open(host, port)
-    try:
-        while not stop.is_set():
-            t = time.perf_counter()
-            status, _ = await conn.request("GET", "/health")
-            assert status == 200, status
-            lat.append(time.perf_counter() - t)
-    finally:
-        conn.close()
+def probe_health(host: str, port: int, stop: Any, out: Any) -> None:
+    """`GET /health` back to back until `stop` is set; sends each answer's wall
+    latency to `out`. It runs in a process of its own, so that what it
+    measures is the daemon, not this client's event loop busy with a thousand
+    calls and a hundred streams."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=120)
+    lat: list[float] = []
+    while not stop.is_set():
+        t = time.perf_counter()
+        conn.request("GET", "/health")
+        reply = conn.getresponse()
+        reply.read()
+        assert reply.status == 200, reply.status
+        lat.append(time.perf_counter() - t)
+    conn.close()
+    out.send(lat)
 
 
 async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
@@ -124,9 +133,11 @@ async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
     events: list[int] = []
     streams = [asyncio.create_task(read_events(host, int(port), events)) for _ in range(readers)]
     conns = [await Conn.open(host, int(port)) for _ in range(concurrency)]
-    health: list[float] = []
-    stop = asyncio.Event()
-    probe = asyncio.create_task(probe_health(host, int(port), stop, health)) if readers else None
+    stop, (got, out) = multiprocessing.Event(), multiprocessing.Pipe(duplex=False)
+    probe = multiprocessing.Process(target=probe_health, args=(host, int(port), stop, out),
+                                    daemon=True) if readers else None
+    if probe is not None:
+        probe.start()
 
     if warmup == 0:  # the window opens before the first call
         marks["state0"] = (await conns[0].request("GET", "/v1/state?limit=1"))[1]
@@ -156,8 +167,7 @@ async def load(url: str, n: int, warmup: int, concurrency: int, agents: int,
     await asyncio.gather(*(worker(c) for c in conns))
     wall = time.perf_counter() - marks["t0"]
     stop.set()
-    if probe is not None:
-        await probe
+    health: list[float] = await asyncio.to_thread(got.recv) if probe is not None else []
     state1 = (await conns[0].request("GET", "/v1/state?limit=1"))[1]
     for c in conns:
         c.close()

@@ -2,9 +2,9 @@
 keeps its own cursor in the event bus; one that falls behind skips ahead and
 is told how many it missed (`lag`); the scheduler never waits for a reader.
 The readers share one `EventFeed`: each event is JSON-encoded once for all of
-them, and a reader takes at most BATCH events per turn of the event loop, so
-that a hundred readers with a backlog leave the loop to the requests between
-their batches."""
+them, they are woken for news at most every WAKE_INTERVAL_S, and a reader
+takes at most BATCH events per turn of the event loop, so that a hundred
+readers with a backlog leave the loop to the requests between their batches."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from topasd.daemon.errors import Invalid
 from topasd.model import EventKind
 
 BATCH = 256  # events one reader takes per turn of the event loop
+WAKE_INTERVAL_S = 0.025  # readers are woken for news at most this often
 
 
 def kinds(text: str | None) -> frozenset[str] | None:
@@ -50,6 +51,7 @@ class EventFeed:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed: asyncio.Event | None = None
         self._waking = False
+        self._last_wake = -WAKE_INTERVAL_S
 
     def changed(self) -> asyncio.Event:
         """An event set once the bus has news after this call (take it before
@@ -66,9 +68,18 @@ class EventFeed:
             return
         self._waking = True
         with contextlib.suppress(RuntimeError):  # the server's loop already closed
-            self._loop.call_soon_threadsafe(self._wake)
+            self._loop.call_soon_threadsafe(self._schedule)
+
+    def _schedule(self) -> None:
+        """Wake the readers, at most once per WAKE_INTERVAL_S: each wake-up costs a
+        turn of every reader, and the news of the meantime goes in one turn."""
+        assert self._loop is not None
+        delay = self._last_wake + WAKE_INTERVAL_S - self._loop.time()
+        self._loop.call_later(max(0.0, delay), self._wake)
 
     def _wake(self) -> None:
+        assert self._loop is not None
+        self._last_wake = self._loop.time()
         self._waking = False
         old, self._changed = self._changed, asyncio.Event()
         if old is not None:
