@@ -90,6 +90,7 @@ _SPELLING: dict[str, dict[str, Any]] = {
     "seed": {"short": "-s"},
     "workflows": {"flag": "--workflow", "metavar": "SPEC"},
     "runtime_file": {"metavar": "FILE"},
+    "token_file": {"metavar": "FILE"},
     "log_file": {"metavar": "FILE"},
 }
 
