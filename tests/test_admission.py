@@ -67,6 +67,21 @@ def test_at_max_waiting_new_tasks_get_429(tmp_path: Path) -> None:
         assert d.stop() == 0
 
 
+def test_driver_arrivals_beyond_max_tasks_are_refused_and_counted(tmp_path: Path) -> None:
+    """Unpaced, so engine time decides: 20 chain3 tasks 0.02 s apart, each in
+    flight for far longer, one place: the first runs, the others are refused."""
+    with Daemon(tmp_path, "--workload", "chain3", "--rate", "50", "--tasks", "20",
+                "--max-tasks", "1", "--log-level", "warning") as d:
+        st = d.wait_for(lambda st: st["counts"]["tasks_finished"]
+                        + st["counts"]["tasks_refused_busy"] == 20)
+        assert st["counts"]["tasks_arrived"] == 1 and st["counts"]["tasks_refused_busy"] == 19
+        r = d.http.get("/v1/tasks/5")
+        assert r.status_code == 404 and "was never admitted: the daemon is at capacity: 1 " \
+            "tasks in flight (max_tasks 1)" in r.json()["error"]["message"]
+        assert d.stop() == 0
+    assert d.log.read_text().count("driver task 1 skipped, and any more while") == 1
+
+
 @pytest.mark.parametrize(("load", "bounds", "expected"), [
     (Load(10, 0, 0, 0, 5.0), (10, 0), 1),  # nothing finished yet: retry in a second
     (Load(10, 0, 100, 0, 50.0), (10, 0), 1),  # 2 tasks/s: one frees within a second

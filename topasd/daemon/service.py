@@ -121,6 +121,7 @@ class Service:
         self.ledger = TaskLedger()
         self.rejected = 0  # driver tasks that cannot fit the KV budget
         self.refused_busy = 0  # new tasks refused at the admission bounds (429)
+        self._driver_refused = False  # a driver task was refused so (logged once)
         self._cmds: deque[Command] = deque()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -375,8 +376,11 @@ class Service:
             busy = self._busy()
             if busy is not None:
                 self.ledger.refuse(record.id, f"{busy} (see tasks_refused_busy in /v1/state)")
-                if self.refused_busy == 1:
-                    log.warning("driver task %d skipped: %s", record.id, busy)
+                if not self._driver_refused:
+                    self._driver_refused = True
+                    log.warning("driver task %d skipped, and any more while the daemon is "
+                                "at capacity (counted in tasks_refused_busy): %s", record.id,
+                                busy)
                 continue
             self._arrive(record, "driver", record.arrival)
 
