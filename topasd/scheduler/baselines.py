@@ -30,7 +30,7 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
                         blocked=view.batch_is_full)
     gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
     locked = {r.agent for r in view.running}
-    used = sum(view.prefixes[a].tokens for a in gpu)
+    used: float = sum(view.prefixes[a].tokens for a in gpu)
     used += sum(r.demand(view.new_token_ratio) for r in view.running)
     idle = [a for _, a in sorted((view.prefixes[a].last_used, a) for a in gpu - locked)]
     admit: list[int] = []
