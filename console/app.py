@@ -36,7 +36,7 @@ from console.messages import (
     StateArrived,
 )
 from console.screens.dashboard import Dashboard
-from console.screens.goto import GotoScreen
+from console.screens.goto import GotoScreen, GotoTarget
 from console.screens.help import HelpScreen
 from console.screens.params import ParamsScreen
 from console.snapshot import DecisionRow, Numbers, Snapshot, decision_from_event
@@ -345,17 +345,32 @@ class ConsoleApp(App[None]):
         self.cursor_seq, self.cursor_t = self.replay.at(t)
         self._show_replay()
 
+    def goto_decision(self, seq: int) -> None:
+        """Replay: put the cursor on decision `seq` (at its time)."""
+        if self.replay is None:
+            return
+        self.cursor_seq, self.cursor_t = seq, self.replay.replay.time_of(seq)
+        self._show_replay()
+
     def ask_goto(self) -> None:
         if self.replay is None:
             return
+        replay = self.replay
 
-        def chosen(t: float | None) -> None:
-            if t is not None:
-                self.goto(t)
+        def chosen(target: GotoTarget | None) -> None:
+            if target is None:
+                return
+            kind, value = target
+            if kind == "decision":
+                self.goto_decision(int(value))
+            else:
+                self.goto(value)
 
         if self._bring_forward(GotoScreen):
             return
-        self.push_screen(GotoScreen(self.replay.t0, self.replay.t1, self.cursor_t), chosen)
+        seqs = replay.replay.decision_seqs
+        self.push_screen(GotoScreen(replay.t0, replay.t1, self.cursor_t,
+                                    (seqs[0], seqs[-1]) if seqs else None), chosen)
 
     # ------------------------------------------------------------ screens
 
@@ -395,7 +410,8 @@ class ConsoleApp(App[None]):
             yield SystemCommand("Pause or resume", "Freeze the screen (updates continue "
                                 "in the background)", self.toggle_pause)
         else:
-            yield SystemCommand("Go to time", "Put the replay cursor at a time",
+            yield SystemCommand("Go to time or decision", "Put the replay cursor at a time "
+                                "or on decision #N",
                                 self.ask_goto)
             yield SystemCommand("Go to the start", "First event of the run",
                                 lambda: self.goto(-math.inf))

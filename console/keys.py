@@ -129,5 +129,6 @@ def _keys(key: str) -> str:
 def _what(b: Binding) -> str:
     extra = {"console.jump_fwd_more": "Jump +60 s", "console.jump_back_more": "Jump -60 s",
              "console.to_start": "Go to the start", "console.to_end": "Go to the end",
-             "console.focus_candidates": "Focus the candidates"}
+             "console.focus_candidates": "Focus the candidates",
+             "console.goto": "Go to a time, or #N: decision N"}
     return extra.get(b.id or "", b.description)

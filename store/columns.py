@@ -40,10 +40,11 @@ TABLES: dict[str, tuple[tuple[str, type, str], ...]] = {
         ("resident", str), ("admit", str), ("preempt", str), ("j_admit", float),
         ("j_move", float), ("j_redo", float), ("j_revoke", float), ("v_reuse", float),
         ("total", float))),
-    "engine_events": tuple((name, typ, M001) for name, typ in (
+    "engine_events": (*((name, typ, M001) for name, typ in (
         ("id", int), ("run_id", int), ("t", float), ("kind", str), ("request_id", int),
         ("task_id", int), ("agent", str), ("stage", str), ("tokens", int), ("value", float),
         ("note", str))),
+        ("decision", int, "m005_preempt_decision")),
     "param_changes": (*((name, typ, M001) for name, typ in (
         ("id", int), ("run_id", int), ("t", float), ("wall_ts", float), ("name", str),
         ("old", str), ("new", str), ("source", str))),
@@ -54,7 +55,8 @@ TERMS = ("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse")  # Eq. 13's, in t
 
 # The rows the writer sends (each a tuple in this order; `EngineEvent`'s attributes
 # carry these names) and the rows the writer process inserts (run_id first).
-EVENT_ROW = ("kind", "t", "request_id", "task_id", "agent", "stage", "tokens", "value", "note")
+EVENT_ROW = ("kind", "t", "request_id", "task_id", "agent", "stage", "tokens", "value", "note",
+             "decision")
 # a decision as sent: the head for a compact no-op; + the lists (and n_logged); + the
 # chosen candidate (index, resident set, terms and total) when one was chosen
 DECISION_HEAD = ("seq", "t", "wall_ms", "wall_ts", "reservation", "blocked", "retry",

@@ -34,6 +34,10 @@ clock, `*_ts` unix wall time):
 - `param_changes`: id, run_id, t, wall_ts, name, old/new (JSON), source,
   from_decision (the first decision `seq` it applies to).
 
+Views (m005, `store.views`) answer the common questions in one `SELECT`
+with plain columns (no JSON to unpack): `decision_actions`,
+`preemption_log`, `request_log`, `task_log` (docs/decision-log.md).
+
 Indexes (m002) serve `store.queries`: decisions by (run, t), requests by
 (run, agent, admitted) and (run, task), tasks by (run, arrival), parameter
 changes by (run, t), runs by status; events only by run (a run's events are
@@ -50,6 +54,7 @@ from functools import partial
 from sqlite_utils import Database
 
 from store.columns import TABLES, added_by, columns
+from store.views import VIEWS
 
 MIGRATIONS_TABLE = "_topasd_migrations"
 
@@ -112,6 +117,17 @@ def m004_request_withdrawn(db: Database) -> None:
     """`requests.withdrawn`: when a request was taken back unfinished (its
     client went away); NULL for every other request, and in older logs."""
     _add_columns(db, m004_request_withdrawn.__name__)
+
+
+@migration
+def m005_preempt_decision(db: Database) -> None:
+    """`engine_events.decision`: the decision a `preempt` event carries out
+    (NULL on other events and in older logs); and the views of
+    `store.views` (docs/decision-log.md)."""
+    _add_columns(db, m005_preempt_decision.__name__)
+    for name, sql in VIEWS.items():
+        db.execute(f"DROP VIEW IF EXISTS {name}")
+        db.execute(f"CREATE VIEW {name} AS {sql}")
 
 
 def _add_columns(db: Database, migration: str) -> None:

@@ -335,6 +335,34 @@ def test_jumping_in_time_and_go_to(db: Path) -> None:
     run_app(db, scenario)
 
 
+def test_go_to_takes_a_decision_number(db: Path) -> None:
+    """`g` then `#N`: the cursor on decision N, every panel as of its time; a
+    number outside the run is refused, saying which numbers there are."""
+    last = sql(db, "SELECT max(seq) FROM decisions")[0][0]
+    seq, t = sql(db, "SELECT seq, t FROM decisions WHERE seq = ?", last // 2)[0]
+
+    async def scenario(pilot: Any, app: ConsoleApp) -> None:
+        await pilot.press("g")
+        await pilot.pause()
+        assert f"#1 to #{last}" in str(app.screen.query_one("#goto-decisions", Label).render())
+        field = app.screen.query_one("#goto-input", Input)
+        field.value = f"#{last + 1}"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert f"decisions are #1 to #{last}" in str(
+            app.screen.query_one("#goto-error", Label).render())
+        field.value = f"#{seq}"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is app.dashboard
+        assert (app.cursor_seq, app.cursor_t) == (seq, t)
+        feed = app.dashboard.query_one("#decisions", DataTable)
+        assert feed.get_row_at(feed.cursor_row)[0] == str(seq)
+        assert app.dashboard.query_one(Residency).snapshot.t == t  # type: ignore[union-attr]
+
+    run_app(db, scenario)
+
+
 def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
     async def scenario(pilot: Any, app: ConsoleApp) -> None:
         await pilot.press("p")

@@ -142,6 +142,13 @@ class Settings(BaseModel):
         default=4096, ge=0, description="Admission control: a new task while this many "
         "requests wait in the engine is refused with 429 [default: 4096; 0: no bound]; "
         "calls of tasks in flight are always taken.")
+    summary_every: float = Field(
+        default=60.0, ge=0, allow_inf_nan=False, description="Log a one-line summary "
+        "(tasks, requests, JCT, decisions, preemptions, KV) every this many seconds "
+        "[default: 60; 0: never].")
+    metrics_agents: int = Field(
+        default=64, ge=1, le=100_000, description="/metrics: agents with a series of their "
+        "own; the rest fold into agent=\"other\" [default: 64].")
     grace: float = Field(default=30.0, ge=0, allow_inf_nan=False, description="Seconds "
                          "running work may finish after SIGTERM [default: 30].")
     runtime_file: str = Field(

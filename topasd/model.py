@@ -616,7 +616,8 @@ KEPT_NOTE = "kept in free KV"  # the note of a kept copy's offload end and its t
 class EngineEvent:
     """One flat event row. `value` is a duration in seconds where one applies
     (request service, stage service, a host transfer from when it is decided to
-    its end, waiting for the serial link included); `tokens` a token count."""
+    its end, waiting for the serial link included); `tokens` a token count;
+    `decision` the seq of the decision a PREEMPT carries out (None elsewhere)."""
 
     t: float
     kind: EventKind
@@ -627,6 +628,7 @@ class EngineEvent:
     tokens: int = 0
     value: float = 0.0
     note: str = ""
+    decision: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         return {
@@ -639,4 +641,5 @@ class EngineEvent:
             "tokens": self.tokens,
             "value": self.value,
             "note": self.note,
+            "decision": self.decision,
         }

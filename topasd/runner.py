@@ -155,6 +155,7 @@ class EventLoop:
         self.decisions = 0  # numbers decisions (seq); `decision_ms` may be trimmed
         self.decision_ms: list[float] = []
         self.on_task_done: Callable[[TaskView, float], None] | None = None
+        self._preempted_by: dict[int, int] = {}  # request -> the decision preempting it
 
     def arrive(self, record: TaskRecord, t: float | None = None) -> None:
         """A trace task arrives (at `t`, default its recorded arrival): book it,
@@ -199,6 +200,8 @@ class EventLoop:
         self.decisions += 1
         decision = replace(decision, wall_ms=wall_ms, seq=self.decisions)
         self.backend.apply(decision)
+        for rid in decision.preempt:
+            self._preempted_by[rid] = decision.seq
         if self.sink is not None:
             self.sink.decision(decision)
 
@@ -231,6 +234,12 @@ class EventLoop:
             self.backend.submit(req)
 
     def record(self, ev: EngineEvent) -> None:
+        """Book `ev`, tell the policy, log it (a PREEMPT with the decision it
+        carries out)."""
+        if ev.kind is EventKind.PREEMPT and ev.request_id is not None:
+            seq = self._preempted_by.pop(ev.request_id, None)
+            if seq is not None:
+                ev = replace(ev, decision=seq)
         self.book.on_event(ev)
         self.policy.observe(ev)
         if self.sink is not None:

@@ -133,6 +133,8 @@ class Service:
         self.started_wall = time.time()
         self._stall_warned = False
         self._next_housekeeping = 0.0
+        every = settings.summary_every
+        self._summary = state.SummaryLog(every) if every else None
 
     def _refuse_unrunnable(self, settings: Settings, specs: tuple[Workflow, ...]) -> None:
         """Stop the start on work the engine could never run: a workflow of the
@@ -393,6 +395,10 @@ class Service:
         self._next_housekeeping = now + min(1.0, (self.settings.task_timeout or 4.0) / 4)
         if self.settings.task_timeout:
             self._expire_open_tasks(now)
+        if self._summary is not None and self._summary.due(now):
+            view = self.backend.state(self.loop.book.tasks, self.workflows.active)
+            log.info("%s", self._summary.line(self._counts(view), state.headline(
+                self.metrics, self.loop.decision_ms, view.t), state.budget(view), view.t))
         ms = self.loop.decision_ms
         if len(ms) > KEEP_DECISION_MS:
             del ms[:len(ms) - KEEP_DECISION_MS // 2]
@@ -651,6 +657,8 @@ class Service:
             "driver_rejected": self.rejected,
             "tasks_refused_busy": self.refused_busy,
             "tasks_abandoned": m.abandoned,
+            "preemptions": m.counts[EventKind.PREEMPT],
+            "retractions": m.counts[EventKind.RETRACT],
         }
 
     # ----------------------------------------------------------- helpers

@@ -3,6 +3,7 @@ the backend's dashboard state, the task book, the ledger and the metrics."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -86,3 +87,43 @@ def headline(metrics: Metrics, decision_ms: Sequence[float], t: float) -> dict[s
         "decision_ms_mean": float(ms.mean()) if ms.size else None,
         "decision_ms_p99": float(np.percentile(ms, 99)) if ms.size else None,
     }
+
+
+class SummaryLog:
+    """The daemon log's periodic summary line (every `every` wall seconds): what
+    is in flight, what finished since the last line, JCT, decisions, KV."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self._next = time.monotonic() + every
+        self._last: dict[str, int] = {}
+
+    def due(self, now: float) -> bool:
+        if now < self._next:
+            return False
+        self._next = now + self.every
+        return True
+
+    def line(self, counts: Mapping[str, int], stats: Mapping[str, Any],
+             kv: Mapping[str, int], t: float) -> str:
+        """"summary t=…: tasks …; requests …; JCT …; decisions …; preemptions …; KV …"."""
+        last, self._last = self._last, dict(counts)
+
+        def new(key: str) -> int:
+            return counts.get(key, 0) - last.get(key, 0)
+
+        p99 = stats.get("jct_p99_s")
+        mean = stats.get("jct_mean_s")
+        jct = ("JCT mean -, p99 -" if mean is None
+               else f"JCT mean {mean:.1f}s, p99 {p99:.1f}s")
+        dec99 = stats.get("decision_ms_p99")
+        used = kv["used"] / kv["tokens"] if kv.get("tokens") else 0.0
+        return (f"summary t={t:.1f}s: tasks {counts['tasks_in_flight']} in flight, "
+                f"+{new('tasks_arrived')} arrived, +{new('tasks_finished')} finished, "
+                f"+{new('tasks_abandoned')} abandoned, +{new('tasks_refused_busy')} refused; "
+                f"requests {counts['requests_running']} running, "
+                f"{counts['requests_waiting']} waiting, +{new('requests_finished')} finished; "
+                f"{jct}; decisions +{new('decisions')}"
+                + (f" (p99 {dec99:.2f} ms)" if dec99 is not None else "")
+                + f"; preemptions +{new('preemptions')} by the policy, "
+                f"+{new('retractions')} by the engine; KV {used:.0%} used")
