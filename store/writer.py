@@ -47,13 +47,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from operator import add, attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from store.columns import CANDIDATE_SENT, EVENT_ROW, TERMS
 from store.db import StoreError
+from topasd import version
 from topasd.model import Decision, EngineEvent, EventKind, Reservation, TopasError
 from topasd.score import score_total
 
@@ -331,7 +331,7 @@ class StoreSink:
             "host": socket.gethostname(), "policy": info.policy, "backend": info.backend,
             "profile": info.profile, "params": to_json(info.params),
             "workload": info.workload, "seed": info.seed,
-            "trace_meta": to_json(info.trace_meta), "version": _version(),
+            "trace_meta": to_json(info.trace_meta), "version": version(),
             "log_candidates": str(self.candidates), "decisions": 0, "candidates": 0,
             "events": 0,
         }
@@ -640,10 +640,3 @@ def _summary(result: RunResult | None) -> str | None:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _version() -> str:
-    try:
-        return metadata.version("topasd")
-    except metadata.PackageNotFoundError:
-        return "unknown"

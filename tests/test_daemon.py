@@ -844,7 +844,7 @@ def test_event_stream_and_metrics(tmp_path: Path) -> None:
         metrics = {s.name + str(sorted(s.labels.items())): s.value
                    for fam in text_string_to_metric_families(text) for s in fam.samples}
         assert metrics["topasd_tasks_finished_total[]"] == st["counts"]["tasks_finished"] == 30
-        assert metrics["topasd_task_jct_seconds_count[]"] == 30
+        assert metrics["topasd_task_jct_seconds_count[('workflow', 'dag4')]"] == 30
         assert metrics["topasd_decisions_total[]"] == st["counts"]["decisions"]
         assert metrics["topasd_requests_finished_total[]"] == st["counts"]["requests_finished"]
         assert metrics["topasd_tasks_in_flight[]"] == 0

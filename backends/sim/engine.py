@@ -529,6 +529,8 @@ class SimBackend(EventBuffer):
             self._prefix_ready(p, EventKind.PREFIX_COMPUTE_END)
         if decoding:
             self._count_decode(len(decoding), 1)
+        for live in done:  # its prefill made its first token
+            self._emit(self._t, EventKind.PREFILL_END, live.req)
         for live in [lv for lv, _ in decoding] + done:
             live.generated += 1
             if live.generated >= live.req.output_tokens:

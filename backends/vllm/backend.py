@@ -154,6 +154,7 @@ class _Live:
     admitted_at: float
     started_at: float | None = None
     generated: int = 0
+    prefilled: bool = False  # its first new token came (PREFILL_END emitted)
 
 
 @dataclass
@@ -580,6 +581,9 @@ class VllmBackend(EventBuffer):
         for lv in self._running.values():
             vreq = self.sched.requests.get(self._vid[lv.req.id])
             if vreq is not None:
+                if vreq.num_output_tokens > lv.generated and not lv.prefilled:
+                    lv.prefilled = True  # its prefill made its first token
+                    self._emit(self._t, EventKind.PREFILL_END, lv.req)
                 lv.generated = vreq.num_output_tokens
         for out in outputs:
             if out.finished:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
 
 from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 
+from topasd import version
 from topasd.api import errors, routes
 from topasd.api.auth import RequestGuard, auth_dependency
 from topasd.api.deps import Context, Reads, StateCache
@@ -37,11 +37,3 @@ def create_app(service: Service) -> FastAPI:
                    routes.openai_compatible(ctx)):
         app.include_router(router)
     return app
-
-
-def version() -> str:
-    """topasd's installed version ("unknown" from a bare checkout)."""
-    try:
-        return metadata.version("topasd")
-    except metadata.PackageNotFoundError:
-        return "unknown"

@@ -8,8 +8,14 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
+from topasd import version
 from topasd.api import openai, sse
 from topasd.api.bodies import BoundedJsonRoute
 from topasd.api.deps import Context, wait
@@ -48,7 +54,9 @@ def status(ctx: Context) -> APIRouter:
     router = APIRouter(tags=["status"])
     service = ctx.service
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector(service))  # type: ignore[arg-type]
+    registry.register(Collector(service, version()))  # type: ignore[arg-type]
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, open fds
+    PlatformCollector(registry=registry)  # python_info
 
     @router.get("/health", response_model=Health)
     async def health() -> Health:
@@ -68,8 +76,9 @@ def status(ctx: Context) -> APIRouter:
                                  "description": "Prometheus text format"},
                            **responses(*ctx.reads.errors)})
     async def metrics() -> Response:
-        """Prometheus metrics: JCT histogram, queue depths, resident prefixes, decision
-        latency, swaps, preemptions, loop time."""
+        """Prometheus metrics (vLLM's and SGLang's names under `topasd_`): JCT, queue
+        time, time to first token and end-to-end latency by workflow and stage, queues,
+        starvation, tokens, prefix-cache hits, KV usage, decisions, preemptions."""
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
     return router

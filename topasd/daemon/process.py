@@ -17,7 +17,8 @@ from typing import Any
 
 import uvicorn
 
-from topasd.api.app import create_app, version
+from topasd import version
+from topasd.api.app import create_app
 from topasd.config import Settings
 from topasd.daemon.runtime import RuntimeFile
 from topasd.daemon.service import Service

@@ -395,10 +395,12 @@ class Service:
         self._next_housekeeping = now + min(1.0, (self.settings.task_timeout or 4.0) / 4)
         if self.settings.task_timeout:
             self._expire_open_tasks(now)
+        view = self.backend.state(self.loop.book.tasks, self.workflows.active)
+        kv = state.budget(view)
+        self.metrics.kv_used = kv["used"]
         if self._summary is not None and self._summary.due(now):
-            view = self.backend.state(self.loop.book.tasks, self.workflows.active)
             log.info("%s", self._summary.line(self._counts(view), state.headline(
-                self.metrics, self.loop.decision_ms, view.t), state.budget(view), view.t))
+                self.metrics, self.loop.decision_ms, view.t), kv, view.t))
         ms = self.loop.decision_ms
         if len(ms) > KEEP_DECISION_MS:
             del ms[:len(ms) - KEEP_DECISION_MS // 2]
