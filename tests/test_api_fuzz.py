@@ -38,7 +38,7 @@ def test_openapi_fuzz_finds_no_server_error_and_the_daemon_survives(tmp_path: Pa
              "--phases", "examples,coverage,fuzzing,stateful"],
             cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
-        assert "Tested: 12" in res.stdout  # every operation but /v1/events ran
+        assert "Tested: 13" in res.stdout  # every operation but /v1/events ran
         assert httpx.get(f"{d.url}/health").json()["engine"] is True
         assert httpx.get(f"{d.url}/ready").status_code == 200
         r = d.http.post("/v1/tasks", json={"workflow": "chain3"})

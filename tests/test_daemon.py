@@ -529,7 +529,7 @@ def test_bad_requests_get_4xx_with_a_message_and_the_daemon_keeps_serving(
             "not valid Unicode")
         err(h.post("/v1/tasks", content=b'{"workflow": "chain3", "stages": {"x\\udfff": {}}}',
                    headers={"content-type": "application/json"}), 422, "stages.x\\udfff")
-        err(h.get("/v1/tasks/abc"), 422, "task_id")
+        err(h.get("/v1/tasks/abc"), 404, "no task 'abc'", "GET /v1/tasks lists")
         err(h.get("/no/such/path"), 404, "/docs")
         err(h.get("/v1/events", params={"since": 10**12}), 422, "beyond the newest event id")
         err(h.patch("/v1/params", json={"M": 4, "m": 8}), 422, "M and m name the same "

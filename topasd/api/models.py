@@ -250,6 +250,38 @@ class TaskInfo(BaseModel):
     stages: dict[str, StageInfo]
 
 
+class TrailDecision(BaseModel):
+    seq: int = Field(description="The decision (GET /v1/decisions/{seq}).")
+    action: Literal["admit", "preempt"]
+
+
+class RequestTrail(BaseModel):
+    """One request of a task: its times and the decisions that touched it."""
+
+    id: int
+    stage: str
+    agent: str
+    state: Literal["waiting", "running", "finished", "withdrawn"]
+    ready: float
+    admitted: float | None = Field(description="Its first admission.")
+    finished: float | None = Field(description="When it finished or was withdrawn.")
+    preemptions: int = Field(description="By the policy (each by a decision listed).")
+    retractions: int = Field(description="By the engine (out of KV).")
+    decisions: list[TrailDecision]
+
+
+class TaskDetail(TaskInfo):
+    requests: list[RequestTrail] | None = Field(
+        description="Its requests, in the order they became ready (null: the task is too "
+        "old to be kept with them; the store's request_log view has them).")
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskInfo] = Field(description="Newest first, at most `limit`.")
+    total: int = Field(description="Tasks kept that match the filters.")
+    limit: int
+
+
 class ParamSpecInfo(BaseModel):
     """One TOPAS parameter as users see it (topasd/scheduler/param_specs.py)."""
 

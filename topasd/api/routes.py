@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import (
     CollectorRegistry,
@@ -21,6 +21,7 @@ from topasd.api.bodies import BoundedJsonRoute
 from topasd.api.deps import Context, wait
 from topasd.api.errors import responses
 from topasd.api.models import (
+    MAX_NAME,
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
@@ -33,7 +34,9 @@ from topasd.api.models import (
     ParamsInfo,
     ParamsPatch,
     Ready,
+    TaskDetail,
     TaskInfo,
+    TaskList,
     TaskSubmit,
 )
 from topasd.api.prometheus import CONTENT_TYPE, Collector
@@ -183,11 +186,34 @@ def tasks(ctx: Context) -> APIRouter:
         ctx.states.invalidate()
         return JSONResponse(info, status_code=201, headers={"Location": f"/v1/tasks/{info['id']}"})
 
-    @router.get("/v1/tasks/{task_id}", response_model=TaskInfo, dependencies=ctx.reads.guarded,
+    @router.get("/v1/tasks", response_model=TaskList, dependencies=ctx.reads.guarded,
+                responses=responses(*ctx.reads.errors, 400, 422, 503))
+    async def list_tasks(
+            workflow: str | None = Query(None, max_length=MAX_NAME, description="Only this "
+                                         "workflow's tasks."),
+            status: str | None = Query(None, description="running, done or abandoned."),
+            client_task_id: str | None = Query(None, max_length=MAX_NAME, description="Only "
+                                               "the tasks a client gave this id "
+                                               "(topasd.task_id)."),
+            limit: int = Query(100, ge=1, le=10_000, description="Tasks to return.")
+    ) -> dict[str, Any]:
+        """The tasks the daemon keeps, newest first, filtered by workflow, status and
+        client task id."""
+        return await wait(service.list_tasks(  # type: ignore[no-any-return]
+            workflow, status, client_task_id, limit))
+
+    @router.get("/v1/tasks/{task_id}", response_model=TaskDetail,
+                dependencies=ctx.reads.guarded,
                 responses=responses(*ctx.reads.errors, 404, 422, 503))
-    async def get_task(task_id: int) -> dict[str, Any]:
-        """A task's status, arrival, completion and stage progress."""
-        return await wait(service.get_task(task_id))  # type: ignore[no-any-return]
+    async def get_task(task_id: str = Path(max_length=MAX_NAME, description="The daemon's "
+                                           "task id, or the client's (topasd.task_id)."),
+                       workflow: str | None = Query(None, max_length=MAX_NAME, description=
+                                                    "With a client's id: its task of this "
+                                                    "workflow.")) -> dict[str, Any]:
+        """A task's status, arrival, completion, stage progress and its requests with the
+        decisions that admitted or preempted them. By the daemon's id, or by the client's
+        (`topasd.task_id`: its latest task with that id; digits are the daemon's id first)."""
+        return await wait(service.get_task(task_id, workflow))  # type: ignore[no-any-return]
 
     return router
 

@@ -1,18 +1,50 @@
-"""The tasks a daemon reports (`GET /v1/tasks/{id}`): every task it admitted,
-from any source, kept after it finished (up to KEEP_FINISHED), and the ids of
-driver tasks that never fit."""
+"""The tasks a daemon reports (`GET /v1/tasks`, `GET /v1/tasks/{id}`): every
+task it admitted, from any source, kept after it finished (up to
+KEEP_FINISHED), the ids of driver tasks that never fit, the client ids
+applications gave their tasks, and for the last KEEP_TRAILS tasks each
+request's trail: its times and the decisions that admitted or preempted it."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from topasd.daemon.calls import remember
-from topasd.daemon.errors import NotFound
-from topasd.model import TaskView
+from topasd.daemon.errors import Invalid, NotFound
+from topasd.model import Decision, EngineEvent, EventKind, TaskView
 
 KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id} and the run summary
+KEEP_TRAILS = 10_000  # tasks whose requests' trails are kept (older: read the store)
+STATUSES = ("running", "done", "abandoned")
+
+
+@dataclass(slots=True)
+class Trail:
+    """One request of a task: its times and the decisions that touched it."""
+
+    id: int
+    stage: str
+    agent: str
+    ready: float
+    state: str = "waiting"  # waiting | running | finished | withdrawn
+    admitted: float | None = None
+    finished: float | None = None
+    preemptions: int = 0  # by the policy (each by a decision)
+    retractions: int = 0  # by the engine (out of KV)
+    decisions: list[tuple[int, str]] = field(default_factory=list)  # (seq, admit|preempt)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "stage": self.stage, "agent": self.agent, "state": self.state,
+                "ready": self.ready, "admitted": self.admitted, "finished": self.finished,
+                "preemptions": self.preemptions, "retractions": self.retractions,
+                "decisions": [{"seq": seq, "action": a} for seq, a in self.decisions]}
+
+
+_STATE_AFTER = {EventKind.REQUEST_ADMIT: "running", EventKind.PREEMPT: "waiting",
+                EventKind.RETRACT: "waiting", EventKind.REQUEST_FINISH: "finished",
+                EventKind.REQUEST_WITHDRAW: "withdrawn"}
 
 
 def stages_dict(view: TaskView) -> dict[str, Any]:
@@ -36,13 +68,16 @@ class TaskEntry:
     stages: dict[str, Any] | None = None  # final stage histories, once done or dropped
     abandoned: bool = False  # an application's task that saw no call for task_timeout
 
+    @property
+    def status(self) -> str:
+        return "done" if self.finished is not None else "abandoned" if self.abandoned \
+            else "running"
+
     def as_dict(self, view: TaskView | None) -> dict[str, Any]:
-        done = self.finished is not None
         stages = self.stages if self.stages is not None else stages_dict(view) if view else {}
-        status = "done" if done else "abandoned" if self.abandoned else "running"
         return {
             "id": self.id, "workflow": self.workflow, "source": self.source,
-            "client_task_id": self.client_key, "status": status, "arrival": self.arrival,
+            "client_task_id": self.client_key, "status": self.status, "arrival": self.arrival,
             "finished": self.finished,
             "jct": None if self.finished is None else self.finished - self.arrival,
             "stages_done": sum(1 for s in (stages or {}).values() if s["status"] == "done"),
@@ -58,6 +93,9 @@ class TaskLedger:
         self.entries: OrderedDict[int, TaskEntry] = OrderedDict()
         self.refused: dict[int, str] = {}  # driver task ids never admitted: why
         self.next_id = 0
+        self.by_client: dict[str, list[int]] = {}  # client task id -> our ids, oldest first
+        self.trails: OrderedDict[int, dict[int, Trail]] = OrderedDict()  # task -> requests
+        self._task_of: dict[int, int] = {}  # request in the engine -> its task
 
     def new_id(self) -> int:
         tid = self.next_id
@@ -67,12 +105,107 @@ class TaskLedger:
     def add(self, entry: TaskEntry) -> TaskEntry:
         """Keep `entry`; past KEEP_FINISHED the oldest ended task is forgotten."""
         self.entries[entry.id] = entry
+        if entry.client_key is not None:
+            self.by_client.setdefault(entry.client_key, []).append(entry.id)
+        self.trails[entry.id] = {}
+        if len(self.trails) > KEEP_TRAILS:
+            self.trails.popitem(last=False)
         if len(self.entries) > KEEP_FINISHED:
             for tid, old in self.entries.items():
                 if old.finished is not None or old.abandoned:
-                    del self.entries[tid]
+                    self._forget(tid, old)
                     break
         return entry
+
+    def _forget(self, task_id: int, entry: TaskEntry) -> None:
+        del self.entries[task_id]
+        if entry.client_key is not None:
+            ids = self.by_client.get(entry.client_key, [])
+            if task_id in ids:
+                ids.remove(task_id)
+            if not ids:
+                self.by_client.pop(entry.client_key, None)
+
+    # ------------------------------------------------------------ trails
+
+    def on_event(self, ev: EngineEvent) -> None:
+        """A request's event: its trail (the engine loop's thread)."""
+        rid = ev.request_id
+        if rid is None or ev.task_id is None:
+            return
+        if ev.kind in (EventKind.REQUEST_FINISH, EventKind.REQUEST_WITHDRAW):
+            self._task_of.pop(rid, None)
+        trails = self.trails.get(ev.task_id)
+        if trails is None:
+            return
+        if ev.kind is EventKind.REQUEST_READY:
+            trails[rid] = Trail(rid, ev.stage or "", ev.agent or "", ev.t)
+            self._task_of[rid] = ev.task_id
+            return
+        trail = trails.get(rid)
+        state = _STATE_AFTER.get(ev.kind)
+        if trail is None or state is None:
+            return
+        trail.state = state
+        if ev.kind is EventKind.REQUEST_ADMIT and trail.admitted is None:
+            trail.admitted = ev.t
+        elif ev.kind is EventKind.PREEMPT:
+            trail.preemptions += 1
+        elif ev.kind is EventKind.RETRACT:
+            trail.retractions += 1
+        elif state in ("finished", "withdrawn"):
+            trail.finished = ev.t
+
+    def on_decision(self, d: Decision) -> None:
+        """The decisions that admitted or preempted each request."""
+        for action, ids in (("admit", d.admit), ("preempt", d.preempt)):
+            for rid in ids:
+                task = self._task_of.get(rid)
+                trail = None if task is None else self.trails.get(task, {}).get(rid)
+                if trail is not None:
+                    trail.decisions.append((d.seq, action))
+
+    # ------------------------------------------------------------ lookups
+
+    def find(self, key: str, workflow: str | None = None) -> TaskEntry:
+        """The task `key` names: our id (digits), else the client's task id (the
+        latest such task, of `workflow` if given); NotFound saying why not."""
+        if key.isdigit():
+            entry = self.entries.get(int(key))
+            if entry is not None and (workflow is None or entry.workflow == workflow):
+                return entry
+        ids = [i for i in self.by_client.get(key, ())
+               if workflow is None or self.entries[i].workflow == workflow]
+        if ids:
+            return self.entries[ids[-1]]
+        if key.isdigit() and workflow is None:
+            return self.get(int(key))  # NotFound, saying what became of it
+        where = f" of workflow {workflow!r}" if workflow else ""
+        raise NotFound(f"no task {key!r}{where}: neither a task id of this daemon nor a "
+                       "client's task_id (topasd.task_id of its calls) it holds; "
+                       "GET /v1/tasks lists the tasks")
+
+    def select(self, workflow: str | None, status: str | None,
+               client_task_id: str | None) -> Iterator[TaskEntry]:
+        """The tasks kept, newest first, that match every filter given."""
+        if status is not None and status not in STATUSES:
+            raise Invalid(f"status: {status!r} is not one of {', '.join(STATUSES)}")
+        if client_task_id is not None:
+            pool: Any = (self.entries[i] for i in reversed(self.by_client.get(
+                client_task_id, [])))
+        else:
+            pool = reversed(list(self.entries.values()))
+        for entry in pool:
+            if workflow is not None and entry.workflow != workflow:
+                continue
+            if status is not None and entry.status != status:
+                continue
+            yield entry
+
+    def requests(self, task_id: int) -> list[dict[str, Any]] | None:
+        """Task `task_id`'s requests' trails (None: no longer kept)."""
+        trails = self.trails.get(task_id)
+        return None if trails is None else [t.as_dict() for t in trails.values()]
 
     def refuse(self, task_id: int, why: str) -> None:
         """A driver task never admitted, and why (it cannot fit the KV budget, the

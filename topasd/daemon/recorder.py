@@ -10,6 +10,7 @@ from typing import Any
 
 from store import StoreError, StoreSink
 from topasd.daemon.bus import DecisionSummary, EventBus
+from topasd.daemon.ledger import TaskLedger
 from topasd.daemon.metrics import Metrics
 from topasd.model import Candidate, Decision, EngineEvent, EventKind
 from topasd.scheduler.residual import ServiceModel
@@ -22,8 +23,9 @@ class Recorder:
     """Where the daemon's `EventLoop` records: the store, the bus, the metrics."""
 
     def __init__(self, store: StoreSink, bus: EventBus, metrics: Metrics,
-                 version: Callable[[], int]) -> None:
+                 version: Callable[[], int], ledger: TaskLedger | None = None) -> None:
         self.store = store
+        self.ledger = ledger
         self.bus = bus
         self.metrics = metrics
         self.recent: deque[DecisionSummary] = deque(maxlen=RECENT_DECISIONS)
@@ -57,11 +59,15 @@ class Recorder:
         self.recent.append(summary)
         self.bus.put("decision", summary)
         self.metrics.decision(d.wall_ms)
+        if self.ledger is not None:
+            self.ledger.on_decision(d)
 
     def event(self, ev: EngineEvent) -> None:
         self._logged(self.store.event, ev)
         self.bus.put("event", ev)
         self.metrics.event(ev)
+        if self.ledger is not None:
+            self.ledger.on_event(ev)
         if ev.kind is EventKind.REQUEST_FINISH:
             self.service_model.observe_request((ev.agent or "", ev.stage or ""), ev.value)
         elif ev.kind is EventKind.STAGE_FINISH:

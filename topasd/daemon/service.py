@@ -105,8 +105,9 @@ class Service:
         self.metrics = Metrics()
         self.params_version = 0
         self._published_params = self._params_dict()
+        self.ledger = TaskLedger()
         self.recorder = Recorder(self.store_sink, self.bus, self.metrics,
-                                 lambda: self.params_version)
+                                 lambda: self.params_version, self.ledger)
         self.driver = TaskDriver(self.workflows.active)
         self.loop = EventLoop(self.workflows.active, self.policy, self.backend, self.recorder,
                               driver=self.driver)
@@ -118,7 +119,6 @@ class Service:
         self.rng = np.random.default_rng(settings.seed + 1)
         self._quantiles = quantile_rows(64, 64, 0)  # E[remaining path] samples (state)
         self.clock = PacedClock(None if settings.speed == "max" else float(settings.speed))
-        self.ledger = TaskLedger()
         self.rejected = 0  # driver tasks that cannot fit the KV budget
         self.refused_busy = 0  # new tasks refused at the admission bounds (429)
         self._driver_refused = False  # a driver task was refused so (logged once)
@@ -242,8 +242,14 @@ class Service:
         away); True when the engine took it back (False: it had finished)."""
         return self._command(self._cmd_withdraw, future, why)
 
-    def get_task(self, task_id: int) -> Future[dict[str, Any]]:
-        return self._command(self._cmd_get_task, task_id)
+    def get_task(self, key: str, workflow: str | None = None) -> Future[dict[str, Any]]:
+        """A task by our id or the client's task id, with its requests' trails."""
+        return self._command(self._cmd_get_task, key, workflow)
+
+    def list_tasks(self, workflow: str | None, status: str | None,
+                   client_task_id: str | None, limit: int) -> Future[dict[str, Any]]:
+        """The tasks kept, newest first, filtered (`GET /v1/tasks`)."""
+        return self._command(self._cmd_list_tasks, workflow, status, client_task_id, limit)
 
     def state(self, limit: int = 50) -> Future[dict[str, Any]]:
         return self._command(self._cmd_state, limit)
@@ -573,8 +579,20 @@ class Service:
             self.calls.open[key] = task
         return task
 
-    def _cmd_get_task(self, task_id: int) -> dict[str, Any]:
-        return self.ledger.get(task_id).as_dict(self.loop.book.tasks.get(task_id))
+    def _cmd_get_task(self, key: str, workflow: str | None) -> dict[str, Any]:
+        entry = self.ledger.find(key, workflow)
+        return {**entry.as_dict(self.loop.book.tasks.get(entry.id)),
+                "requests": self.ledger.requests(entry.id)}
+
+    def _cmd_list_tasks(self, workflow: str | None, status: str | None,
+                        client_task_id: str | None, limit: int) -> dict[str, Any]:
+        tasks: list[dict[str, Any]] = []
+        total = 0
+        for entry in self.ledger.select(workflow, status, client_task_id):
+            total += 1
+            if len(tasks) < limit:
+                tasks.append(entry.as_dict(self.loop.book.tasks.get(entry.id)))
+        return {"tasks": tasks, "total": total, "limit": limit}
 
     def _cmd_params(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Validate and apply a parameter change (between two decisions); log it."""
