@@ -142,6 +142,10 @@ class Settings(BaseModel):
         default=4096, ge=0, description="Admission control: a new task while this many "
         "requests wait in the engine is refused with 429 [default: 4096; 0: no bound]; "
         "calls of tasks in flight are always taken.")
+    stream_keepalive: float = Field(
+        default=5.0, gt=0, le=3600, allow_inf_nan=False, description="A streamed call that "
+        "waits for admission gets an SSE comment every this many seconds, so a client's "
+        "idle-read timeout does not give up on it [default: 5].")
     summary_every: float = Field(
         default=60.0, ge=0, allow_inf_nan=False, description="Log a one-line summary "
         "(tasks, requests, JCT, decisions, preemptions, KV) every this many seconds "

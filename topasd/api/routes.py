@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -227,17 +227,18 @@ def openai_compatible(ctx: Context) -> APIRouter:
     @router.post("/v1/chat/completions", response_model=ChatCompletion,
                  dependencies=ctx.guarded, responses=replied)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        """OpenAI-compatible chat completion; the reply arrives when the simulated request
-        finishes. Workflow metadata: the `topasd` field (docs/api.md)."""
+        """OpenAI-compatible chat completion; the reply arrives when the request finishes
+        (`stream`: its tokens as the engine makes them). Workflow metadata: the `topasd`
+        field (docs/api.md)."""
         return await _answer(ctx, openai.chat_spec(body, settings), request, body,
-                             openai.chat_reply, openai.chat_chunks)
+                             openai.chat_reply)
 
     @router.post("/v1/completions", response_model=Completion, dependencies=ctx.guarded,
                  responses=replied)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         """OpenAI-compatible (legacy) text completion, as chat completions."""
         return await _answer(ctx, openai.completion_spec(body, settings), request, body,
-                             openai.completion_reply, openai.completion_chunks)
+                             openai.completion_reply)
 
     @router.get("/v1/models", response_model=ModelList, dependencies=ctx.reads.guarded,
                 responses=responses(*ctx.reads.errors))
@@ -251,13 +252,17 @@ def openai_compatible(ctx: Context) -> APIRouter:
 
 async def _answer(ctx: Context, spec: CallSpec, request: Request,
                   body: ChatCompletionRequest | CompletionRequest,
-                  reply: Callable[[CallResult, str], Any],
-                  chunks: Callable[[Any, bool], AsyncIterator[str]]) -> Any:
-    """Run one call and answer it: the reply, or its stream of chunks."""
-    result = await openai.call(ctx.service, ctx.service.submit_call(spec), request)
-    ctx.states.invalidate()
-    answer = reply(result, body.model)
+                  reply: Callable[[CallResult, str], Any]) -> Any:
+    """Run one call and answer it: the reply, or (`stream`) its chunks as the
+    engine makes them."""
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(chunks(answer, include_usage), media_type="text/event-stream")
-    return answer
+        chunks = await openai.streamed(ctx.service, spec, body.model,
+                                       isinstance(body, ChatCompletionRequest), include_usage)
+        ctx.states.invalidate()
+        return StreamingResponse(chunks, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache",
+                                          "X-Accel-Buffering": "no"})
+    result = await openai.call(ctx.service, ctx.service.submit_call(spec), request)
+    ctx.states.invalidate()
+    return reply(result, body.model)

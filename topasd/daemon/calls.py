@@ -136,12 +136,33 @@ class OpenTask:
                                         or len(self.done) == len(self.workflow.stages))
 
 
+class Progress:
+    """A streamed call as the engine loop sees it: accepted (it reached the
+    engine: its `request_id`), admitted, tokens generated so far. The loop
+    thread updates it and calls `wake` (set by the API side: thread-safe)."""
+
+    def __init__(self) -> None:
+        self.request_id: int | None = None
+        self.admitted = False
+        self.tokens = 0
+        self.wake: Callable[[], None] = lambda: None
+
+    def update(self, admitted: bool, tokens: int) -> None:
+        """The engine's word: wakes the reader when something is new."""
+        tokens = max(tokens, self.tokens)  # a preempted request keeps what it sent
+        if (admitted and not self.admitted) or tokens > self.tokens:
+            self.admitted = self.admitted or admitted
+            self.tokens = tokens
+            self.wake()
+
+
 @dataclass(slots=True)
 class Call:
     task: OpenTask
     request: Request
     spec: CallSpec
     future: Future[CallResult]
+    progress: Progress | None = None  # a streamed call's
 
 
 class CallBook:
@@ -151,6 +172,7 @@ class CallBook:
     def __init__(self, orphaned: Callable[[OpenTask, str], None]) -> None:
         self.open: dict[tuple[str, str], OpenTask] = {}
         self.by_request: dict[int, Call] = {}
+        self.streamed: dict[int, Progress] = {}  # the streamed calls in the engine
         self.closed: dict[tuple[str, str], str] = {}  # recently ended keys: how they ended
         self.orphaned = orphaned  # a task no call can reach any more: the service drops it
 
@@ -198,6 +220,7 @@ class CallBook:
     def _leave(self, request_id: int) -> Call:
         """A call's request is done with the engine (finished or withdrawn)."""
         call = self.by_request.pop(request_id)
+        self.streamed.pop(request_id, None)
         call.task.in_flight -= 1
         call.task.last_wall = time.monotonic()
         return call

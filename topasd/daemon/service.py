@@ -37,7 +37,7 @@ from store import Store, StoreError
 from topasd.config import Settings
 from topasd.daemon import admission, engine, state
 from topasd.daemon.bus import EventBus
-from topasd.daemon.calls import Call, CallBook, CallResult, CallSpec, OpenTask
+from topasd.daemon.calls import Call, CallBook, CallResult, CallSpec, OpenTask, Progress
 from topasd.daemon.clock import PacedClock
 from topasd.daemon.errors import Invalid, NotFound, Unavailable
 from topasd.daemon.feeder import Feeder, middle_rate
@@ -69,6 +69,7 @@ IDLE_WAIT_S = 0.5  # wait for a command at most this long while idle
 UNPACED_SLICE = 1.0  # unpaced: virtual seconds advanced between command checks
 PACED_SLICE_WALL = 0.1  # paced: at most this much wall time's worth per pump
 KEEP_DECISION_MS = 200_000  # decision wall times kept for the run summary
+STREAM_TICK_S = 0.05  # streamed calls learn their tokens at most this often (wall)
 
 Command = tuple[Callable[..., Any], tuple[Any, ...], Future[Any], bool]
 
@@ -133,6 +134,7 @@ class Service:
         self.started_wall = time.time()
         self._stall_warned = False
         self._next_housekeeping = 0.0
+        self._next_stream = 0.0
         every = settings.summary_every
         self._summary = state.SummaryLog(every) if every else None
 
@@ -233,9 +235,11 @@ class Service:
         """A sampled task of a registered workflow (per-stage token overrides)."""
         return self._command(self._cmd_task, workflow, dict(overrides))
 
-    def submit_call(self, spec: CallSpec) -> Future[CallResult]:
-        """One OpenAI-compatible call; the future resolves when it finishes."""
-        return self._command(self._cmd_call, spec, deferred=True)
+    def submit_call(self, spec: CallSpec, progress: Progress | None = None
+                    ) -> Future[CallResult]:
+        """One OpenAI-compatible call; the future resolves when it finishes. A
+        streamed call's `progress` follows it: accepted, admitted, tokens."""
+        return self._command(self._cmd_call, spec, progress, deferred=True)
 
     def withdraw_call(self, future: Future[CallResult], why: str) -> Future[bool]:
         """Take back the call of `future`, waiting or running (its client went
@@ -296,6 +300,7 @@ class Service:
                 behind = self._catch_up() if paced else False
                 ran = self._run_commands()  # stamped with the engine's current time
                 self._housekeeping()
+                self._stream()
                 if paced and ran:
                     self._advance(self.backend.t)  # decide on new work now, not next tick
                 if self._draining and (self.backend.idle()
@@ -515,7 +520,8 @@ class Service:
         entry = self._arrive(record, "api", self.backend.t)
         return entry.as_dict(self.loop.book.tasks.get(task_id))
 
-    def _cmd_call(self, fut: Future[CallResult], spec: CallSpec) -> None:
+    def _cmd_call(self, fut: Future[CallResult], spec: CallSpec,
+                  progress: Progress | None) -> None:
         if not fut.set_running_or_notify_cancel():
             return  # the client went away before the call reached the engine
         self._refuse_unlogged()
@@ -547,7 +553,7 @@ class Service:
                       stage=stage, agent=agent, round=k, input_tokens=own,
                       output_tokens=spec.output_tokens, ready_at=self.backend.t,
                       task_arrival=self.loop.book.arrivals[task.id], prefix_tokens=prefix)
-        self.calls.by_request[req.id] = Call(task, req, spec, fut)
+        self.calls.by_request[req.id] = Call(task, req, spec, fut, progress)
         try:
             self.loop.submit(req, self.calls)
         except TopasError:  # the engine refused it: undo, so nothing waits for it
@@ -557,6 +563,23 @@ class Service:
             if opened:
                 self._abandon(task, "the engine refused its first call")
             raise
+        if progress is not None:
+            progress.request_id = req.id
+            self.calls.streamed[req.id] = progress
+            progress.wake()
+
+    def _stream(self) -> None:
+        """Streamed calls: what the engine generated so far (its dashboard state,
+        at most every STREAM_TICK_S of wall time)."""
+        now = time.monotonic()
+        if not self.calls.streamed or now < self._next_stream:
+            return
+        self._next_stream = now + STREAM_TICK_S
+        view = self.backend.state(self.loop.book.tasks, self.workflows.active)
+        running = {r.id: r.generated for r in view.running}
+        for rid, progress in list(self.calls.streamed.items()):
+            if rid in running:
+                progress.update(True, running[rid])
 
     def _cmd_withdraw(self, future: Future[CallResult], why: str) -> bool:
         call = self.calls.find(future)
