@@ -6,19 +6,26 @@ on a seconds axis (not the date-only timeline helper):
 - `agents` view: one lane per agent. Its top band shows the agent's prefix on
   the GPU (light green; dark green while recomputed by prefill), the band
   below it host transfers (blue: host -> GPU load, purple: GPU -> host
-  backup); below them one bar per admission of a request, stacked in as many
-  rows as ran at once: grey hatched from admission to its first prefill chunk
-  (waiting for its prefix or the prefill queue), crosshatched from start to
-  prefill end when the backend reports one, then solid (service), coloured by
-  task. Red x: preempted by the policy; orange triangle: retracted by the
-  engine. Hover shows task, stage, request and times.
-- `tasks` view: one lane per task (by arrival): the task's span, then its
-  requests coloured by agent. Only tasks with a bar or mark in the window
-  shown get a lane, and at most `max_lanes` (`MAX_LANES`) of them: past that
-  the window ends where the next task starts.
+  backup); below them one row per request from when it became ready to its
+  end, stacked in as many rows as were in the engine at once: orange dotted
+  while it waited in the queue (ready -> admitted, again after a preemption;
+  a request never admitted waits to the end of the log, so a lane with
+  waiting work never reads as idle), grey hatched from admission to its
+  first prefill chunk (waiting for its prefix or the prefill queue),
+  crosshatched from start to prefill end when the backend reports one, then
+  solid (service), coloured by task. Red x: preempted by the policy,
+  labelled with its decision (`#41`; the hover gives the chosen and best
+  rejected totals); orange triangle: retracted by the engine. Hover shows
+  task, stage, request and times.
+- `tasks` view: one lane per task (by arrival): the task's span (its hover
+  sums its requests' queueing), then its requests as in the agents view
+  (queued orange dotted, service coloured by agent). Only tasks with a bar or
+  mark in the window shown get a lane, and at most `max_lanes` (`MAX_LANES`)
+  of them: past that the window ends where the next task starts.
 
 Large runs stay usable: past `max_bars` bars and marks the requests are
-aggregated (agents: merged into busy spans per agent; tasks: one bar per task)
+aggregated (agents: merged into spans per agent where requests queued and where
+they ran; tasks: one bar per task)
 and, if still too many, the chart shows the run's first `max_bars` bars and
 marks in a window from its start. The title says which. The HTML embeds
 plotly.js, so it works offline. Names from the log (agents, stages,
@@ -61,7 +68,9 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 TASK_COLOURS: tuple[str, ...] = tuple(qualitative.Dark24)
 AGENT_COLOURS: tuple[str, ...] = tuple(qualitative.Plotly) + tuple(qualitative.D3)
 STYLE = {  # legend name, colour, pattern
-    "waiting": ("waiting (prefix / prefill queue)", "#c8c8c8", "/"),
+    "queued": ("queued (ready → admitted)", "#fdae6b", "."),
+    "queued_busy": ("requests queued (merged)", "#fdae6b", "."),
+    "waiting": ("admitted, waiting (prefix / prefill queue)", "#c8c8c8", "/"),
     "prefill": ("prefill", None, "x"),
     "service": ("request (colour = task)", None, ""),
     "busy": ("requests running (merged)", "#4c78a8", ""),
@@ -102,6 +111,7 @@ class _Mark:
     y: float
     t: float
     hover: str
+    decision: int | None = None  # a preemption's decision (its label on small charts)
 
 
 _Item = TypeVar("_Item", _Bar, _Mark)
@@ -278,6 +288,59 @@ def _with_step(mode: str, step: str) -> str:
 # ------------------------------------------------------------------ views
 
 
+@dataclass
+class _Requests:
+    """A run's request history: admission episodes and stays in the queue by
+    request, and the preemption marks by (request, time)."""
+
+    segs: list[q.Segment]
+    waits: list[q.Wait]
+    marks: dict[tuple[int, float], q.Mark]
+
+    @staticmethod
+    def of(store: Store, run_id: int) -> _Requests:
+        db = store.db
+        return _Requests(q.request_segments(db, run_id), q.request_waits(db, run_id),
+                         {(m.request_id or 0, m.t): m for m in q.preemptions(db, run_id)})
+
+    def lanes(self, key: Any) -> dict[Any, tuple[list[q.Segment], list[q.Wait]]]:
+        """Segments and waits by lane (`key` of a segment or wait; None: none)."""
+        out: dict[Any, tuple[list[q.Segment], list[q.Wait]]] = defaultdict(lambda: ([], []))
+        for s in self.segs:
+            if key(s) is not None:
+                out[key(s)][0].append(s)
+        for w in self.waits:
+            if key(w) is not None:
+                out[key(w)][1].append(w)
+        return out
+
+    def draw(self, segs: list[q.Segment], waits: list[q.Wait], top: float, band: float,
+             colour: Any, group: Any = lambda s: "") -> tuple[list[_Bar], list[_Mark]]:
+        """One lane's requests, each in a row of its own from ready to its end:
+        queued (ready → admitted), then its admission episodes; marks where it
+        was preempted (naming the decision) or retracted."""
+        lives: dict[int, list[float]] = {}
+        for start, end, rid in [(w.start, w.end, w.request_id) for w in waits] + [
+                (s.admitted, s.end, s.request_id) for s in segs]:
+            life = lives.setdefault(rid, [start, end])
+            life[0], life[1] = min(life[0], start), max(life[1], end)
+        order = sorted(lives, key=lambda r: (lives[r][0], r))
+        rows, n = _slots([(lives[r][0], lives[r][1]) for r in order])
+        h = band / n
+        y_of = {rid: top + k * h for rid, k in zip(order, rows, strict=True)}
+        bars = [_Bar("queued", y_of[w.request_id], h * 0.9, w.start, w.end, _wait_hover(w))
+                for w in waits if w.end > w.start or w.end_kind == "open"]
+        marks: list[_Mark] = []
+        for s in segs:
+            y = y_of[s.request_id]
+            bars.extend(_segment_bars(s, y, h * 0.9, colour(s), group(s)))
+            if s.end_kind in ("preempt", "retract"):
+                mark = self.marks.get((s.request_id, s.end))
+                marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s, mark),
+                                   None if mark is None else mark.decision))
+        return bars, marks
+
+
 def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[_Mark],
                                                      list[_Bar]]:
     db = store.db
@@ -296,21 +359,15 @@ def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list
                          f"<b>{_esc(span.agent)}</b>: {what}<br>{_span(span.start, span.end)}"
                          f"<br>{span.tokens} tokens{extra}"))
     prefix_bars = list(bars)
-    by_agent: dict[str, list[q.Segment]] = defaultdict(list)
-    for s in q.request_segments(db, run_id):
-        if s.agent is not None and s.agent in row:
-            by_agent[s.agent].append(s)
+    reqs = _Requests.of(store, run_id)
     marks: list[_Mark] = []
-    for agent, group in by_agent.items():
-        slots, n = _slots(group)
+    by_agent = reqs.lanes(lambda s: s.agent if s.agent in row else None)
+    for agent, (segs, waits) in by_agent.items():
         top, band = REQUEST_BAND
-        h = band / n
-        for s, k in zip(group, slots, strict=True):
-            y = row[agent] + top + k * h
-            colour = TASK_COLOURS[(s.task_id or 0) % len(TASK_COLOURS)]
-            bars.extend(_segment_bars(s, y, h * 0.9, colour))
-            if s.end_kind in ("preempt", "retract"):
-                marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s)))
+        got_bars, got_marks = reqs.draw(segs, waits, row[agent] + top, band, lambda s: TASK_COLOURS[
+            (s.task_id or 0) % len(TASK_COLOURS)])
+        bars += got_bars
+        marks += got_marks
     agg = prefix_bars + _busy_spans(by_agent, row)
     return [_esc(a) for a in agents], bars, marks, agg
 
@@ -322,32 +379,29 @@ def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[
     row = {t.task_id: i for i, t in enumerate(tasks)}
     lanes = [f"task {t.task_id}" for t in tasks]
     _, t_end = q.time_span(db, run_id)
+    reqs = _Requests.of(store, run_id)
+    by_task = reqs.lanes(lambda s: s.task_id if s.task_id in row else None)
     bars: list[_Bar] = []
     for t in tasks:
         end = t.completion if t.completion is not None else t_end
         start = t.arrival if t.arrival is not None else end
         jct = f"JCT {end - start:.2f} s" if t.completion is not None else "unfinished"
+        queued = sum(w.end - w.start for w in by_task.get(t.task_id, ([], []))[1])
         bars.append(_Bar("task", row[t.task_id] + TASK_BAND[0], TASK_BAND[1], start, end,
                          f"<b>task {t.task_id}</b> ({_esc(t.workflow or '?')})<br>"
-                         f"{_span(start, end)}<br>{jct}"))
+                         f"{_span(start, end)}<br>{jct}<br>its requests queued "
+                         f"{queued:.2f} s in all"))
     task_bars = list(bars)
-    segs = [s for s in q.request_segments(db, run_id) if s.task_id in row]
-    agents = sorted({s.agent or "" for s in segs})
+    agents = sorted({s.agent or "" for s in reqs.segs if s.task_id in row})
     colour = {a: AGENT_COLOURS[i % len(AGENT_COLOURS)] for i, a in enumerate(agents)}
-    by_task: dict[int, list[q.Segment]] = defaultdict(list)
-    for s in segs:
-        by_task[s.task_id].append(s)  # type: ignore[index]
     marks: list[_Mark] = []
-    for task_id, group in by_task.items():
-        slots, n = _slots(group)
+    for task_id, (segs, waits) in by_task.items():
         top, band = TASK_REQUEST_BAND
-        h = band / n
-        for s, k in zip(group, slots, strict=True):
-            y = row[task_id] + top + k * h
-            bars.extend(_segment_bars(s, y, h * 0.9, colour[s.agent or ""],
-                                      f"agent {_esc(s.agent)}"))
-            if s.end_kind in ("preempt", "retract"):
-                marks.append(_Mark(s.end_kind, y + h * 0.45, s.end, _seg_hover(s)))
+        got_bars, got_marks = reqs.draw(segs, waits, row[task_id] + top, band,
+                                        lambda s: colour[s.agent or ""],
+                                        lambda s: f"agent {_esc(s.agent)}")
+        bars += got_bars
+        marks += got_marks
     agg = [_Bar("task", b.y, TASK_BAND[1] + TASK_REQUEST_BAND[1], b.start, b.end, b.hover)
            for b in task_bars]
     return lanes, bars, marks, agg
@@ -385,7 +439,7 @@ def _segment_bars(s: q.Segment, y: float, h: float, colour: str,
     return out
 
 
-def _seg_hover(s: q.Segment) -> str:
+def _seg_hover(s: q.Segment, mark: q.Mark | None = None) -> str:
     lines = [f"<b>request {s.request_id}</b> (admission {s.attempt})",
              f"task {s.task_id}, stage {_esc(s.stage)}, agent {_esc(s.agent)}",
              f"admitted {s.admitted:.3f} s"]
@@ -393,52 +447,72 @@ def _seg_hover(s: q.Segment) -> str:
         lines.append(f"started {s.started:.3f} s")
     if s.prefill_end is not None:
         lines.append(f"prefill end {s.prefill_end:.3f} s")
-    ends = {"finish": "finished", "preempt": "preempted", "retract": "retracted",
-            "withdraw": "withdrawn (its client went away)",
+    ends = {"finish": "finished", "preempt": "preempted", "retract": "retracted by the engine "
+            "(out of KV)", "withdraw": "withdrawn (its client went away)",
             "open": "still running at the end of the log"}
     lines.append(f"{ends.get(s.end_kind, s.end_kind)} {s.end:.3f} s")
+    if mark is not None and mark.decision is not None:
+        lines.append(f"by decision #{mark.decision}" + (
+            f": chosen total {mark.chosen_total:.3f} vs best rejected "
+            f"{mark.best_rejected_total:.3f} (the highest total wins)"
+            if mark.chosen_total is not None and mark.best_rejected_total is not None else ""))
     return "<br>".join(lines)
 
 
-def _slots(segs: Sequence[q.Segment]) -> tuple[list[int], int]:
-    """Rows for overlapping segments (sorted by admission): lowest free row first."""
+def _wait_hover(w: q.Wait) -> str:
+    since = {"ready": "ready", "preempt": "preempted", "retract": "retracted"}[w.after]
+    until = {"admit": "admitted", "withdraw": "withdrawn (its client went away)",
+             "open": "still waiting at the end of the log"}.get(w.end_kind, w.end_kind)
+    return (f"<b>request {w.request_id}</b> queued {w.end - w.start:.3f} s<br>"
+            f"task {w.task_id}, stage {_esc(w.stage)}, agent {_esc(w.agent)}<br>"
+            f"{since} {w.start:.3f} s → {until} {w.end:.3f} s")
+
+
+def _slots(spans: Sequence[tuple[float, float]]) -> tuple[list[int], int]:
+    """Rows for overlapping (start, end) spans, sorted by start: lowest free row first."""
     free: list[int] = []
     busy: list[tuple[float, int]] = []
     out: list[int] = []
     n = 0
-    for s in segs:
-        while busy and busy[0][0] <= s.admitted:
+    for start, end in spans:
+        while busy and busy[0][0] <= start:
             heapq.heappush(free, heapq.heappop(busy)[1])
         k = heapq.heappop(free) if free else n
         n = max(n, k + 1)
-        heapq.heappush(busy, (s.end, k))
+        heapq.heappush(busy, (end, k))
         out.append(k)
     return out, max(n, 1)
 
 
-def _busy_spans(by_agent: dict[str, list[q.Segment]], row: dict[str, int]) -> list[_Bar]:
-    """Requests of each agent merged into spans where at least one was admitted."""
+def _busy_spans(by_agent: dict[str, tuple[list[q.Segment], list[q.Wait]]],
+                row: dict[str, int]) -> list[_Bar]:
+    """Each agent's requests merged: spans where at least one waited in the queue
+    (the band's top third) and where at least one was admitted (below)."""
     out: list[_Bar] = []
     top, band = REQUEST_BAND
-    for agent, segs in by_agent.items():
-        cur: list[Any] | None = None
-        for s in sorted(segs, key=lambda s: s.admitted):
-            if cur is not None and s.admitted <= cur[1]:
-                cur[1] = max(cur[1], s.end)
-                cur[2] += 1
-                continue
-            if cur is not None:
-                out.append(_busy(agent, row, cur, top, band))
-            cur = [s.admitted, s.end, 1]
-        if cur is not None:
-            out.append(_busy(agent, row, cur, top, band))
+    for agent, (segs, waits) in by_agent.items():
+        for kind, spans, y, h in (
+                ("queued_busy", [(w.start, w.end) for w in waits if w.end > w.start], top,
+                 band / 3),
+                ("busy", [(s.admitted, s.end) for s in segs], top + band / 3, band * 2 / 3)):
+            for start, end, n in _merge(spans):
+                what = "waited in the queue" if kind == "queued_busy" else "admitted"
+                out.append(_Bar(kind, row[agent] + y, h * 0.95, start, end,
+                                f"<b>{_esc(agent)}</b>: {n} request(s) {what}<br>"
+                                f"{_span(start, end)}"))
     return out
 
 
-def _busy(agent: str, row: dict[str, int], cur: list[Any], top: float, band: float) -> _Bar:
-    start, end, n = cur
-    return _Bar("busy", row[agent] + top, band * 0.95, start, end,
-                f"<b>{_esc(agent)}</b>: {n} request admission(s)<br>{_span(start, end)}")
+def _merge(spans: list[tuple[float, float]]) -> list[tuple[float, float, int]]:
+    """Overlapping spans merged: (start, end, how many)."""
+    out: list[list[Any]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+            out[-1][2] += 1
+        else:
+            out.append([start, end, 1])
+    return [(a, b, n) for a, b, n in out]
 
 
 def _clip(bars: list[_Bar], window: tuple[float, float]) -> list[_Bar]:
@@ -573,13 +647,17 @@ def _figure(run: q.RunRow, view: str, lanes: list[str], bars: list[_Bar], marks:
                 trace.update(text=[b.label for b in group], textposition="inside",
                              insidetextanchor="middle", textfont={"color": "white"})
             fig.add_trace(trace)
-    for kind, symbol, colour, name in (("preempt", "x", "#d62728", "preempted (policy)"),
+    for kind, symbol, colour, name in (("preempt", "x", "#d62728", "preempted (policy: #decision)"),
                                        ("retract", "triangle-down", "#ff7f0e",
                                         "retracted (engine)")):
         group_m = [m for m in marks if m.kind == kind]
         if group_m:
+            labelled = kind == "preempt" and len(bars) + len(marks) <= LABEL_BARS
             fig.add_trace(go.Scatter(
-                name=name, mode="markers", x=[m.t for m in group_m], y=[m.y for m in group_m],
+                name=name, mode="markers+text" if labelled else "markers",
+                x=[m.t for m in group_m], y=[m.y for m in group_m],
+                text=[f"#{m.decision}" if m.decision is not None else "" for m in group_m],
+                textposition="middle right", textfont={"color": colour, "size": 10},
                 marker={"symbol": symbol, "color": colour, "size": 10,
                         "line": {"width": 1, "color": "#333333"}},
                 hovertext=[m.hover for m in group_m], hoverinfo="text", meta=kind,

@@ -244,8 +244,54 @@ def _segment(rid: int, attempt: int, o: dict[str, Any], end: float, kind: str) -
 
 
 @dataclass(frozen=True, slots=True)
+class Wait:
+    """A request in the waiting queue: from when it became ready (or was
+    preempted or retracted: `after`) until admitted, withdrawn or the log's end
+    (`end_kind`: admit, withdraw, open)."""
+
+    request_id: int
+    task_id: int | None
+    stage: str | None
+    agent: str | None
+    after: str  # ready | preempt | retract
+    start: float
+    end: float
+    end_kind: str
+
+
+def request_waits(db: Database, run_id: int) -> list[Wait]:
+    """Every stay of every request of a run in the waiting queue, by start (a
+    request never admitted waits until it is withdrawn or the log ends)."""
+    _, t_end = time_span(db, run_id)
+    rows = db.execute(
+        f"SELECT request_id, t, kind, task_id, stage, agent FROM engine_events "
+        f"WHERE run_id = ? AND request_id IS NOT NULL AND kind IN "
+        f"({', '.join('?' * len(REQUEST_PHASE))}) ORDER BY request_id, id",
+        [run_id, *map(str, REQUEST_PHASE)])
+    out: list[Wait] = []
+    for rid, group in _by_request(rows):
+        phase: str | None = None
+        since: tuple[Any, ...] | None = None
+        for _, t, kind, task, stage, agent in group:
+            new = request_phase(phase, kind)
+            if new == WAITING and phase != WAITING:
+                since = (t, kind.removeprefix("request_"), task, stage, agent)
+            elif since is not None and phase == WAITING and new != WAITING:
+                out.append(Wait(rid, since[2], since[3], since[4], since[1], since[0], t,
+                                kind.removeprefix("request_")))
+                since = None
+            phase = new
+        if since is not None:
+            out.append(Wait(rid, since[2], since[3], since[4], since[1], since[0],
+                            max(t_end, since[0]), "open"))
+    out.sort(key=lambda w: (w.start, w.request_id))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
 class Mark:
-    """A preemption (by the policy) or a retraction (by the engine)."""
+    """A preemption (by the policy, with its decision and the totals of the
+    chosen and best rejected states) or a retraction (by the engine)."""
 
     t: float
     kind: str
@@ -254,13 +300,17 @@ class Mark:
     stage: str | None
     agent: str | None
     tokens: int
+    decision: int | None = None
+    chosen_total: float | None = None
+    best_rejected_total: float | None = None
 
 
 def preemptions(db: Database, run_id: int) -> list[Mark]:
-    """Every preemption and retraction of a run, by time."""
+    """Every preemption and retraction of a run, by time (`preemption_log`)."""
     return [Mark(*r) for r in db.execute(
-        "SELECT t, kind, request_id, task_id, stage, agent, tokens FROM engine_events "
-        "WHERE run_id = ? AND kind IN ('preempt', 'retract') ORDER BY t, id", [run_id])]
+        "SELECT t, CASE by WHEN 'policy' THEN 'preempt' ELSE 'retract' END, request_id, "
+        "task_id, stage, agent, generated, decision, chosen_total, best_rejected_total "
+        "FROM preemption_log WHERE run_id = ? ORDER BY t, id", [run_id])]
 
 
 # ---------------------------------------------------------------- prefixes

@@ -6,7 +6,7 @@ as text (`sqlite-utils -p rid 12`) matches too.
   preempt, load, evict) and its `request_id` (admit, preempt) or `agent`
   (load, evict).
 - `preemption_log`: one row per preemption (`by` policy) or retraction (`by`
-  engine): its decision (the policy's; logs before m005 find it through
+  engine), `id` its event's: its decision (the policy's; logs before m005 find it through
   `decision_actions`), request, task, workflow, stage, agent, tokens it had
   generated, the chosen state's total and the best rejected candidate's total
   (logged candidates only) and their margin.
@@ -30,11 +30,11 @@ DECISION_ACTIONS = "\nUNION ALL\n".join(
 
 PREEMPTION_LOG = """
 SELECT q.*, q.chosen_total - q.best_rejected_total AS margin FROM (
-SELECT p.run_id, p.t, p.decision, p.by, p.request_id, p.task_id, tk.workflow, p.stage,
+SELECT p.run_id, p.id, p.t, p.decision, p.by, p.request_id, p.task_id, tk.workflow, p.stage,
        p.agent, p.generated, d.total AS chosen_total,
        (SELECT max(c.total) FROM candidates c WHERE c.run_id = p.run_id
           AND c.decision_seq = p.decision AND c.won = 0) AS best_rejected_total
-FROM (SELECT e.run_id, e.t, e.request_id, e.task_id, e.stage, e.agent, e.tokens AS generated,
+FROM (SELECT e.run_id, e.id, e.t, e.request_id, e.task_id, e.stage, e.agent, e.tokens AS generated,
              CASE e.kind WHEN 'preempt' THEN 'policy' ELSE 'engine' END AS by,
              CAST(CASE WHEN e.kind = 'retract' THEN NULL ELSE coalesce(e.decision, (
                  SELECT max(a.decision) FROM decision_actions a

@@ -167,6 +167,9 @@ def test_agents_view_bars_tell_waiting_prefill_and_service_apart(log: Path) -> N
             spans = [(b, b + x) for b, x in zip(trace.base, trace.x, strict=True)]
             by_kind.setdefault(trace.meta, []).extend(spans)
             assert trace.orientation == "h" and len(trace.hovertext) == len(spans)
+    # queued: r1 retracted at 2 until its admission at 5, r0 preempted at 3 until
+    # 4, r2 ready at 8 until 9 (the zero-length waits at 0 draw nothing)
+    assert sorted(by_kind["queued"]) == [(2.0, 5.0), (3.0, 4.0), (8.0, 9.0)]
     assert sorted(by_kind["waiting"]) == [(0.0, 1.0), (0.0, 1.0), (9.0, 10.0)]
     assert by_kind["prefill"] == [(4.0, 4.5)]
     assert sorted(by_kind["service"]) == [(1.0, 2.0), (1.0, 3.0), (4.5, 8.0), (5.0, 9.0),
@@ -174,7 +177,7 @@ def test_agents_view_bars_tell_waiting_prefill_and_service_apart(log: Path) -> N
     assert sorted(by_kind["resident"]) == [(0.0, 9.0), (9.0, 12.0)]
     assert by_kind["load"] == [(0.0, 1.0)] and by_kind["offload"] == [(1.0, 2.0)]
     assert by_kind["compute"] == [(9.0, 10.0)]
-    assert g.bars == 14 and g.marks == 2
+    assert g.bars == 17 and g.marks == 2
     marks = {t.meta: list(t.x) for t in g.figure.data if t.type == "scatter"}
     assert marks == {"preempt": [3.0], "retract": [2.0]}
     hover = next(t for t in g.figure.data if t.meta == "prefill").hovertext[0]
@@ -183,7 +186,7 @@ def test_agents_view_bars_tell_waiting_prefill_and_service_apart(log: Path) -> N
 
 def test_aggregating_the_requests_keeps_the_preemption_marks(log: Path) -> None:
     with Store(log) as store:
-        g = build_gantt(store, max_bars=13)  # 14 bars: the requests are aggregated
+        g = build_gantt(store, max_bars=16)  # 17 bars: the requests are aggregated
     assert g.mode == "aggregated" and g.marks == 2
     marks = {t.meta: list(t.x) for t in g.figure.data if t.type == "scatter"}
     assert marks == {"preempt": [3.0], "retract": [2.0]}
@@ -398,14 +401,14 @@ def test_bars_tied_at_the_window_end_fill_the_cap_and_are_noted(tmp_path: Path) 
 
 
 def test_preemption_marks_inside_the_window_are_drawn(tmp_path: Path) -> None:
-    """Marks count toward --max-bars: the window holds the first 10 bars and
+    """Marks count toward --max-bars: the window holds the first 40 bars and
     marks; marks tied at its cut and those past it are counted as not drawn."""
     db = replay_db(tmp_path, "--tasks", "60", "--rate", "1.5")
     with Store(db) as store:
         every = q.preemptions(store.db, 1)
-        g = build_gantt(store, max_bars=10)
+        g = build_gantt(store, max_bars=40)
     assert len(every) > 10 and g.mode == "aggregated+windowed"
-    assert g.bars + g.marks == 10 and g.marks > 0
+    assert g.bars + g.marks == 40 and g.marks > 0
     inside = [m.t for m in every if g.window[0] <= m.t < g.window[1]]
     drawn = sorted(x for t in g.figure.data if t.type == "scatter" for x in t.x)
     assert len(drawn) == g.marks and set(drawn) <= set(inside)
@@ -588,3 +591,48 @@ def test_gantt_cli_refuses_a_folder_as_output(log: Path, tmp_path: Path, kind: s
         lines = res.output.strip().splitlines()
         assert lines == [f"error: {folder}/: is a folder, not a file; name the HTML file, "
                          f"e.g. -o {folder}/gantt.html"]
+
+
+# ------------------------------------------------------------ queueing
+
+
+def test_a_request_never_admitted_fills_its_agents_lane_with_its_wait(tmp_path: Path) -> None:
+    """The operator's case: a request that waited to the end of the log is a
+    queued bar across its agent's lane, not an idle lane."""
+    path = tmp_path / "starved.db"
+    write_log(path, [*EVENTS, EngineEvent(1.0, K.TASK_ARRIVE, task_id=7, note="wf"),
+                     req(1.0, K.REQUEST_READY, 7, 7, "a", "C")])
+    with Store(path) as store:
+        g = build_gantt(store, view="agents")
+        t = build_gantt(store, view="tasks")
+    assert g.lanes == ["A", "C", "B"]
+    queued = next(tr for tr in g.figure.data if tr.meta == "queued")
+    lane_c = [(b, b + x, y) for b, x, y in zip(queued.base, queued.x, queued.y, strict=True)
+              if 1 <= y < 2]
+    assert [(a, b) for a, b, _ in lane_c] == [(1.0, 12.0)]
+    hover = next(h for h, y in zip(queued.hovertext, queued.y, strict=True) if 1 <= y < 2)
+    assert "request 7</b> queued 11.000 s" in hover
+    assert "still waiting at the end of the log" in hover
+    task_queued = next(tr for tr in t.figure.data if tr.meta == "queued")
+    assert (1.0, 12.0) in [(b, b + x) for b, x in zip(task_queued.base, task_queued.x,
+                                                      strict=True)]
+    task7 = next(tr for tr in t.figure.data if tr.meta == "task")
+    assert any("queued 11.00 s in all" in h for h in task7.hovertext)
+
+
+def test_preemption_marks_name_their_decision(tmp_path: Path) -> None:
+    db = replay_db(tmp_path, "--tasks", "60", "--rate", "1.5")
+    with Store(db) as store:
+        logged = {(r["request_id"], r["t"]): r for r in store.db.query(
+            "SELECT * FROM preemption_log WHERE by = 'policy'")}
+        first = min(t for _, t in logged)
+        g = build_gantt(store, window=(first - 5, first + 5))
+    (marks,) = [tr for tr in g.figure.data if tr.meta == "preempt"]
+    assert marks.mode == "markers+text" and len(marks.x) >= 1
+    for t, text, hover in zip(marks.x, marks.text, marks.hovertext, strict=True):
+        rid = int(re.search(r"request (\d+)", hover).group(1))  # type: ignore[union-attr]
+        row = logged[(rid, t)]
+        assert text == f"#{row['decision']}"
+        assert f"by decision #{row['decision']}" in hover
+        if row["best_rejected_total"] is not None:
+            assert "the highest total wins" in hover
