@@ -35,10 +35,12 @@ from console.messages import (
     FeedReset,
     StateArrived,
 )
+from console.screens import task as task_screen
 from console.screens.dashboard import Dashboard
 from console.screens.goto import GotoScreen, GotoTarget
 from console.screens.help import HelpScreen
 from console.screens.params import ParamsScreen
+from console.screens.task import TaskScreen
 from console.snapshot import DecisionRow, Numbers, Snapshot, decision_from_event
 from console.sources import ApiError, ConnectionLost, LiveClient, ReplaySource, Target
 
@@ -373,6 +375,31 @@ class ConsoleApp(App[None]):
                                     (seqs[0], seqs[-1]) if seqs else None), chosen)
 
     # ------------------------------------------------------------ screens
+
+    def open_task(self, task_id: int) -> None:
+        """Open a task: its stages, requests and decisions."""
+        if self._bring_forward(TaskScreen):
+            self.pop_screen()
+        self.push_screen(TaskScreen(task_id))
+
+    def load_task(self, screen: TaskScreen) -> None:
+        """Fill an opened task: from the daemon, or as of the replay cursor."""
+        if self.replay is None:
+            self.run_worker(task_screen.fetch(screen), group="task", exclusive=True,
+                            exit_on_error=False)
+            return
+        detail = self.replay.task(screen.task_id, self.cursor_t)
+        screen.show(detail, "not arrived yet at the cursor")
+
+    def show_decision(self, seq: int) -> None:
+        """A decision an opened task named: replay: the cursor on it; live: its
+        candidates (the feed keeps its place)."""
+        if self.replay is not None:
+            self.goto_decision(seq)
+        else:
+            self._detail_seq = None
+            self.request_detail(seq)
+        self.dashboard.query_one("#candidates").focus()
 
     def open_params(self) -> None:
         if not self._bring_forward(ParamsScreen):

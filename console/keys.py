@@ -26,6 +26,7 @@ DASHBOARD: list[Binding] = [
     Binding("c", "focus_panel('candidates')", "Candidates", show=False,
             id="console.focus_candidates"),
     Binding("s", "sort_tasks", "Sort", id="console.sort_tasks"),
+    Binding("slash", "filter_tasks", "Filter", id="console.filter_tasks"),
     Binding("n", "toggle_noop", "No-ops", id="console.toggle_noop"),
 ]
 LIVE: list[Binding] = [
@@ -113,13 +114,15 @@ def help_rows(keymap: Mapping[str, str] | None = None) -> list[tuple[str, str, s
             rows.append((section, _keys(keymap.get(b.id or "", b.key)), _what(b)))
     rows.append(("everywhere", "ctrl+p", "Command palette"))
     rows.append(("dashboard", "tab / shift+tab", "Next / previous panel"))
-    rows.append(("dashboard", "enter", "Decisions: show the candidates of the row"))
+    rows.append(("dashboard", "enter", "Decisions: show the candidates of the row; "
+                 "Tasks: open the task (its stages, requests, decisions)"))
+    rows.append(("dashboard", "j / k", "Tasks: down / up"))
     return rows
 
 
 _NAMES = {"question_mark": "?", "full_stop": ".", "comma": ",", "right_square_bracket": "]",
           "left_square_bracket": "[", "right_curly_bracket": "}", "left_curly_bracket": "{",
-          "dollar_sign": "$", "space": "space"}
+          "dollar_sign": "$", "space": "space", "slash": "/"}
 
 
 def _keys(key: str) -> str:

@@ -7,10 +7,11 @@ Widgets render only these types, so live and replay look the same.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from store import queries as q
+from topasd.lifecycle import workflow_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,10 @@ class AgentRow:
     kv_running: int  # KV tokens its running requests hold
 
 
+LATE_SLACK = 0.25  # late: 25% past its workflow's (or stage's) p99 so far
+LATE_SAMPLES = 5  # ... once that many of them finished (before: nothing is late)
+
+
 @dataclass(frozen=True, slots=True)
 class TaskRow:
     """A task in flight and its DAG progress."""
@@ -41,6 +46,8 @@ class TaskRow:
     running: tuple[str, ...]  # stages with a request running
     waiting: tuple[str, ...]  # stages with a request waiting
     remaining_s: float | None  # expected longest remaining path (None: not known)
+    client_id: str | None = None  # the application's task id (topasd.task_id)
+    stage_since: tuple[tuple[str, float], ...] = ()  # its active stages' first ready
 
     @property
     def expected_jct(self) -> float | None:
@@ -81,6 +88,7 @@ class Snapshot:
     draining: bool = False
     started_ts: float | None = None
     requests_withdrawn: int = 0  # calls whose client went away (live only)
+    groups: Mapping[str, q.GroupStats] = field(default_factory=dict)  # by workflow label
 
     @property
     def kv_free(self) -> int | None:
@@ -89,12 +97,28 @@ class Snapshot:
         return max(0, self.budget - self.kv_prefixes - self.kv_requests)
 
     def late(self, task: TaskRow) -> bool:
-        """A task is late when its age plus expected remaining path passes the p99
-        JCT so far (before the first completion nothing is late)."""
-        p99 = self.numbers.jct_p99
-        if p99 is None:
-            return False
-        return task.age + (task.remaining_s or 0.0) > p99
+        return self.late_reason(task) is not None
+
+    def late_reason(self, task: TaskRow) -> str | None:
+        """Why a task is late, judged against its own workflow's finished tasks
+        (LATE_SAMPLES at least): age + expected remaining path past its
+        workflow's p99 JCT by LATE_SLACK, or an active stage running longer than
+        that stage's p99 by LATE_SLACK. None: not late (or nothing to judge by)."""
+        group = self.groups.get(workflow_label(task.workflow))
+        if group is None:
+            return None
+        p99 = group.jct_p99_s
+        if group.finished >= LATE_SAMPLES and p99 is not None:
+            expected = task.age + (task.remaining_s or 0.0)
+            if expected > p99 * (1 + LATE_SLACK):
+                return (f"{expected:.0f} s expected > {workflow_label(task.workflow)}'s p99 "
+                        f"{p99:.0f} s + {LATE_SLACK:.0%}")
+        for stage, since in task.stage_since:
+            n, stage_p99 = group.stages.get(stage, (0, 0.0))
+            if n >= LATE_SAMPLES and self.t - since > stage_p99 * (1 + LATE_SLACK):
+                return (f"stage {stage} {self.t - since:.0f} s > its p99 {stage_p99:.0f} s + "
+                        f"{LATE_SLACK:.0%}")
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +168,75 @@ class DecisionDetail:
     chosen: int | None
     candidates: tuple[CandidateRow, ...]
     note: str = ""  # e.g. how many candidates were logged
+    requests: Mapping[int, tuple[int | None, str, str]] = field(default_factory=dict)
+    # the admitted and preempted requests: (task, stage, agent)
+
+    def named(self, rid: int) -> str:
+        """'12 (task 3 · b · B)', or '12' when its task is not known."""
+        info = self.requests.get(rid)
+        return str(rid) if info is None else f"{rid} (task {info[0]} · {info[1]} · {info[2]})"
+
+
+@dataclass(frozen=True, slots=True)
+class TrailRow:
+    """One request of an opened task: times and the decisions that touched it."""
+
+    id: int
+    stage: str
+    agent: str
+    state: str
+    ready: float
+    admitted: float | None
+    finished: float | None
+    preemptions: int
+    retractions: int
+    decisions: tuple[tuple[int, str], ...]  # (seq, admit | preempt)
+
+
+@dataclass(frozen=True, slots=True)
+class StageRow:
+    name: str
+    status: str
+    rounds_done: int
+    started: float | None
+    finished: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDetail:
+    """An opened task: its stages and requests (None: no longer kept)."""
+
+    id: int
+    workflow: str
+    client_id: str | None
+    status: str
+    arrival: float
+    finished: float | None
+    stages: tuple[StageRow, ...]
+    requests: tuple[TrailRow, ...] | None
+
+    def decisions(self) -> list[tuple[int, str, TrailRow]]:
+        """Every (decision, action, request) of its requests, by decision."""
+        return sorted(((seq, action, r) for r in self.requests or () for seq, action
+                       in r.decisions), key=lambda x: (x[0], x[2].id))
+
+
+def task_from_api(data: Mapping[str, Any]) -> TaskDetail:
+    """An opened task of `GET /v1/tasks/{id}` (or `store.queries.task_at`, alike)."""
+    reqs = data.get("requests")
+    return TaskDetail(
+        id=int(data["id"]), workflow=str(data["workflow"]),
+        client_id=data.get("client_task_id"), status=str(data["status"]),
+        arrival=float(data["arrival"]), finished=_f(data.get("finished")),
+        stages=tuple(StageRow(v, str(st["status"]), int(st["rounds_done"]),
+                              _f(st.get("started_at")), _f(st.get("finished_at")))
+                     for v, st in (data.get("stages") or {}).items()),
+        requests=None if reqs is None else tuple(TrailRow(
+            int(r["id"]), str(r["stage"]), str(r["agent"]), str(r["state"]), float(r["ready"]),
+            _f(r.get("admitted")), _f(r.get("finished")), int(r.get("preemptions", 0)),
+            int(r.get("retractions", 0)),
+            tuple((int(d["seq"]), str(d["action"])) for d in r.get("decisions", ())))
+            for r in reqs))
 
 
 # ------------------------------------------------------------------ live
@@ -177,13 +270,18 @@ def snapshot_from_state(state: Mapping[str, Any]) -> Snapshot:
     for item in state.get("tasks", []):
         if "arrival" not in item:
             continue
+        running_stages = tuple(item.get("stages_running", ()))
+        waiting_stages = tuple(item.get("stages_waiting", ()))
+        stages = item.get("stages") or {}
         tasks.append(TaskRow(
             id=int(item["id"]), workflow=str(item["workflow"]), arrival=float(item["arrival"]),
             age=max(0.0, t - float(item["arrival"])), stages_done=int(item["stages_done"]),
-            stages_total=int(item["stages_total"]),
-            running=tuple(item.get("stages_running", ())),
-            waiting=tuple(item.get("stages_waiting", ())),
-            remaining_s=_f(item.get("remaining_s"))))
+            stages_total=int(item["stages_total"]), running=running_stages,
+            waiting=waiting_stages, remaining_s=_f(item.get("remaining_s")),
+            client_id=item.get("client_task_id"),
+            stage_since=tuple((v, float(stages[v]["started_at"]))
+                              for v in sorted({*running_stages, *waiting_stages})
+                              if stages.get(v, {}).get("started_at") is not None)))
     stats = state.get("stats") or {}
     budget = state.get("budget", {})
     numbers = Numbers(
@@ -203,7 +301,15 @@ def snapshot_from_state(state: Mapping[str, Any]) -> Snapshot:
         params_version=state.get("params_version"),
         speed="" if speed is None else (f"{speed}x" if speed != "max" else "max"),
         draining=bool(state.get("draining", False)), started_ts=_f(state.get("started_ts")),
-        requests_withdrawn=int(counts.get("requests_withdrawn", 0)))
+        requests_withdrawn=int(counts.get("requests_withdrawn", 0)),
+        groups=_groups(stats.get("by_workflow") or {}))
+
+
+def _groups(by_workflow: Mapping[str, Any]) -> dict[str, q.GroupStats]:
+    """`/v1/state`'s stats.by_workflow as GroupStats."""
+    return {label: q.GroupStats(int(g.get("finished", 0)), _f(g.get("jct_p99_s")), {
+        v: (int(st["finished"]), float(st["p99_s"])) for v, st in (g.get("stages") or {}).items()})
+        for label, g in by_workflow.items()}
 
 
 def decision_from_event(data: Mapping[str, Any]) -> DecisionRow:
@@ -235,9 +341,11 @@ def detail_from_api(data: Mapping[str, Any]) -> DecisionDetail:
         blocked=bool(data["blocked"]), wall_ms=float(data["wall_ms"]),
         n_candidates=int(data["n_candidates"]), total=None if won is None else won.total)
     note = _candidates_note(len(cands), row.n_candidates, "")
+    named = {int(rid): (r.get("task_id"), str(r.get("stage") or "?"), str(r.get("agent") or "?"))
+             for rid, r in (data.get("requests") or {}).items()}
     return DecisionDetail(row=row, policy=str(data["policy"]),
                           reservation=str(data["reservation"]), chosen=data.get("chosen"),
-                          candidates=cands, note=note)
+                          candidates=cands, note=note, requests=named)
 
 
 # ----------------------------------------------------------------- replay
@@ -249,7 +357,8 @@ def numbers_from_headline(h: q.Headline) -> Numbers:
                    decision_p99_ms=h.decision_ms_p99)
 
 
-def snapshot_from_replay(s: q.StateAt, policy: str) -> Snapshot:
+def snapshot_from_replay(s: q.StateAt, policy: str,
+                         groups: Mapping[str, q.GroupStats] | None = None) -> Snapshot:
     """A snapshot of a recorded run's state at a time."""
     agents = []
     names = [p.agent for p in s.prefixes]
@@ -269,14 +378,14 @@ def snapshot_from_replay(s: q.StateAt, policy: str) -> Snapshot:
         id=tk.task_id, workflow=tk.workflow or "?", arrival=tk.arrival,
         age=max(0.0, s.t - tk.arrival), stages_done=tk.stages_done,
         stages_total=tk.stages_total, running=tk.stages_running, waiting=tk.stages_waiting,
-        remaining_s=None) for tk in s.tasks)
+        remaining_s=None, stage_since=tk.stage_since) for tk in s.tasks)
     kv_prefixes = sum(p.tokens for p in s.prefixes if p.location == "gpu")
     return Snapshot(
         t=s.t, budget=s.budget_tokens, kv_prefixes=kv_prefixes,
         kv_requests=sum(r.kv_tokens for r in s.running), agents=tuple(agents), tasks=tasks,
         numbers=numbers_from_headline(s.headline), tasks_in_flight=len(s.tasks),
         requests_running=len(s.running), requests_waiting=len(s.waiting),
-        decisions=s.decisions, policy=policy)
+        decisions=s.decisions, policy=policy, groups=groups or {})
 
 
 def _json_tuple(x: Any) -> tuple[Any, ...]:
@@ -300,7 +409,8 @@ def _candidates_note(shown: int, scored: int, logged: str) -> str:
 
 
 def detail_from_store(row: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
-                      policy: str) -> DecisionDetail:
+                      policy: str, requests: Mapping[int, tuple[int | None, str, str]] | None
+                      = None) -> DecisionDetail:
     """A decision detail of a stored decision and its logged candidates."""
     cands = tuple(CandidateRow(
         idx=int(c["idx"]), won=bool(c["won"]), resident=tuple(sorted(c.get("resident") or ())),
@@ -311,4 +421,5 @@ def detail_from_store(row: Mapping[str, Any], candidates: Sequence[Mapping[str, 
     d = decision_from_store(row)
     note = _candidates_note(len(cands), d.n_candidates, " logged")
     return DecisionDetail(row=d, policy=policy, reservation=str(row.get("reservation") or ""),
-                          chosen=row.get("chosen"), candidates=cands, note=note)
+                          chosen=row.get("chosen"), candidates=cands, note=note,
+                          requests=requests or {})

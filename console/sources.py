@@ -20,11 +20,13 @@ from console.snapshot import (
     DecisionRow,
     Numbers,
     Snapshot,
+    TaskDetail,
     decision_from_store,
     detail_from_api,
     detail_from_store,
     numbers_from_headline,
     snapshot_from_replay,
+    task_from_api,
 )
 from store import Store
 from store import queries as q
@@ -146,6 +148,9 @@ class LiveClient:
                                 params={"candidates": candidates})
         return detail_from_api(data)
 
+    async def task(self, task_id: int) -> TaskDetail:
+        return task_from_api(await self._call("GET", f"/v1/tasks/{task_id}"))
+
     async def events(self, since: int | None, kinds: str = "decision"
                      ) -> AsyncIterator[list[tuple[int | None, str, dict[str, Any]]]]:
         """Server-sent events as batches of (id, event, data): one batch per chunk
@@ -227,7 +232,7 @@ class ReplaySource:
 
     def snapshot(self, t: float) -> Snapshot:
         policy, _ = q.params_at(self.store.db, self.run, t)
-        return snapshot_from_replay(self.replay.state_at(t), policy)
+        return snapshot_from_replay(self.replay.state_at(t), policy, self.replay.groups_at(t))
 
     def series(self, t: float, points: int = 30) -> list[Numbers]:
         return [numbers_from_headline(h) for h in self.replay.headline_series(t, points)]
@@ -247,10 +252,17 @@ class ReplaySource:
         row = q.decision_row(self.store.db, self.run.id, seq)
         cands = q.candidates(self.store.db, self.run.id, seq)
         policy, _ = q.params_at(self.store.db, self.run, float(row["t"]), seq)
-        return detail_from_store(row, cands, policy)
+        ids = [*(row.get("admit") or ()), *(row.get("preempt") or ())]
+        return detail_from_store(row, cands, policy, q.request_names(self.store.db,
+                                                                     self.run.id, ids))
 
     def params(self, t: float) -> tuple[str, dict[str, Any]]:
         return q.params_at(self.store.db, self.run, t)
+
+    def task(self, task_id: int, t: float) -> TaskDetail | None:
+        """Task `task_id` as of `t` (None: it had not arrived)."""
+        data = q.task_at(self.store.db, self.run.id, task_id, t)
+        return None if data is None else task_from_api(data)
 
     def param_changes(self, t: float) -> list[dict[str, Any]]:
         """The changes up to `t` that changed a value (a policy switch also logs every

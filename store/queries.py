@@ -22,11 +22,14 @@ from topasd.lifecycle import (
     TASK_ENDS,
     WAITING,
     PrefixPhase,
+    Trail,
     episode_ends,
     prefix_after,
     request_phase,
+    stage_after,
+    workflow_label,
 )
-from topasd.model import Location
+from topasd.model import Location, StageProgress
 
 # ------------------------------------------------------------------- runs
 
@@ -313,6 +316,59 @@ def preemptions(db: Database, run_id: int) -> list[Mark]:
         "FROM preemption_log WHERE run_id = ? ORDER BY t, id", [run_id])]
 
 
+def request_names(db: Database, run_id: int, ids: list[int]
+                  ) -> dict[int, tuple[int | None, str, str]]:
+    """(task, stage, agent) of each request of `ids`."""
+    out: dict[int, tuple[int | None, str, str]] = {}
+    for i in range(0, len(ids), 500):
+        chunk = ids[i:i + 500]
+        for rid, task, stage, agent in db.execute(
+                f"SELECT request_id, task_id, stage, agent FROM requests WHERE run_id = ? AND "
+                f"request_id IN ({', '.join('?' * len(chunk))})", [run_id, *chunk]):
+            out[rid] = (task, stage or "?", agent or "?")
+    return out
+
+
+def task_at(db: Database, run_id: int, task_id: int, t: float) -> dict[str, Any] | None:
+    """Task `task_id` as of `t`, in the shape of the daemon's `GET /v1/tasks/{id}`:
+    its stages (those its requests reached), and its requests' trails
+    (`lifecycle.Trail`) with the decisions up to `t` that admitted or preempted
+    them. None: no such task, or it had not arrived by `t`."""
+    row = db.execute("SELECT workflow, arrival, completion FROM tasks WHERE run_id = ? AND "
+                     "task_id = ?", [run_id, task_id]).fetchone()
+    if row is None or row[1] is None or row[1] > t:
+        return None
+    workflow, arrival, completion = row
+    trails: dict[int, Trail] = {}
+    stages: dict[str, StageProgress] = {}
+    abandoned = False
+    for when, kind, rid, stage, agent, value in db.execute(
+            "SELECT t, kind, request_id, stage, agent, value FROM engine_events WHERE run_id = ? "
+            "AND task_id = ? AND t <= ? ORDER BY id", [run_id, task_id, t]):
+        abandoned = abandoned or kind == "task_abandon"
+        if stage is not None and kind in ("request_ready", "request_finish", "stage_finish"):
+            stages[stage] = stage_after(stages.get(stage, StageProgress()), kind, when, value)
+        if rid is None:
+            continue
+        if kind == "request_ready":
+            trails[rid] = Trail(rid, stage or "", agent or "", when)
+        elif rid in trails:
+            trails[rid].after(kind, when)
+    marks = ", ".join("?" * len(trails))
+    for seq, action, rid in db.execute(
+            f"SELECT decision, action, request_id FROM decision_actions WHERE run_id = ? AND "
+            f"t <= ? AND request_id IN ({marks}) ORDER BY decision", [run_id, t, *trails]):
+        trails[rid].decisions.append((seq, action))
+    done = completion is not None and completion <= t
+    return {"id": task_id, "workflow": workflow, "client_task_id": None,
+            "status": "done" if done else "abandoned" if abandoned else "running",
+            "arrival": arrival, "finished": completion if done else None,
+            "stages": {v: {"status": str(p.status), "rounds_done": p.rounds_done,
+                           "started_at": p.started_at, "finished_at": p.finished_at}
+                       for v, p in stages.items()},
+            "requests": [tr.as_dict() for tr in trails.values()]}
+
+
 # ---------------------------------------------------------------- prefixes
 
 
@@ -556,6 +612,30 @@ class TaskAt:
     stages_total: int | None
     stages_running: tuple[str, ...]
     stages_waiting: tuple[str, ...]
+    stage_since: tuple[tuple[str, float], ...] = ()  # its active stages' first ready
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """A workflow's (`lifecycle.workflow_label`) finished tasks up to a time:
+    their count and p99 JCT, and per stage (finished, p99 duration from its
+    first ready to its finish): what the console judges "late" by."""
+
+    finished: int
+    jct_p99_s: float | None
+    stages: Mapping[str, tuple[int, float]]
+
+
+def group_stats(jcts: Mapping[str, list[float]],
+                stages: Mapping[tuple[str, str], list[float]]) -> dict[str, GroupStats]:
+    """GroupStats of recent JCTs by workflow and stage durations by (workflow, stage)."""
+    out: dict[str, GroupStats] = {}
+    for label in {*jcts, *(w for w, _ in stages)}:
+        xs = jcts.get(label, [])
+        out[label] = GroupStats(len(xs), float(np.percentile(xs, 99)) if xs else None, {
+            v: (len(ys), float(np.percentile(ys, 99)))
+            for (w, v), ys in stages.items() if w == label and ys})
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,6 +752,8 @@ class RunReplay:
         self._jct = np.array([f[1] for f in fin], dtype=float)
         self._episodes = self._episode_ends()
         self._stage_totals = self._stages_per_workflow()
+        self._stage_first, self._finishes = self._stage_times()
+        self._finish_times = [f[0] for f in self._finishes]
         self.budget_tokens = _budget(self.run)
         self._checkpoints: list[tuple[int, _Replaying]] = [(0, _Replaying())]
         state = _Replaying()
@@ -746,7 +828,10 @@ class RunReplay:
         tasks = tuple(
             TaskAt(tid, wf, arrival, len(done), self._stage_totals.get(wf),
                    tuple(sorted(run_stages.get(tid, set()))),
-                   tuple(sorted(wait_stages.get(tid, set()) - run_stages.get(tid, set()))))
+                   tuple(sorted(wait_stages.get(tid, set()) - run_stages.get(tid, set()))),
+                   tuple((v, self._stage_first[(tid, v)]) for v in sorted(
+                       run_stages.get(tid, set()) | wait_stages.get(tid, set()))
+                       if (tid, v) in self._stage_first))
             for tid, (wf, arrival, done) in sorted(s.tasks.items()))
         prefixes = tuple(PrefixAt(a, p.tokens, p.location.value, p.ready, p.host_copy,
                                   p.transfer, p.until) for a, p in sorted(s.prefixes.items()))
@@ -788,6 +873,38 @@ class RunReplay:
                 if end is None:
                     out[rid][-1] = (start, t, int(tokens or 0))
         return out
+
+    def _stage_times(self) -> tuple[dict[tuple[int, str], float],
+                                    list[tuple[float, str, str | None, float]]]:
+        """Each (task, stage)'s first ready; and every task's and stage's finish as
+        (t, workflow label, stage or None for the task, its JCT or duration)."""
+        first: dict[tuple[int, str], float] = {}
+        label: dict[int, str] = {}
+        done: list[tuple[float, str, str | None, float]] = []
+        for t, kind, rid, task, _agent, stage, _tokens, value, note in self._events:
+            if kind == "task_arrive":
+                label[task] = workflow_label(note or "")
+            elif kind == "request_ready" and rid is not None and stage is not None:
+                first.setdefault((task, stage), t)
+            elif kind == "stage_finish" and (task, stage) in first:
+                done.append((t, label.get(task, ""), stage, t - first[(task, stage)]))
+            elif kind == "task_finish":
+                done.append((t, label.get(task, ""), None, value))
+        done.sort(key=lambda d: d[0])
+        return first, done
+
+    def groups_at(self, t: float, window: int = 1000) -> dict[str, GroupStats]:
+        """Per workflow, the finished tasks' and stages' statistics up to `t` (the
+        last `window` of each, as the daemon keeps them)."""
+        jcts: dict[str, list[float]] = {}
+        stages: dict[tuple[str, str], list[float]] = {}
+        for _, label, stage, x in self._finishes[:bisect_right(self._finish_times, t)]:
+            if stage is None:
+                jcts.setdefault(label, []).append(x)
+            else:
+                stages.setdefault((label, stage), []).append(x)
+        return group_stats({k: v[-window:] for k, v in jcts.items()},
+                           {k: v[-window:] for k, v in stages.items()})
 
     def _stages_per_workflow(self) -> dict[str | None, int]:
         """Each workflow's stage count: the run's own (`trace_meta["stages"]`),

@@ -89,7 +89,8 @@ def test_state_shows_remaining_path_stages_and_stats(tmp_path: Path) -> None:
     assert st["stats"] == {"tasks_finished": 0, "throughput_task_s": 0.0, "jct_mean_s": None,
                            "jct_p99_s": None,
                            "decision_ms_mean": pytest.approx(sum(walls) / n),
-                           "decision_ms_p99": pytest.approx(float(np.percentile(walls, 99)))}
+                           "decision_ms_p99": pytest.approx(float(np.percentile(walls, 99))),
+                           "by_workflow": {}}  # nothing finished yet
     assert isinstance(st["event_id"], int) and st["started_ts"] <= time.time()
 
 
@@ -109,6 +110,13 @@ def test_state_stats_match_the_finished_tasks(tmp_path: Path) -> None:
     wall = [r["wall_ms"] for r in q.decisions(store.db, d.info["run_id"])]
     assert stats["decision_ms_mean"] == pytest.approx(sum(wall) / len(wall))
     assert "event: decision" in events
+    # "late" is judged by the same per-workflow statistics live and in replay
+    live = stats["by_workflow"]["chain3"]
+    replayed = q.RunReplay(store.db, d.info["run_id"]).groups_at(st["t"])["chain3"]
+    assert live["finished"] == replayed.finished == 5
+    assert live["jct_p99_s"] == pytest.approx(replayed.jct_p99_s)
+    assert {v: (x["finished"], pytest.approx(x["p99_s"])) for v, x in live["stages"].items()} \
+        == dict(replayed.stages) and set(replayed.stages) == {"a", "b", "c"}
     store.close()
 
 

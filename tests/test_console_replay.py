@@ -427,7 +427,7 @@ def test_noop_toggle_and_sorting(db: Path) -> None:
         assert feed.row_count == sql(db, "SELECT count(*) FROM decisions WHERE t <= 60")[0][0]
         assert feed.row_count > hidden
         tasks = app.dashboard.query_one(TaskList)
-        ages = [float(tasks.cells(i)[2].plain.rstrip("s")) for i in range(tasks.row_count)]
+        ages = [float(tasks.cells(i)[3].plain.rstrip("s")) for i in range(tasks.row_count)]
         assert ages == sorted(ages, reverse=True) and len(ages) > 1
         await pilot.press("s", "s", "s")  # age -> remaining -> progress -> id
         await pilot.pause()

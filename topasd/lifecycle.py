@@ -12,7 +12,8 @@ well as `EventKind`s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from topasd.model import KEPT_NOTE, EventKind, Location, StageProgress, StageStatus
 
@@ -111,6 +112,16 @@ def prefix_after(p: PrefixPhase | None, t: float, kind: str, tokens: int = 0,
 
 # ------------------------------------------------------------- stages, tasks
 
+SYNTHESIZED = "agent:"  # name prefix of the one-stage workflows of calls without one
+CALLS = "agent:*"  # those workflows as one: every call without a workflow
+
+
+def workflow_label(workflow: str) -> str:
+    """A workflow as metrics and lateness group it: registered ones by name; the
+    one-stage workflows synthesized per agent for plain calls as one (CALLS)."""
+    return CALLS if workflow.startswith(SYNTHESIZED) else workflow
+
+
 TASK_ENDS: frozenset[EventKind] = frozenset({K.TASK_FINISH, K.TASK_ABANDON})  # out of flight
 
 
@@ -126,3 +137,50 @@ def stage_after(s: StageProgress, kind: str, t: float, value: float = 0.0) -> St
     if kind == K.STAGE_FINISH:
         return replace(s, status=StageStatus.DONE, finished_at=t)
     return s
+
+
+# ------------------------------------------------------------- request trails
+
+TRAIL_STATE: Mapping[str, str] = {K.REQUEST_ADMIT: "running", K.PREEMPT: "waiting",
+                                  K.RETRACT: "waiting", K.REQUEST_FINISH: "finished",
+                                  K.REQUEST_WITHDRAW: "withdrawn"}
+
+
+@dataclass(slots=True)
+class Trail:
+    """One request of a task as an operator follows it: its state, times, how
+    often it was preempted (by the policy) or retracted (by the engine), and
+    the decisions that admitted or preempted it (the daemon's task ledger and
+    the store's replay build it with `after`)."""
+
+    id: int
+    stage: str
+    agent: str
+    ready: float
+    state: str = "waiting"  # waiting | running | finished | withdrawn
+    admitted: float | None = None
+    finished: float | None = None
+    preemptions: int = 0
+    retractions: int = 0
+    decisions: list[tuple[int, str]] = field(default_factory=list)  # (seq, admit|preempt)
+
+    def after(self, kind: str, t: float) -> None:
+        """The trail after an event of its request (other than its REQUEST_READY)."""
+        state = TRAIL_STATE.get(kind)
+        if state is None:
+            return
+        self.state = state
+        if kind == K.REQUEST_ADMIT and self.admitted is None:
+            self.admitted = t
+        elif kind == K.PREEMPT:
+            self.preemptions += 1
+        elif kind == K.RETRACT:
+            self.retractions += 1
+        elif state in ("finished", "withdrawn"):
+            self.finished = t
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "stage": self.stage, "agent": self.agent, "state": self.state,
+                "ready": self.ready, "admitted": self.admitted, "finished": self.finished,
+                "preemptions": self.preemptions, "retractions": self.retractions,
+                "decisions": [{"seq": seq, "action": a} for seq, a in self.decisions]}

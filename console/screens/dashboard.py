@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events
 from textual.app import ComposeResult
-from textual.binding import ActiveBinding, BindingType
+from textual.binding import ActiveBinding, Binding, BindingType
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header
+from textual.widgets import DataTable, Footer, Header, Input
 
 from console import keys
 from console.snapshot import DecisionDetail, DecisionRow, Numbers, Snapshot
@@ -22,6 +22,17 @@ from console.widgets.tasks import TaskList
 
 if TYPE_CHECKING:
     from console.app import ConsoleApp
+
+
+class TaskFilter(Input):
+    """The tasks' filter box (`/`): escape clears it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "clear", "Clear", show=False)]
+
+    def action_clear(self) -> None:
+        screen = self.screen
+        if isinstance(screen, Dashboard):
+            screen.close_filter(keep=False)
 
 FOOTER_ORDER = {b.id: i for i, b in enumerate(keys.ALL)}  # the footer's order
 SHORT = 32  # terminal rows below which the headline has no trend lines
@@ -58,6 +69,8 @@ class Dashboard(Screen[None]):
         with Horizontal(id="middle"):
             yield Residency(id="residency")
             yield TaskList(id="tasks")
+        yield TaskFilter(placeholder="filter tasks: id, client id, workflow or stage "
+                         "(enter: keep, escape: clear)", id="task-filter")
         with Horizontal(id="bottom"):
             yield DecisionFeed(id="decisions")
             yield DecisionDetailView(id="detail")
@@ -127,6 +140,32 @@ class Dashboard(Screen[None]):
 
     def action_sort_tasks(self) -> None:
         self.query_one(TaskList).cycle_sort()
+
+    def action_filter_tasks(self) -> None:
+        box = self.query_one(TaskFilter)
+        box.display = True
+        box.value = self.query_one(TaskList).filter_text
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "task-filter":
+            self.query_one(TaskList).set_filter(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "task-filter":
+            self.close_filter(keep=True)
+
+    def close_filter(self, keep: bool) -> None:
+        """Hide the filter box (`keep`: its filter stays), back to the tasks."""
+        box = self.query_one(TaskFilter)
+        if not keep:
+            box.value = ""
+            self.query_one(TaskList).set_filter("")
+        box.display = False
+        self.query_one(TaskList).focus()
+
+    def on_task_list_opened(self, event: TaskList.Opened) -> None:
+        self.console.open_task(event.task_id)
 
     def action_toggle_noop(self) -> None:
         feed = self.query_one(DecisionFeed)

@@ -20,12 +20,19 @@ PANELS = """\
 loads or is recomputed), running requests' KV (▓) and free space (░); per agent: its \
 prefix's size, where it lives and the move under way (a narrow panel shows the move in \
 place of where), running and waiting requests and their KV (tokens in k).
-[b]Tasks[/b]  tasks in flight: DAG progress (█ done, ▶ running, · waiting), age, expected \
-remaining longest path (Eq. 5; live only) and expected JCT. ⚠ late: age + remaining \
-passes the p99 JCT so far. Sort with s or by clicking a header.
-[b]Decisions[/b]  the scheduler's decisions (+admitted −preempted ⇡loaded ⇣evicted, \
+[b]Tasks[/b]  tasks in flight: the client's task id, DAG progress (█ done, ▶ running, \
+· waiting), age, expected remaining longest path (Eq. 5; live only) and expected JCT. \
+⚠ late, judged against its own workflow once 5 of its tasks finished: age + remaining \
+past that workflow's p99 JCT by 25%, or a stage running 25% past that stage's p99. Sort \
+with s or by clicking a header; / filters (id, client id, workflow, stage); j/k move; \
+enter opens the task: its stages, requests and the decisions that admitted or preempted \
+them (enter on one shows it).
+[b]Decisions[/b]  the scheduler's decisions (+admitted −preempted ⇣evicted ⇡loaded, \
 chosen score, policy wall time). The highlighted one's candidate states are on the \
-right with every score term: total = J_admit − J_move − J_redo − J_revoke + V_reuse.
+right with every score term: total = J_admit − J_move − J_redo − J_revoke + V_reuse; \
+the highest total wins. Preempted requests are named by task, stage and agent; a \
+narrow panel shows the terms that set the winner apart first, and says which columns \
+scroll.
 [b]Parameters[/b]  p: the policy and its parameters, validated against the daemon's \
 ranges, applied with PATCH /v1/params (effective at the next decision).
 [b]Replay[/b]  on a store file every panel shows the state as of the time cursor.\

@@ -9,25 +9,66 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable
 
-from console.snapshot import DecisionDetail, DecisionRow
+from console.snapshot import CandidateRow, DecisionDetail, DecisionRow
 from console.widgets.format import ids
 from console.widgets.phrases import Phrases
 
 FEED_ROWS = 300  # decisions the live feed keeps
-# the total right after # and won: a narrow panel cuts the last columns
-CANDIDATE_COLUMNS = ("#", "won", "total", "resident", "admit", "preempt", "J_admit", "J_move",
-                     "J_redo", "J_revoke", "V_reuse")
+TERMS = ("J_admit", "J_move", "J_redo", "J_revoke", "V_reuse")  # Eq. 13's, in its order
+# the total and every term right after # and won, the sets last: at 160 columns all the
+# terms show; a narrower panel puts the terms that decide first and says what scrolls
+CANDIDATE_COLUMNS = ("#", "won", "total", *TERMS, "resident", "admit", "preempt")
+WIDE_DETAIL = 96  # the candidates panel from this many cells shows the terms in Eq. 13's order
+ACTIONS_WIDTH = 24  # the feed's actions past this many cells count loads instead of naming
 
 
-def actions(d: DecisionRow) -> Text:
-    """'+3 −1 ⇡A ⇣C' (admitted, preempted, prefixes loaded and evicted)."""
+def term_values(c: CandidateRow) -> dict[str, float]:
+    return {"J_admit": c.j_admit, "J_move": c.j_move, "J_redo": c.j_redo,
+            "J_revoke": c.j_revoke, "V_reuse": c.v_reuse}
+
+
+def deciding_order(detail: DecisionDetail) -> tuple[str, ...]:
+    """The terms by how much they set the chosen state apart from the best
+    rejected one (signed as they enter the total), the most first."""
+    won = next((c for c in detail.candidates if c.won), None)
+    rest = [c for c in detail.candidates if not c.won]
+    if won is None or not rest:
+        return TERMS
+    best = max(rest, key=lambda c: c.total)
+    sign = {"J_admit": 1, "J_move": -1, "J_redo": -1, "J_revoke": -1, "V_reuse": 1}
+    a, b = term_values(won), term_values(best)
+    return tuple(sorted(TERMS, key=lambda k: -abs(sign[k] * (a[k] - b[k]))))
+
+
+def winner_phrase(detail: DecisionDetail) -> Text | None:
+    """'the highest total wins: #3 (41.2) over #7 (39.9)'."""
+    won = next((c for c in detail.candidates if c.won), None)
+    rest = [c for c in detail.candidates if not c.won]
+    if won is None:
+        return None
+    text = Text("  the highest total wins: ", style="bold") + Text(
+        f"#{won.idx} ({num(won.total)})", style="bold green")
+    if rest:
+        best = max(rest, key=lambda c: c.total)
+        text += Text(f" over #{best.idx} ({num(best.total)})")
+    return text
+
+
+def actions(d: DecisionRow, width: int = ACTIONS_WIDTH) -> Text:
+    """'+3 −1 ⇣C ⇡A' (admitted, preempted, prefixes evicted and loaded). Evictions
+    come before loads; past `width` cells the prefixes are counted ('⇣2 ⇡5'),
+    so a full column never hides an eviction."""
     if d.noop:
         return Text("no-op", style="grey50")
     text = Text()
     for n, sign, style in ((len(d.admit), "+", "green"), (len(d.preempt), "−", "red")):
         if n:
             text.append(f"{sign}{n} ", style=style)
-    for names, arrow, style in ((d.load, "⇡", "cyan"), (d.evict, "⇣", "magenta")):
+    named = sum(len(a) + 2 for a in (*d.evict, *d.load))
+    for names, arrow, style in ((d.evict, "⇣", "magenta"), (d.load, "⇡", "cyan")):
+        if names and text.cell_len + named > width:
+            text.append(f"{arrow}{len(names)} ", style=style)
+            continue
         for a in names:
             text.append(f"{arrow}{a} ", style=style)
     if d.blocked:
@@ -138,19 +179,20 @@ class DecisionDetailView(Vertical):
         yield table
 
     def on_mount(self) -> None:
-        self._columns()
+        self._columns(TERMS)
 
-    def _columns(self) -> None:
+    def _columns(self, terms: tuple[str, ...]) -> None:
         """(Re)set the columns, so their widths fit the rows shown now."""
         table = self.query_one("#candidates", DataTable)
         table.clear(columns=True)
-        for label in CANDIDATE_COLUMNS:
+        for label in ("#", "won", "total", *terms, "resident", "admit", "preempt"):
             table.add_column(label, key=label)
 
     def show_message(self, text: str) -> None:
         self.detail = None
         self.query_one("#detail-summary", Phrases).set_phrases([Text(text)])
         self.query_one("#candidates", DataTable).clear()
+        self.border_subtitle = ""
 
     def show(self, detail: DecisionDetail) -> None:
         self.detail = detail
@@ -160,18 +202,42 @@ class DecisionDetailView(Vertical):
                    Text(f" · {detail.note}\n")]
         if self.screen.has_class("-short"):  # the feed's row has the rest: rows for the table
             phrases = [Text(f"#{d.seq}  ", style="bold")]
+        preempted = [detail.named(r) for r in d.preempt[:4]]
+        if len(d.preempt) > 4:
+            preempted.append(f"+{len(d.preempt) - 4}")
         for i, (label, values, style) in enumerate((
-                ("admitted", d.admit, "green"), ("preempted", d.preempt, "red"),
-                ("loaded", d.load, "cyan"), ("evicted", d.evict, "magenta"))):
+                ("admitted", ids(list(d.admit), 8), "green"),
+                ("preempted", " ".join(preempted) or "—", "red"),
+                ("evicted", ids(list(d.evict), 8), "magenta"),
+                ("loaded", ids(list(d.load), 8), "cyan"))):
             phrases.append(Text("  " if i else "") + Text(f"{label} ", style=f"bold {style}")
-                           + Text(ids(list(values), 8)))
+                           + Text(values))
+        wins = winner_phrase(detail)
+        if wins is not None:
+            phrases.append(wins)
         self.query_one("#detail-summary", Phrases).set_phrases(phrases)
-        self._columns()
+        wide = self.size.width >= WIDE_DETAIL or not self.size.width
+        terms = TERMS if wide else deciding_order(detail)
+        self._columns(terms)
         table = self.query_one("#candidates", DataTable)
         for c in detail.candidates:
             style = "bold green" if c.won else ""
+            terms_of = term_values(c)
             table.add_row(Text(str(c.idx), style=style), Text("★" if c.won else "", style=style),
-                          Text(num(c.total), style=style), ",".join(c.resident) or "∅",
-                          ids(list(c.admit)), ids(list(c.preempt)), num(c.j_admit),
-                          num(c.j_move), num(c.j_redo), num(c.j_revoke), num(c.v_reuse),
+                          Text(num(c.total), style=style), *(num(terms_of[k]) for k in terms),
+                          ",".join(c.resident) or "∅", ids(list(c.admit)), ids(list(c.preempt)),
                           key=str(c.idx))
+        self.call_after_refresh(self._scroll_hint, table)
+
+    def _scroll_hint(self, table: DataTable[Text | str]) -> None:
+        """Say which columns lie past the panel's right edge (they scroll)."""
+        x, hidden = 0, []
+        for column in table.ordered_columns:
+            x += column.get_render_width(table)
+            if x > table.scrollable_content_region.width + int(table.scroll_x):
+                hidden.append(str(column.label))
+        self.border_subtitle = f"→ scroll for {', '.join(hidden)}" if hidden else ""
+
+    def on_resize(self) -> None:
+        if self.detail is not None:
+            self.show(self.detail)

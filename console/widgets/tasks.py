@@ -17,6 +17,7 @@ from textual import events
 from textual.binding import Binding, BindingType
 from textual.geometry import Region, Size
 from textual.markup import escape
+from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -34,13 +35,14 @@ SORTS: tuple[tuple[str, str, Callable[[TaskRow], float]], ...] = (
 # the expectations before the stage lists: a narrow panel cuts the last columns, and
 # E[JCT] is the one that turns red; progress fits '10/10' beside its bar
 COLUMNS: tuple[tuple[str, int, str | None], ...] = (
-    ("task", 7, "id"), ("workflow", 11, None), ("age", 8, "age"),
+    ("task", 7, "id"), ("client", 10, None), ("workflow", 11, None), ("age", 8, "age"),
     ("progress", 15, "progress"), ("E[rem]", 8, "remaining"), ("E[JCT]", 9, None),
     ("running", 9, None), ("waiting", 9, None))
 # a narrow panel (a small terminal): no workflow, the expectations right after progress
 NARROW_WIDTH = 60
 NARROW = tuple(next(i for i, c in enumerate(COLUMNS) if c[0] == name)
-               for name in ("task", "progress", "E[JCT]", "E[rem]", "age", "running", "waiting"))
+               for name in ("task", "progress", "E[JCT]", "E[rem]", "age", "client", "running",
+                            "waiting"))
 WIDE = tuple(range(len(COLUMNS)))
 
 
@@ -62,21 +64,41 @@ def task_cells(s: Snapshot, r: TaskRow) -> list[Text]:
     """The cells of one task's line."""
     late = s.late(r)
     style = "bold red" if late else ""
-    return [Text(f"{'⚠' if late else ' '}{r.id}", style=style), Text(r.workflow),
+    return [Text(f"{'⚠' if late else ' '}{r.id}", style=style), Text(r.client_id or "—"),
+            Text(r.workflow),
             Text(secs(r.age), style=style), progress_bar(r),
             Text(secs(r.remaining_s)), Text(secs(r.expected_jct), style=style),
             Text(",".join(r.running) or "—"), Text(",".join(r.waiting) or "—")]
 
 
+def matches(row: TaskRow, text: str) -> bool:
+    """A task matches a filter when its id, client id, workflow or one of its
+    running or waiting stages contains the text (case-insensitive)."""
+    text = text.strip().lower()
+    fields = (str(row.id), row.client_id or "", row.workflow, *row.running, *row.waiting)
+    return not text or any(text in f.lower() for f in fields)
+
+
 class TaskList(ScrollView, can_focus=True):
     """One line per task in flight, under a header; late tasks in red (see
-    `Snapshot.late`). Keys move the cursor; `s` (or a click on a header) sorts."""
+    `Snapshot.late_reason`). Keys move the cursor (also j/k); `s` (or a click on
+    a header) sorts; `/` filters (`TaskList.filter_text`); Enter opens the
+    task (posts `TaskList.Opened`)."""
+
+    class Opened(Message):
+        """Enter on a task: open it."""
+
+        def __init__(self, task_id: int) -> None:
+            super().__init__()
+            self.task_id = task_id
+
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
         "tasklist--header", "tasklist--cursor", "tasklist--odd"}
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("up", "move(-1)", "Up", show=False),
-        Binding("down", "move(1)", "Down", show=False),
+        Binding("up,k", "move(-1)", "Up", show=False),
+        Binding("down,j", "move(1)", "Down", show=False),
+        Binding("enter", "open", "Open task", show=False),
         Binding("pageup", "move(-20)", "Page up", show=False),
         Binding("pagedown", "move(20)", "Page down", show=False),
         Binding("home", "move(-1000000)", "First", show=False),
@@ -87,6 +109,7 @@ class TaskList(ScrollView, can_focus=True):
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
         self.sort_index = 0
+        self.filter_text = ""
         self.snapshot: Snapshot | None = None
         self.shown: list[TaskRow] = []
         self._lines: dict[int, Strip] = {}  # rendered rows of this update, by index
@@ -123,14 +146,29 @@ class TaskList(ScrollView, can_focus=True):
     def show(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         _, _, key = SORTS[self.sort_index]
-        self.shown = sorted(snapshot.tasks, key=lambda r: (key(r), r.id))
+        rows = [r for r in snapshot.tasks if matches(r, self.filter_text)]
+        self.shown = sorted(rows, key=lambda r: (key(r), r.id))
         late = sum(1 for r in self.shown if snapshot.late(r))
-        self.border_title = escape(f"Tasks · {len(self.shown)} in flight · {late} late · "
+        shown = (f"{len(self.shown)} of {len(snapshot.tasks)} match /{self.filter_text}"
+                 if self.filter_text else f"{len(self.shown)} in flight")
+        self.border_title = escape(f"Tasks · {shown} · {late} late · "
                                    f"by {SORTS[self.sort_index][1]}")
+        self.border_subtitle = "⚠ late: past its workflow's p99 +25% · / filter · enter open"
         self._lines.clear()
         self.virtual_size = Size(sum(COLUMNS[i][1] for i in self.columns()), len(self.shown) + 1)
         self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
         self.refresh()
+
+    def set_filter(self, text: str) -> None:
+        """Show only the tasks `matches` finds (empty: all)."""
+        self.filter_text = text
+        self.cursor = 0
+        if self.snapshot is not None:
+            self.show(self.snapshot)
+
+    def action_open(self) -> None:
+        if self.shown:
+            self.post_message(self.Opened(self.shown[self.cursor].id))
 
     def columns(self) -> tuple[int, ...]:
         """The indices into COLUMNS shown at this width."""

@@ -329,6 +329,12 @@ class CandidateInfo(BaseModel):
     total: float = Field(description="j_admit - j_move - j_redo - j_revoke + v_reuse.")
 
 
+class DecisionRequest(BaseModel):
+    task_id: int | None
+    stage: str | None
+    agent: str | None
+
+
 class DecisionDetail(BaseModel):
     """One decision: its actions and its candidate states, best total first."""
 
@@ -347,6 +353,8 @@ class DecisionDetail(BaseModel):
     n_candidates: int = Field(description="How many candidates the policy generated.")
     chosen: int | None = Field(description="`idx` of the chosen candidate (baselines: none).")
     params_version: int
+    requests: dict[str, DecisionRequest] = Field(
+        description="The admitted and preempted requests by id: their task, stage and agent.")
     candidates: list[CandidateInfo]
 
 

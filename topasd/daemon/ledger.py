@@ -8,43 +8,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from topasd.daemon.calls import remember
 from topasd.daemon.errors import Invalid, NotFound
+from topasd.lifecycle import Trail
 from topasd.model import Decision, EngineEvent, EventKind, TaskView
 
 KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id} and the run summary
 KEEP_TRAILS = 10_000  # tasks whose requests' trails are kept (older: read the store)
 STATUSES = ("running", "done", "abandoned")
-
-
-@dataclass(slots=True)
-class Trail:
-    """One request of a task: its times and the decisions that touched it."""
-
-    id: int
-    stage: str
-    agent: str
-    ready: float
-    state: str = "waiting"  # waiting | running | finished | withdrawn
-    admitted: float | None = None
-    finished: float | None = None
-    preemptions: int = 0  # by the policy (each by a decision)
-    retractions: int = 0  # by the engine (out of KV)
-    decisions: list[tuple[int, str]] = field(default_factory=list)  # (seq, admit|preempt)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "stage": self.stage, "agent": self.agent, "state": self.state,
-                "ready": self.ready, "admitted": self.admitted, "finished": self.finished,
-                "preemptions": self.preemptions, "retractions": self.retractions,
-                "decisions": [{"seq": seq, "action": a} for seq, a in self.decisions]}
-
-
-_STATE_AFTER = {EventKind.REQUEST_ADMIT: "running", EventKind.PREEMPT: "waiting",
-                EventKind.RETRACT: "waiting", EventKind.REQUEST_FINISH: "finished",
-                EventKind.REQUEST_WITHDRAW: "withdrawn"}
 
 
 def stages_dict(view: TaskView) -> dict[str, Any]:
@@ -143,18 +117,8 @@ class TaskLedger:
             self._task_of[rid] = ev.task_id
             return
         trail = trails.get(rid)
-        state = _STATE_AFTER.get(ev.kind)
-        if trail is None or state is None:
-            return
-        trail.state = state
-        if ev.kind is EventKind.REQUEST_ADMIT and trail.admitted is None:
-            trail.admitted = ev.t
-        elif ev.kind is EventKind.PREEMPT:
-            trail.preemptions += 1
-        elif ev.kind is EventKind.RETRACT:
-            trail.retractions += 1
-        elif state in ("finished", "withdrawn"):
-            trail.finished = ev.t
+        if trail is not None:
+            trail.after(ev.kind, ev.t)
 
     def on_decision(self, d: Decision) -> None:
         """The decisions that admitted or preempted each request."""

@@ -8,18 +8,20 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from topasd.daemon.workflows import SYNTHESIZED
 from topasd.lifecycle import (
     REQUEST_PHASE,
     RUNNING,
+    SYNTHESIZED,
     TASK_ENDS,
     PrefixPhase,
     prefix_after,
     request_phase,
+    workflow_label,
 )
 from topasd.model import EngineEvent, EventKind, Location
 
 STATS_WINDOW = 10_000  # p99 JCT and decision latency over this many recent values
+GROUP_WINDOW = 1_000  # per workflow (and stage): JCT and stage time over this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +43,7 @@ DECISION_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 
 # request latencies (vLLM's buckets for queue time, TTFT and end-to-end, in seconds)
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0,
                    160.0, 320.0, 640.0)
-CALLS = "agent:*"  # the workflow label of every call without a workflow (one per agent)
 OTHER = "other"  # the agent label of the agents past the cap
-
-
-def workflow_label(workflow: str) -> str:
-    """A workflow as a label value: registered ones by name; the one-stage
-    workflows synthesized per agent for plain calls share one value."""
-    return CALLS if workflow.startswith(SYNTHESIZED) else workflow
 
 
 class Histogram:
@@ -83,6 +78,14 @@ class Labelled:
         if h is None:
             h = self.by[labels] = Histogram(self.buckets)
         h.observe(x)
+
+
+def _recent(kept: dict[Any, deque[float]], key: Any, x: float) -> None:
+    """Append `x` to the recent values of `key` (the last GROUP_WINDOW)."""
+    values = kept.get(key)
+    if values is None:
+        values = kept[key] = deque(maxlen=GROUP_WINDOW)
+    values.append(x)
 
 
 @dataclass(slots=True)
@@ -138,6 +141,11 @@ class Metrics:
         self._phase: dict[int, str] = {}  # the requests in the engine: waiting or running
         self._prefixes: dict[str, PrefixPhase] = {}
         self._workflows: dict[int, str] = {}  # task -> its workflow (raw name)
+        # recent JCTs by workflow label, stage durations (first ready -> finish) by
+        # (workflow label, stage): what "late" is judged against (`/v1/state` stats)
+        self.recent_jct_by: dict[str, deque[float]] = {}
+        self.recent_stage: dict[tuple[str, str], deque[float]] = {}
+        self._stage_start: dict[int, dict[str, float]] = {}  # task -> stage -> first ready
 
     def event(self, ev: EngineEvent) -> None:
         """Count `ev` and fold it into the queues and prefixes (`topasd.lifecycle`)."""
@@ -154,13 +162,20 @@ class Metrics:
             label = workflow_label(ev.note)
             self.tasks[ev.task_id] = (label, ev.t)
             self.workflow_labels.setdefault(label)
+        elif kind is EventKind.STAGE_FINISH and ev.task_id is not None:
+            start = self._stage_start.get(ev.task_id, {}).pop(ev.stage or "", None)
+            if start is not None:
+                label = workflow_label(self._workflows.get(ev.task_id, ""))
+                _recent(self.recent_stage, (label, ev.stage or ""), ev.t - start)
         elif kind in TASK_ENDS and ev.task_id is not None:
             workflow = self._workflows.pop(ev.task_id, "")
             self.tasks.pop(ev.task_id, None)
+            self._stage_start.pop(ev.task_id, None)
             if kind is EventKind.TASK_FINISH:
                 self.jct.observe(ev.value)
                 self.jct_by.observe((workflow_label(workflow),), ev.value)
                 self.recent_jct.append(ev.value)
+                _recent(self.recent_jct_by, workflow_label(workflow), ev.value)
 
     def _latency(self, ev: EngineEvent) -> None:
         """A request's own event: its latencies, tokens and prefix-cache lookups."""
@@ -171,6 +186,8 @@ class Metrics:
             self.agents.setdefault(ev.agent or "", workflow.startswith(SYNTHESIZED))
             self.requests[rid] = _Req(workflow_label(workflow), ev.stage or "", ev.agent or "",
                                       ev.t, ev.tokens, ev.t)
+            if ev.task_id is not None:
+                self._stage_start.setdefault(ev.task_id, {}).setdefault(ev.stage or "", ev.t)
             return
         req = self.requests.get(rid)
         if req is None:

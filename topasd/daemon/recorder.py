@@ -32,7 +32,8 @@ class Recorder:
         self._version = version
         # the last decisions with their candidates (GET /v1/decisions/{seq}); read by
         # the HTTP thread, so guarded by a lock
-        self._details: OrderedDict[int, tuple[Decision, int]] = OrderedDict()
+        self._details: OrderedDict[int, tuple[Decision, int, dict[int, Any]]] = OrderedDict()
+        self._requests: dict[int, dict[str, Any]] = {}  # in the engine: task, stage, agent
         self._details_lock = threading.Lock()
         # E[remaining path] for /v1/state: the daemon's own F_{a,v} (Eq. 5), fed by the
         # same completions as the policy's, whatever the policy
@@ -51,8 +52,10 @@ class Recorder:
 
     def decision(self, d: Decision) -> None:
         self._logged(self.store.decision, d)
+        named = {rid: self._requests[rid] for rid in (*d.admit, *d.preempt)
+                 if rid in self._requests}
         with self._details_lock:
-            self._details[d.seq] = (d, self._version())
+            self._details[d.seq] = (d, self._version(), named)
             if len(self._details) > DETAIL_DECISIONS:
                 self._details.popitem(last=False)
         summary = DecisionSummary.of(d, self._version())
@@ -64,6 +67,12 @@ class Recorder:
 
     def event(self, ev: EngineEvent) -> None:
         self._logged(self.store.event, ev)
+        if ev.request_id is not None:
+            if ev.kind is EventKind.REQUEST_READY:
+                self._requests[ev.request_id] = {"task_id": ev.task_id, "stage": ev.stage,
+                                                 "agent": ev.agent}
+            elif ev.kind in (EventKind.REQUEST_FINISH, EventKind.REQUEST_WITHDRAW):
+                self._requests.pop(ev.request_id, None)
         self.bus.put("event", ev)
         self.metrics.event(ev)
         if self.ledger is not None:
@@ -80,7 +89,7 @@ class Recorder:
             hit = self._details.get(seq)
         if hit is None:
             return None
-        d, version = hit
+        d, version, named = hit
         order = sorted(range(len(d.candidates)), key=lambda i: (-d.candidates[i].terms.total, i))
         keep = order[:limit]
         if d.chosen is not None and d.chosen not in keep and limit > 0:
@@ -91,6 +100,7 @@ class Recorder:
             "noop": d.is_noop, "blocked": d.blocked, "retry": d.retry,
             "reservation": str(d.reservation), "wall_ms": d.wall_ms,
             "n_candidates": len(d.candidates), "chosen": d.chosen, "params_version": version,
+            "requests": {str(rid): info for rid, info in named.items()},
             "candidates": [candidate_dict(i, d.candidates[i], i == d.chosen) for i in keep],
         }
 

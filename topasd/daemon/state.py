@@ -86,7 +86,26 @@ def headline(metrics: Metrics, decision_ms: Sequence[float], t: float) -> dict[s
         "jct_p99_s": float(np.percentile(jcts, 99)) if jcts.size else None,
         "decision_ms_mean": float(ms.mean()) if ms.size else None,
         "decision_ms_p99": float(np.percentile(ms, 99)) if ms.size else None,
+        "by_workflow": by_workflow(metrics),
     }
+
+
+def by_workflow(metrics: Metrics) -> dict[str, Any]:
+    """Per workflow (`lifecycle.workflow_label`): finished tasks, p50 and p99 JCT,
+    and per stage its finished count and p99 duration (first ready -> finish),
+    over the recent GROUP_WINDOW of each: what the console judges "late" by."""
+    out: dict[str, Any] = {}
+    for label, jcts in list(metrics.recent_jct_by.items()):
+        xs = np.fromiter(jcts.copy(), float)
+        out[label] = {"finished": int(xs.size), "jct_p50_s": float(np.percentile(xs, 50)),
+                      "jct_p99_s": float(np.percentile(xs, 99)), "stages": {}}
+    for (label, stage), times in list(metrics.recent_stage.items()):
+        xs = np.fromiter(times.copy(), float)
+        group = out.setdefault(label, {"finished": 0, "jct_p50_s": None, "jct_p99_s": None,
+                                       "stages": {}})
+        group["stages"][stage] = {"finished": int(xs.size),
+                                  "p99_s": float(np.percentile(xs, 99))}
+    return out
 
 
 class SummaryLog:

@@ -14,13 +14,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from topasd.daemon.errors import Invalid
+from topasd.lifecycle import SYNTHESIZED
 from topasd.model import Agent, Stage, Workflow
 from workflows.builtin import Workload, builtin_workflows
 
 if TYPE_CHECKING:
     from topasd.daemon.calls import CallSpec
 
-SYNTHESIZED = "agent:"  # name prefix of the one-stage workflows of calls without one
 
 
 class WorkflowRegistry:

@@ -1,0 +1,84 @@
+"""The decision detail explains a preemption: each preempted request by task,
+stage and agent; every score term at 160 columns, the deciding terms first and
+a scroll hint when narrower; that the highest total wins; and a feed whose
+actions column never hides an eviction. Through Pilot on the replay fixture."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable
+
+from console.app import ConsoleApp
+from console.snapshot import DecisionRow
+from console.sources import ReplaySource
+from console.widgets.decisions import TERMS, DecisionDetailView, actions
+from tests.console_fixture import FIXTURE
+
+SEQ = 19  # preempts requests 17 and 18, evicts D, loads B; 11 candidates
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "run.db"
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+def detail_at(db: Path, size: tuple[int, int]) -> tuple[str, list[str], str]:
+    """(summary text, candidate column labels, the panel's subtitle) at decision SEQ."""
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        app = ConsoleApp(replay=ReplaySource(db))
+        async with app.run_test(size=size) as pilot:
+            app.goto_decision(SEQ)
+            await pilot.pause()
+            view = app.dashboard.query_one(DecisionDetailView)
+            await pilot.pause()
+            table = view.query_one("#candidates", DataTable)
+            out["summary"] = str(view.query_one("#detail-summary").render())
+            out["columns"] = [str(c.label) for c in table.ordered_columns]
+            out["subtitle"] = str(view.border_subtitle)
+
+    asyncio.run(main())
+    return out["summary"], out["columns"], out["subtitle"]
+
+
+def test_a_preemption_names_its_requests_and_why_the_winner_won(db: Path) -> None:
+    conn = sqlite3.connect(db)
+    named = conn.execute("SELECT request_id, task_id, stage, agent FROM requests WHERE "
+                         "request_id IN (17, 18) ORDER BY request_id").fetchall()
+    best = conn.execute("SELECT max(total) FROM candidates WHERE decision_seq = ? AND won = 0",
+                        [SEQ]).fetchone()[0]
+    conn.close()
+    summary, columns, subtitle = detail_at(db, (160, 48))
+    for rid, task, stage, agent in named:
+        assert f"{rid} (task {task} · {stage} · {agent})" in summary
+    assert "the highest total wins: #" in summary and f"({best:.3f})" in summary
+    assert columns[:8] == ["#", "won", "total", *TERMS]  # every term, in Eq. 13's order
+    assert not any(t in subtitle for t in TERMS)  # none of them past the edge
+
+
+def test_a_narrow_panel_puts_the_deciding_terms_first_and_says_what_scrolls(db: Path) -> None:
+    _, columns, subtitle = detail_at(db, (100, 40))
+    terms = columns[3:8]
+    assert sorted(terms) == sorted(TERMS) and tuple(terms) != TERMS
+    assert subtitle.startswith("→ scroll for ")
+    hidden = subtitle.removeprefix("→ scroll for ").split(", ")
+    assert hidden == columns[len(columns) - len(hidden):]  # the last columns, in order
+
+
+def test_the_feed_keeps_evictions_when_the_loads_do_not_fit() -> None:
+    row = DecisionRow(seq=1, t=0.0, admit=(1, 2, 3), preempt=(4,),
+                      load=("planner", "reviewer", "coder", "tester"), evict=("architect",),
+                      blocked=False, wall_ms=0.1, n_candidates=1, total=1.0)
+    text = actions(row).plain
+    assert text.startswith("+3 −1 ⇣") and "⇡4" in text and len(text) <= 24
+    short = actions(DecisionRow(1, 0.0, (1,), (), ("A",), ("B",), False, 0.1, 1, 1.0)).plain
+    assert short == "+1 ⇣B ⇡A "  # named while they fit: evictions first

@@ -1,0 +1,142 @@
+"""Finding a task in the console: `/` filters the tasks table, j/k move,
+Enter opens the task (stages, requests, the decisions that admitted or
+preempted them), Enter on a decision goes to it. On the committed replay
+fixture and on a live daemon, through Pilot; late judged per workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from console.app import ConsoleApp
+from console.screens.task import TaskScreen
+from console.snapshot import LATE_SLACK, Snapshot, TaskRow
+from console.sources import ReplaySource, Target
+from console.widgets.tasks import TaskList
+from store import queries as q
+from tests.console_fixture import FIXTURE
+from tests.daemonkit import Daemon
+
+SIZE = (160, 48)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "run.db"
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+async def until(pilot: Any, cond: Any, timeout: float = 30.0) -> None:
+    """Pause until `cond()` holds (the app's workers post their messages)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "timed out"
+        await pilot.pause(0.05)
+
+
+def test_filter_move_open_a_task_and_go_to_its_decision(db: Path) -> None:
+    async def main() -> None:
+        app = ConsoleApp(replay=ReplaySource(db), at=60.0)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause()
+            tasks = app.dashboard.query_one(TaskList)
+            every = tasks.task_ids()
+            assert len(every) >= 3
+            await pilot.press("t", "slash")
+            box = app.dashboard.query_one("#task-filter", Input)
+            assert box.display and box.has_focus
+            target = every[-1]
+            await pilot.press(*str(target), "enter")
+            await pilot.pause()
+            assert tasks.has_focus and not box.display
+            assert all(str(target) in str(i) for i in tasks.task_ids())
+            assert f"match /{target}" in str(tasks.border_title)
+            await pilot.press("slash", "escape")  # cleared: every task again
+            await pilot.pause()
+            assert tasks.task_ids() == every and tasks.filter_text == ""
+            await pilot.press("j", "j", "k")
+            assert tasks.cursor == 1
+            chosen = tasks.task_ids()[1]
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, TaskScreen))
+            screen = app.screen
+            assert isinstance(screen, TaskScreen) and screen.detail is not None
+            want = q.task_at(app.replay.store.db, app.replay.run.id,  # type: ignore[union-attr]
+                             chosen, 60.0)
+            assert want is not None
+            reqs = screen.query_one("#task-requests", DataTable)
+            assert reqs.row_count == len(want["requests"]) > 0
+            decisions = screen.query_one("#task-decisions", DataTable)
+            seqs = sorted(d["seq"] for r in want["requests"] for d in r["decisions"])
+            assert decisions.row_count == len(seqs) > 0
+            await pilot.press("enter")  # the first decision: the cursor on it
+            await pilot.pause()
+            assert app.screen is app.dashboard and app.cursor_seq == seqs[0]
+
+    asyncio.run(main())
+
+
+def test_late_is_judged_against_the_tasks_own_workflow() -> None:
+    """A long workflow's healthy task is not late at an age past the short
+    workflow's p99; a short one stuck far past its own p99 is."""
+    groups = {"long": q.GroupStats(10, 300.0, {}), "short": q.GroupStats(10, 5.0, {"s": (10, 2.0)})}
+
+    def task(workflow: str, age: float, since: tuple[tuple[str, float], ...] = ()) -> TaskRow:
+        return TaskRow(1, workflow, 0.0, age, 0, 2, (), (), None, stage_since=since)
+
+    snap = Snapshot(t=100.0, budget=None, kv_prefixes=0, kv_requests=0, agents=(), tasks=(),
+                    numbers=None, tasks_in_flight=0, requests_running=0,  # type: ignore[arg-type]
+                    requests_waiting=0, decisions=0, policy="topas", groups=groups)
+    assert snap.late_reason(task("long", 100.0)) is None
+    assert snap.late_reason(task("long", 300.0 * (1 + LATE_SLACK) + 1)) is not None
+    assert snap.late_reason(task("short", 4.0)) is None
+    assert "short's p99 5 s" in (snap.late_reason(task("short", 60.0)) or "")
+    stuck = task("short", 3.0, (("s", 97.0),))  # its stage s runs for 3 s, p99 2 s
+    assert "stage s" in (snap.late_reason(stuck) or "")
+    few = Snapshot(**{**{f: getattr(snap, f) for f in snap.__slots__},  # type: ignore[attr-defined]
+                      "groups": {"short": q.GroupStats(4, 5.0, {})}})
+    assert few.late_reason(task("short", 60.0)) is None  # 4 finished: too few to judge
+
+
+def test_a_live_task_found_by_its_client_id_opens_with_its_decisions(tmp_path: Path) -> None:
+    with Daemon(tmp_path, "--grace", "0", speed="1") as d:
+        for stage in ("a", "b"):
+            r = d.http.post("/v1/chat/completions", json={
+                "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "go"}],
+                "topasd": {"task_id": "job-7", "workflow": "chain3", "stage": stage}})
+            assert r.status_code == 200
+        for _ in range(3):
+            d.http.post("/v1/tasks", json={"workflow": "dag4"})
+
+        async def main() -> None:
+            app = ConsoleApp(Target(d.url), poll_s=0.1, render_s=0.05)
+            async with app.run_test(size=SIZE) as pilot:
+                tasks = app.dashboard.query_one(TaskList)
+                await until(pilot, lambda: tasks.row_count == 4)
+                await pilot.press("t", "slash", *"job-7", "enter")
+                await until(pilot, lambda: tasks.row_count == 1)
+                assert "job-7" in str(tasks.cells(0)[1])
+                await pilot.press("enter")
+                await until(pilot, lambda: isinstance(app.screen, TaskScreen)
+                            and app.screen.detail is not None)
+                screen = app.screen
+                assert isinstance(screen, TaskScreen) and screen.detail is not None
+                assert screen.detail.client_id == "job-7"
+                assert [r.stage for r in screen.detail.requests or ()] == ["a", "b"]
+                decisions = screen.query_one("#task-decisions", DataTable)
+                assert decisions.row_count == 2  # each request's admission
+                await pilot.press("enter")
+                await until(pilot, lambda: app.dashboard.query_one(
+                    "#detail").detail is not None)  # type: ignore[attr-defined]
+                first = screen.detail.decisions()[0][0]
+                assert app.dashboard.query_one("#detail").detail.row.seq == first  # type: ignore[attr-defined]
+
+        asyncio.run(main())
+        assert d.stop() == 0
