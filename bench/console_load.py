@@ -7,14 +7,18 @@ reports:
 
 - the update rate the app sustains: snapshots of `/v1/state` (every task in
   flight, up to 2000) applied to every panel per second, and decisions taken
-  from the event stream per second, at the app's default pacing (poll 0.5 s,
-  render tick 0.25 s) and unthrottled (poll and render tick 0.02 s: as fast
-  as the app can fetch, parse and redraw);
-- the console process's CPU share (process CPU time / wall time; the daemon
-  is another process);
+  from the event stream per second, at the app's default pacing (poll 2 s,
+  render tick 1 s, decisions joining the feed every 3 s) and unthrottled
+  (poll and render tick 0.02 s: as fast as the app can fetch, parse and
+  redraw);
+- the console process's CPU share while watching (process CPU time / wall
+  time, once the decision feed is full: its steady state; the daemon is
+  another process);
 - key latency: the wall time from a key press (`s`, re-sort the tasks table)
   to the table showing the new order, p50 / max over `--keys` presses spread
-  over the window.
+  over the window;
+- the parameter form: wall time from `p` to the form showing the daemon's
+  answer to the `GET /v1/params` it sent, over `--forms` openings.
 
     python bench/console_load.py [--tasks 500] [--seconds 20] [--json] [--write]
 """
@@ -40,9 +44,13 @@ from _daemon import start_daemon as _start_daemon  # bench/_daemon.py
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from textual.widgets import Input  # noqa: E402
+
 from bench._results import at_least, update_section  # noqa: E402
 from console.app import ConsoleApp  # noqa: E402
+from console.screens.params import ParamsScreen  # noqa: E402
 from console.sources import Target  # noqa: E402
+from console.widgets.decisions import FEED_ROWS, DecisionFeed  # noqa: E402
 from console.widgets.tasks import TaskList  # noqa: E402
 
 
@@ -60,16 +68,41 @@ def fill(url: str, tasks: int) -> int:
                    ["tasks_in_flight"])
 
 
+async def form_fill(pilot: Any, app: ConsoleApp) -> float:
+    """Wall ms from the `p` key to the parameter form showing the daemon's answer
+    to the `GET /v1/params` the key sent (not the values of an earlier visit)."""
+    form = next((s for s in app.screen_stack if isinstance(s, ParamsScreen)), None)
+    kept = app.is_screen_installed("params")
+    before = app.get_screen("params").fills if kept else (form.fills if form else 0)  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    await pilot.press("p")
+    while not (isinstance(app.screen, ParamsScreen) and app.screen.fills > before
+               and app.screen.query_one("#param-beta", Input).value):
+        await asyncio.sleep(0.001)
+    ms = (time.perf_counter() - t0) * 1e3
+    await pilot.press("escape")
+    while app.screen is not app.dashboard:
+        await asyncio.sleep(0.01)
+    return ms
+
+
 async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: int,
-                size: tuple[int, int]) -> dict[str, Any]:
-    """Run the app for `seconds`; counters, CPU share and key latencies."""
+                size: tuple[int, int], warm: float = 60.0, forms: int = 5) -> dict[str, Any]:
+    """Run the app for `seconds` once it watches in its steady state; counters,
+    CPU share, key latencies, then the parameter form's fill times."""
     app = ConsoleApp(Target(url), poll_s=poll_s, render_s=render_s)
     latencies: list[float] = []
     async with app.run_test(size=size) as pilot:
         table = app.dashboard.query_one(TaskList)
+        feed = app.dashboard.query_one(DecisionFeed)
         deadline = time.monotonic() + 60
         while table.row_count < 100 and time.monotonic() < deadline:
             await pilot.pause(0.05)
+        # watching: once the feed holds its FEED_ROWS (until then it grows, and each
+        # growth costs a layout) or after `warm` seconds
+        deadline = time.monotonic() + warm
+        while feed.row_count < FEED_ROWS and time.monotonic() < deadline:
+            await pilot.pause(0.1)
         rows_seen = table.row_count
         base = app.counters.copy()
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -87,12 +120,14 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
         cpu = time.process_time() - cpu0
         got = app.counters - base
         tasks_shown = len(app.snapshot.tasks) if app.snapshot else 0
+        forms = [await form_fill(pilot, app) for _ in range(forms)]
     return {"poll_s": poll_s, "render_s": render_s, "wall_s": wall,
             "states_per_s": got["states"] / wall, "renders_per_s": got["renders"] / wall,
             "decisions_per_s": got["decisions"] / wall, "lag_missed": got["lag"],
             "cpu_share": cpu / wall, "tasks_shown": tasks_shown, "rows_seen": rows_seen,
             "key_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
-            "key_max_ms": max(latencies) if latencies else None}
+            "key_max_ms": max(latencies) if latencies else None,
+            "form_ms": forms}
 
 
 def main() -> None:
@@ -102,7 +137,11 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=10.0, help="sim clock of the daemon")
     ap.add_argument("--rate", type=float, default=0.2, help="driver arrivals, task/s")
     ap.add_argument("--keys", type=at_least(1), default=10, help="key presses timed per window")
-    ap.add_argument("--size", default="160x50", help="terminal COLSxROWS")
+    ap.add_argument("--size", default="160x48", help="terminal COLSxROWS")
+    ap.add_argument("--warm", type=float, default=60.0, help="at most this many seconds for "
+                    "the decision feed to fill before the window (steady state)")
+    ap.add_argument("--forms", type=at_least(1), default=5, help="parameter form openings "
+                    "timed per mode")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()
@@ -114,8 +153,9 @@ def main() -> None:
             t0 = time.perf_counter()
             httpx.get(f"{url}/v1/state", params={"limit": 2000}, timeout=30)
             state_ms = (time.perf_counter() - t0) * 1e3
-            modes = [asyncio.run(watch(url, args.seconds, p, r, args.keys, (cols, rows)))
-                     for p, r in ((0.5, 0.25), (0.02, 0.02))]
+            modes = [asyncio.run(watch(url, args.seconds, p, r, args.keys, (cols, rows),
+                                       args.warm, args.forms))
+                     for p, r in ((2.0, 1.0), (0.02, 0.02))]
             after = httpx.get(f"{url}/v1/state", params={"limit": 1}).json()["counts"]
         finally:
             proc.terminate()
@@ -134,18 +174,20 @@ def main() -> None:
         f"{state_ms:.0f} ms to fetch):",
         "",
         "| pacing (poll / render tick) | snapshots applied/s | decisions/s | console CPU "
-        "| key → redraw p50 / max |",
-        "|---|---|---|---|---|",
+        "| key → redraw p50 / max | `p` → form filled p50 / max |",
+        "|---|---|---|---|---|---|",
     ]
     for m in modes:
         lines.append(
             f"| {m['poll_s']:g} s / {m['render_s']:g} s | {m['renders_per_s']:.1f} "
             f"(polls {m['states_per_s']:.1f}/s, {m['tasks_shown']} tasks each) "
             f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.0%} "
-            f"| {m['key_p50_ms']:.0f} / {m['key_max_ms']:.0f} ms |")
+            f"| {m['key_p50_ms']:.0f} / {m['key_max_ms']:.0f} ms "
+            f"| {np.percentile(m['form_ms'], 50):.0f} / {max(m['form_ms']):.0f} ms |")
     lines += ["", f"`python bench/console_load.py --tasks {args.tasks} --seconds "
               f"{args.seconds:g} --speed {args.speed:g} --rate {args.rate:g} --keys "
-              f"{args.keys} --size {args.size} --write` ({platform.python_version()}, "
+              f"{args.keys} --size {args.size} --warm {args.warm:g} --forms {args.forms} "
+              f"--write` ({platform.python_version()}, "
               f"{os.cpu_count()} CPUs, the daemon on the same machine)."]
     text = "\n".join(lines)
     print(text)

@@ -6,7 +6,9 @@ retrying with backoff, re-reading the runtime file so a restarted daemon is
 found again); the other reads `/v1/events` (decisions) and posts them in the
 batches the daemon sent. The app keeps only the newest snapshot and the
 pending decisions and applies them on a render tick (`render_s`), so the
-screen is redrawn at a bounded rate however busy the daemon is.
+screen is redrawn at a bounded rate however busy the daemon is; following the
+feed, the newest decision's candidates reload at most every FOLLOW_DETAIL_S
+(each redraw of a panel costs a terminal app more than its data).
 
 Replay (a store file): a time cursor; each move rebuilds every panel as of
 the cursor through `store.queries.RunReplay`.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
@@ -49,6 +52,7 @@ LOG_DECISIONS = 2000  # decisions kept for refilling the feed (live)
 RETRY_S = 0.5  # first reconnect delay; doubles up to RETRY_MAX_S
 RETRY_MAX_S = 2.0
 DETAIL_DEBOUNCE_S = 0.15
+FOLLOW_DETAIL_S = 10.0  # following the feed, the newest decision's candidates reload this often
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -79,7 +83,8 @@ class ConsoleApp(App[None]):
 
     def __init__(self, target: Target | None = None, replay: ReplaySource | None = None, *,
                  keymap: Mapping[str, str] | None = None, at: float | None = None,
-                 poll_s: float = 0.5, render_s: float = 0.25) -> None:
+                 poll_s: float = 2.0, render_s: float = 1.0, feed_s: float | None = None
+                 ) -> None:
         super().__init__()
         if (target is None) == (replay is None):
             raise ValueError("give a live target or a replay source, not both")
@@ -89,6 +94,10 @@ class ConsoleApp(App[None]):
         self.keymap = dict(keymap or {})
         self.poll_s = poll_s
         self.render_s = render_s
+        # new decisions join the feed this often (each addition costs the screen a new
+        # layout, the priciest thing a terminal app does): every third render tick
+        self.feed_s = 3 * render_s if feed_s is None else feed_s
+        self._fed = 0.0
         self.history: deque[Numbers] = deque(maxlen=HISTORY)
         self.decision_log: deque[DecisionRow] = deque(maxlen=LOG_DECISIONS)
         self.connected: bool | None = None
@@ -98,6 +107,8 @@ class ConsoleApp(App[None]):
         self._pending_rows: list[DecisionRow] = []
         self._detail_timer: Timer | None = None
         self._detail_seq: int | None = None  # shown or loading
+        self._detail_timer_due = 0.0
+        self._detail_loaded = -FOLLOW_DETAIL_S
         self.counters: Counter[str] = Counter()  # states, renders, decisions, lag (bench)
         if replay is not None:
             self.cursor_seq, self.cursor_t = replay.at(replay.t0 if at is None else at)
@@ -135,6 +146,18 @@ class ConsoleApp(App[None]):
         self.set_interval(self.render_s, self._render_tick)
         self.run_worker(self._poll(), name="poll", group="poll", exclusive=True,
                         exit_on_error=False)
+        self.call_later(self._prepare_params)
+
+    async def _prepare_params(self) -> None:
+        """Build the parameter form once, out of sight (pushed and popped before a
+        frame shows it): composing its widgets takes most of a second, so `p`
+        then shows it filled at once."""
+        if self.is_screen_installed("params") or len(self.screen_stack) != 1:
+            return
+        self.install_screen(ParamsScreen(), "params")
+        await self.push_screen("params")
+        if isinstance(self.screen, ParamsScreen):
+            self.pop_screen()
 
     async def on_unmount(self) -> None:
         if self.client is not None:
@@ -241,7 +264,8 @@ class ConsoleApp(App[None]):
             self.history.append(snap.numbers)
             self.dashboard.show_snapshot(snap, list(self.history))
             self.counters["renders"] += 1
-        if self._pending_rows:
+        if self._pending_rows and time.monotonic() >= self._fed + self.feed_s - 1e-3:
+            self._fed = time.monotonic()
             rows, self._pending_rows = _upto(self._pending_rows, self.snapshot)
             self.decision_log.extend(rows)
             self.dashboard.add_decisions(rows)
@@ -262,11 +286,20 @@ class ConsoleApp(App[None]):
                 return
             self.dashboard.show_detail(detail)
             return
+        following = self.dashboard.feed().following()
+        pending = self._detail_timer is not None and self._detail_timer_due > time.monotonic()
+        if following and pending:
+            return  # the pending load takes the newest decision when it fires
         if self._detail_timer is not None:
             self._detail_timer.stop()
-        self._detail_timer = self.set_timer(DETAIL_DEBOUNCE_S, self._load_detail)
+        delay = DETAIL_DEBOUNCE_S  # a user moving the cursor: once the highlight settles
+        if following:  # new decisions move it: at most every FOLLOW_DETAIL_S
+            delay = max(delay, FOLLOW_DETAIL_S - (time.monotonic() - self._detail_loaded))
+        self._detail_timer_due = time.monotonic() + delay
+        self._detail_timer = self.set_timer(delay, self._load_detail)
 
     def _load_detail(self) -> None:
+        self._detail_loaded = time.monotonic()
         if self._detail_seq is not None:
             self.run_worker(self._fetch_detail(self._detail_seq), group="detail",
                             exclusive=True, exit_on_error=False)
@@ -393,17 +426,28 @@ class ConsoleApp(App[None]):
 
     def show_decision(self, seq: int) -> None:
         """A decision an opened task named: replay: the cursor on it; live: its
-        candidates (the feed keeps its place)."""
+        candidates, the feed no longer following (`f` follows again)."""
         if self.replay is not None:
             self.goto_decision(seq)
-        else:
-            self._detail_seq = None
-            self.request_detail(seq)
+        else:  # the feed stops following, so newer decisions leave it shown (f resumes)
+            feed = self.dashboard.feed()
+            feed.follow = False
+            feed.append([])
+            self._detail_seq = seq
+            self._load_detail()
         self.dashboard.query_one("#candidates").focus()
 
     def open_params(self) -> None:
-        if not self._bring_forward(ParamsScreen):
-            self.push_screen(ParamsScreen(self.cursor_t if self.replay is not None else None))
+        """The parameter form; live, one form kept for the session, so that it
+        opens filled at once after the first time."""
+        if self._bring_forward(ParamsScreen):
+            return
+        if self.replay is not None:
+            self.push_screen(ParamsScreen(self.cursor_t))
+            return
+        if not self.is_screen_installed("params"):
+            self.install_screen(ParamsScreen(), "params")
+        self.push_screen("params")
 
     def action_help(self) -> None:
         if not self._bring_forward(HelpScreen):

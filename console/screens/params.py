@@ -34,6 +34,9 @@ class ParamsScreen(Screen[None]):
         super().__init__(id="params")
         self.replay_t = replay_t
         self.info: dict[str, Any] | None = None
+        self._policies: list[str] = []
+        self.fills = 0  # answers shown (the console bench times the form by it)
+        self._helps: dict[str, Text] = {}  # each help label's text as shown
 
     @property
     def console(self) -> ConsoleApp:
@@ -79,6 +82,9 @@ class ParamsScreen(Screen[None]):
             for w in self.query("Input, Switch, Select"):
                 w.disabled = True
             self.query_one("#params-buttons").display = False
+
+    def on_screen_resume(self) -> None:
+        """Shown (first, or again: the live form is kept): the values now."""
         self.action_reload()
 
     # -------------------------------------------------------------- data
@@ -116,38 +122,45 @@ class ParamsScreen(Screen[None]):
         self.fill(info)
 
     def fill(self, info: dict[str, Any]) -> None:
-        """Show the daemon's policy and parameters (an earlier answer is stale)."""
+        """Show the daemon's policy and parameters (an earlier answer is stale).
+        Only what differs from what is shown is set: each change of a widget
+        costs the screen style updates and a layout (a form reopened with the
+        same values is filled at once)."""
         self.info = info
+        self.fills += 1
         self.answer(Text(""))
         select = self.query_one("#policy", Select)
-        select.set_options([(p, p) for p in info["policies"]])
-        select.value = info["policy"]
+        if self._policies != info["policies"]:
+            self._policies = list(info["policies"])
+            select.set_options([(p, p) for p in info["policies"]])
+        if select.value != info["policy"]:
+            select.value = info["policy"]
         params = info["params"]
         for f in FIELDS:
-            widget = self.query_one(f"#param-{f.name}")
-            has = f.name in params
-            self.query_one(f"#row-{f.name}").set_class(not has, "-absent")
-            value = params.get(f.name)
-            widget.disabled = self.read_only or not has  # edit after the switch
-            if isinstance(widget, Switch):
-                widget.value = bool(value)
-            elif isinstance(widget, Select):
-                if value in f.choices:
-                    widget.value = value
-            elif isinstance(widget, Input):
-                widget.value = text_of(value)
-            self._mark(f.name, None)
-        rng = info.get("ranges", {})
-        for f in FIELDS:
-            if f.name in rng and f.kind in ("int", "float"):
-                lo, hi = rng[f.name]
-                self.query_one(f"#help-{f.name}", Label).update(
-                    Text(f"{f.help} · [{lo:g}, {hi:g}]"))
+            self._fill_field(f, params)
         if not params:
             self.answer(Text(f"policy {info['policy']} takes no parameters; switch to a "
                              "topas policy to tune it"))
 
     # -------------------------------------------------------------- form
+
+    def _fill_field(self, f: Any, params: dict[str, Any]) -> None:
+        widget = self.query_one(f"#param-{f.name}")
+        has = f.name in params
+        self.query_one(f"#row-{f.name}").set_class(not has, "-absent")
+        value = params.get(f.name)
+        disabled = self.read_only or not has  # edit after the switch
+        if widget.disabled != disabled:
+            widget.disabled = disabled
+        if isinstance(widget, Switch):
+            if widget.value != bool(value):
+                widget.value = bool(value)
+        elif isinstance(widget, Select):
+            if value in f.choices and widget.value != value:
+                widget.value = value
+        elif isinstance(widget, Input) and widget.value != text_of(value):
+            widget.value = text_of(value)
+        self._mark(f.name, None)
 
     def form_values(self) -> tuple[str, dict[str, Any]]:
         policy = self.query_one("#policy", Select).value
@@ -185,12 +198,15 @@ class ParamsScreen(Screen[None]):
         row = self.query_one(f"#row-{name}")
         row.set_class(error is not None, "-invalid")
         if error is not None:
-            label.update(Text(f"✗ {f.symbol}: {error}", style="bold red"))
+            text = Text(f"✗ {f.symbol}: {error}", style="bold red")
         elif self.info is not None and name in _ranges(self.info):
             lo, hi = _ranges(self.info)[name]
-            label.update(Text(f"{f.help} · [{lo:g}, {hi:g}]"))
+            text = Text(f"{f.help} · [{lo:g}, {hi:g}]")
         else:
-            label.update(Text(f.help))
+            text = Text(f.help)
+        if self._helps.get(name) != text:  # as shown: no update, no layout
+            self._helps[name] = text
+            label.update(text)
 
     def answer(self, text: Text, severity: str | None = None) -> None:
         """Show the outcome under the form (scrolled into view); with a

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Self
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Region
 from textual.widgets import DataTable
 
 from console.snapshot import CandidateRow, DecisionDetail, DecisionRow
 from console.widgets.format import ids
 from console.widgets.phrases import Phrases
 
-FEED_ROWS = 300  # decisions the live feed keeps
+FEED_ROWS = 120  # decisions the live feed keeps
 TERMS = ("J_admit", "J_move", "J_redo", "J_revoke", "V_reuse")  # Eq. 13's, in its order
 # the total and every term right after # and won, the sets last: at 160 columns all the
 # terms show; a narrower panel puts the terms that decide first and says what scrolls
 CANDIDATE_COLUMNS = ("#", "won", "total", *TERMS, "resident", "admit", "preempt")
 WIDE_DETAIL = 96  # the candidates panel from this many cells shows the terms in Eq. 13's order
-ACTIONS_WIDTH = 24  # the feed's actions past this many cells count loads instead of naming
+ACTIONS_WIDTH = 16  # the feed's actions past this many cells count loads instead of naming
+FEED_COLUMNS = (("seq", 6), ("t", 7), ("score", 7), ("ms", 5), ("actions", ACTIONS_WIDTH))
 
 
 def term_values(c: CandidateRow) -> dict[str, float]:
@@ -87,20 +90,30 @@ class DecisionFeed(DataTable[Text | str]):
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.show_noop = False
         self.follow = True
+        self._trimming = False
         self.rows_shown: list[DecisionRow] = []
         self.border_title = "Decisions"
 
     def on_mount(self) -> None:
-        # the variable-width actions last: a wide one no longer pushes ms out of sight
-        for label in ("seq", "t", "score", "ms", "actions"):
-            self.add_column(label, key=label)
+        # fixed widths (a wider cell would cost the screen a new layout), the
+        # variable-width actions last: a wide one no longer pushes ms out of sight
+        for label, width in FEED_COLUMNS:
+            self.add_column(label, key=label, width=width)
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> Self:
+        """As a DataTable's, but a trimmed row asks for no layout of its own (the
+        feed's height, if it changed, asks for one; a full feed's does not)."""
+        return super().refresh(*regions, repaint=repaint, layout=layout and not self._trimming,
+                               recompose=recompose)
 
     def shows(self, d: DecisionRow) -> bool:
         """Whether the feed lists `d` (no-ops only when they are shown)."""
         return self.show_noop or not d.noop
 
     def append(self, rows: Sequence[DecisionRow]) -> None:
-        """Add new decisions (live); keeps the last FEED_ROWS."""
+        """Add new decisions (live); keeps the last FEED_ROWS. A full feed trims as
+        many as it adds, so its height stays and the screen needs no new layout."""
         was_last = not self.row_count or self.cursor_row >= self.row_count - 1
         before = self.selected()
         for d in rows:
@@ -110,8 +123,12 @@ class DecisionFeed(DataTable[Text | str]):
             self.rows_shown.append(d)
         extra = len(self.rows_shown) - FEED_ROWS
         if extra > 0:
-            for d in self.rows_shown[:extra]:
-                self.remove_row(str(d.seq))
+            self._trimming = True  # its own layout request: the new size, if any, asks
+            try:
+                for d in self.rows_shown[:extra]:
+                    self.remove_row(str(d.seq))
+            finally:
+                self._trimming = False
             del self.rows_shown[:extra]
         if self.follow and was_last and self.row_count:
             last = self.row_count - 1
@@ -173,7 +190,7 @@ class DecisionDetailView(Vertical):
         self.detail: DecisionDetail | None = None
 
     def compose(self) -> ComposeResult:
-        yield Phrases("select a decision", id="detail-summary")
+        yield Phrases("select a decision", id="detail-summary", min_lines=3)
         table: DataTable[Text | str] = DataTable(id="candidates", cursor_type="row",
                                                  zebra_stripes=True)
         yield table
@@ -182,10 +199,14 @@ class DecisionDetailView(Vertical):
         self._columns(TERMS)
 
     def _columns(self, terms: tuple[str, ...]) -> None:
-        """(Re)set the columns, so their widths fit the rows shown now."""
+        """The columns in this order (new ones only when the order changes)."""
         table = self.query_one("#candidates", DataTable)
+        labels = ("#", "won", "total", *terms, "resident", "admit", "preempt")
+        if tuple(str(c.label) for c in table.ordered_columns) == labels:
+            table.clear()  # the same columns: their widths grow to fit, never shrink
+            return
         table.clear(columns=True)
-        for label in ("#", "won", "total", *terms, "resident", "admit", "preempt"):
+        for label in labels:
             table.add_column(label, key=label)
 
     def show_message(self, text: str) -> None:
@@ -215,7 +236,9 @@ class DecisionDetailView(Vertical):
         wins = winner_phrase(detail)
         if wins is not None:
             phrases.append(wins)
-        self.query_one("#detail-summary", Phrases).set_phrases(phrases)
+        summary = self.query_one("#detail-summary", Phrases)
+        summary.min_lines = 1 if self.screen.has_class("-short") else 3  # as its CSS says
+        summary.set_phrases(phrases)
         wide = self.size.width >= WIDE_DETAIL or not self.size.width
         terms = TERMS if wide else deciding_order(detail)
         self._columns(terms)

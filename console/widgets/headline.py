@@ -39,9 +39,14 @@ class Metric(Vertical):
         """The value on its line, the note on the bottom border (a narrow box
         keeps the value whole)."""
         value, note = shown
-        self.query_one(".value", Static).update(value)
-        self.border_subtitle = note
-        self.query_one(Sparkline).data = list(trend)
+        static = self.query_one(".value", Static)
+        if str(static.content) != value:  # one line, always: no layout to redo
+            static.update(value, layout=False)
+        if self.border_subtitle != note:
+            self.border_subtitle = note
+        spark = self.query_one(Sparkline)
+        if list(spark.data or ()) != list(trend):
+            spark.data = list(trend)
 
 
 class Headline(Horizontal):

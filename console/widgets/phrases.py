@@ -14,17 +14,32 @@ SEPARATORS = (" · ", "   ", "  ")  # dropped where a phrase starts a new line
 class Phrases(Static):
     """Shows `set_phrases(...)`, re-wrapped whenever its width changes."""
 
-    def __init__(self, content: str = "", id: str | None = None) -> None:
+    def __init__(self, content: str = "", id: str | None = None, min_lines: int = 1) -> None:
         super().__init__(content, id=id)
+        self.min_lines = min_lines  # its CSS min-height: fewer lines keep its height
         self._phrases: list[Text] = []
+        self._shown: Text | None = None
 
     def set_phrases(self, phrases: Sequence[Text]) -> None:
         self._phrases = list(phrases)
-        self.update(wrap_phrases(self._phrases, self.content_size.width))
+        self._show(wrap_phrases(self._phrases, self.content_size.width))
 
     def on_resize(self) -> None:
         if self._phrases:
-            self.update(wrap_phrases(self._phrases, self.content_size.width))
+            self._show(wrap_phrases(self._phrases, self.content_size.width))
+
+    def _show(self, text: Text) -> None:
+        """Show `text`: nothing to do when it is what is shown, and a new layout
+        only when its number of lines changed (a repaint costs far less)."""
+        old = self._shown
+        if old is not None and old == text:
+            return
+        self._shown = text
+
+        def height(t: Text) -> int:
+            return max(self.min_lines, t.plain.count("\n") + 1)
+
+        self.update(text, layout=old is None or height(old) != height(text))
 
 
 def wrap_phrases(phrases: Sequence[Text], width: int) -> Text:

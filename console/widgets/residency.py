@@ -26,8 +26,9 @@ class Residency(Static):
         self.border_title = "Residency"
 
     def show(self, snapshot: Snapshot) -> None:
+        """Redraw (its height is the panel's, min and max 100%: no new layout)."""
         self.snapshot = snapshot
-        self.update(self._render_snapshot(snapshot))
+        self.update(self._render_snapshot(snapshot), layout=False)
 
     def on_resize(self) -> None:
         if self.snapshot is not None:

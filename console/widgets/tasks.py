@@ -71,6 +71,14 @@ def task_cells(s: Snapshot, r: TaskRow) -> list[Text]:
             Text(",".join(r.running) or "—"), Text(",".join(r.waiting) or "—")]
 
 
+ROWS_STEP = 64  # the scrolled height grows and shrinks in steps (each costs a layout)
+
+
+def _rows(n: int) -> int:
+    """`n` lines rounded up to the next ROWS_STEP (the rest render blank)."""
+    return -(-n // ROWS_STEP) * ROWS_STEP
+
+
 def matches(row: TaskRow, text: str) -> bool:
     """A task matches a filter when its id, client id, workflow or one of its
     running or waiting stages contains the text (case-insensitive)."""
@@ -155,7 +163,12 @@ class TaskList(ScrollView, can_focus=True):
                                    f"by {SORTS[self.sort_index][1]}")
         self.border_subtitle = "⚠ late: past its workflow's p99 +25% · / filter · enter open"
         self._lines.clear()
-        self.virtual_size = Size(sum(COLUMNS[i][1] for i in self.columns()), len(self.shown) + 1)
+        height = self.virtual_size.height
+        if not height - 2 * ROWS_STEP < len(self.shown) + 1 <= height:  # grows past its end,
+            height = _rows(len(self.shown) + 1)  # or shrinks by two steps: a new height
+        size = Size(sum(COLUMNS[i][1] for i in self.columns()), height)
+        if size != self.virtual_size:  # a new size costs the screen a layout: rarely
+            self.virtual_size = size
         self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
         self.refresh()
 

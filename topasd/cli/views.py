@@ -26,7 +26,7 @@ from topasd.model import TopasError
 @token_file_option
 @click.option("--keymap", type=click.Path(dir_okay=False), default=None,
               help="TOML file rebinding keys by binding id (see the help screen, `?`).")
-@click.option("--poll", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+@click.option("--poll", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
               help="Seconds between state polls of a live daemon.")
 def console_cmd(url: str | None, db_path: str | None, run_id: int | None, at: float | None,
                 runtime_file: str | None, config_path: str | None, token: str | None,
