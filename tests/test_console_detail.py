@@ -6,7 +6,6 @@ actions column never hides an eviction. Through Pilot on the replay fixture."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -18,16 +17,13 @@ from console.app import ConsoleApp
 from console.snapshot import DecisionRow
 from console.sources import ReplaySource
 from console.widgets.decisions import TERMS, DecisionDetailView, actions
-from tests.console_fixture import FIXTURE
 
 SEQ = 19  # preempts requests 17 and 18, evicts D, loads B; 11 candidates
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "run.db"
-    shutil.copy(FIXTURE, path)
-    return path
+def db(console_db: Path) -> Path:
+    return console_db
 
 
 def detail_at(db: Path, size: tuple[int, int]) -> tuple[str, list[str], str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,6 @@ from console.widgets.status import CursorBar
 from console.widgets.tasks import TaskList
 from store import Store
 from store import queries as q
-from tests.console_fixture import FIXTURE
 from tests.simkit import run_checked, scenarios
 from topasd.model import Decision, EngineView
 from topasd.scheduler import make_policy
@@ -38,10 +36,8 @@ SIZE = (150, 45)
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "run.db"
-    shutil.copy(FIXTURE, path)
-    return path
+def db(console_db: Path) -> Path:
+    return console_db
 
 
 def sql(db: Path, query: str, *args: Any) -> list[tuple[Any, ...]]:

@@ -6,9 +6,7 @@ fixture and on a live daemon, through Pilot; late judged per workflow."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from textual.widgets import DataTable, Input
@@ -19,26 +17,15 @@ from console.snapshot import LATE_SLACK, Snapshot, TaskRow
 from console.sources import ReplaySource, Target
 from console.widgets.tasks import TaskList
 from store import queries as q
-from tests.console_fixture import FIXTURE
 from tests.daemonkit import Daemon
+from tests.test_console_live import until
 
 SIZE = (160, 48)
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "run.db"
-    shutil.copy(FIXTURE, path)
-    return path
-
-
-async def until(pilot: Any, cond: Any, timeout: float = 30.0) -> None:
-    """Pause until `cond()` holds (the app's workers post their messages)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "timed out"
-        await pilot.pause(0.05)
+def db(console_db: Path) -> Path:
+    return console_db
 
 
 def test_filter_move_open_a_task_and_go_to_its_decision(db: Path) -> None:
@@ -65,7 +52,7 @@ def test_filter_move_open_a_task_and_go_to_its_decision(db: Path) -> None:
             assert tasks.cursor == 1
             chosen = tasks.task_ids()[1]
             await pilot.press("enter")
-            await until(pilot, lambda: isinstance(app.screen, TaskScreen))
+            await until(pilot, lambda: isinstance(app.screen, TaskScreen), "the task screen")
             screen = app.screen
             assert isinstance(screen, TaskScreen) and screen.detail is not None
             want = q.task_at(app.replay.store.db, app.replay.run.id,  # type: ignore[union-attr]
@@ -119,13 +106,13 @@ def test_a_live_task_found_by_its_client_id_opens_with_its_decisions(tmp_path: P
             app = ConsoleApp(Target(d.url), poll_s=0.1, render_s=0.05)
             async with app.run_test(size=SIZE) as pilot:
                 tasks = app.dashboard.query_one(TaskList)
-                await until(pilot, lambda: tasks.row_count == 4)
+                await until(pilot, lambda: tasks.row_count == 4, "four tasks")
                 await pilot.press("t", "slash", *"job-7", "enter")
-                await until(pilot, lambda: tasks.row_count == 1)
+                await until(pilot, lambda: tasks.row_count == 1, "the filtered task")
                 assert "job-7" in str(tasks.cells(0)[1])
                 await pilot.press("enter")
                 await until(pilot, lambda: isinstance(app.screen, TaskScreen)
-                            and app.screen.detail is not None)
+                            and app.screen.detail is not None, "the task")
                 screen = app.screen
                 assert isinstance(screen, TaskScreen) and screen.detail is not None
                 assert screen.detail.client_id == "job-7"
@@ -134,7 +121,7 @@ def test_a_live_task_found_by_its_client_id_opens_with_its_decisions(tmp_path: P
                 assert decisions.row_count == 2  # each request's admission
                 await pilot.press("enter")
                 await until(pilot, lambda: app.dashboard.query_one(
-                    "#detail").detail is not None)  # type: ignore[attr-defined]
+                    "#detail").detail is not None, "its decision")  # type: ignore[attr-defined]
                 first = screen.detail.decisions()[0][0]
                 assert app.dashboard.query_one("#detail").detail.row.seq == first  # type: ignore[attr-defined]
 
