@@ -167,17 +167,25 @@ def main() -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
+    text = report(args, res)
+    print(text)
+    if args.write:
+        update_section("console_load", "## Console under load\n\n" + text)
+
+
+def report(args: argparse.Namespace, res: dict[str, Any]) -> str:
+    """The results page's section: one row per pacing, and the command."""
     lines = [
-        f"The console (headless, {args.size}) on a daemon with {in_flight}–"
-        f"{after['tasks_in_flight']} tasks in flight (DAG-4, sim paced at {args.speed:g}x, "
+        f"The console (headless, {args.size}) on a daemon with {res['in_flight_start']}–"
+        f"{res['in_flight_end']} tasks in flight (DAG-4, sim paced at {args.speed:g}x, "
         f"{args.seconds:g} s per row; one `/v1/state?limit=2000` takes "
-        f"{state_ms:.0f} ms to fetch):",
+        f"{res['state_fetch_ms']:.0f} ms to fetch):",
         "",
         "| pacing (poll / render tick) | snapshots applied/s | decisions/s | console CPU "
         "| key → redraw p50 / max | `p` → form filled p50 / max |",
         "|---|---|---|---|---|---|",
     ]
-    for m in modes:
+    for m in res["modes"]:
         lines.append(
             f"| {m['poll_s']:g} s / {m['render_s']:g} s | {m['renders_per_s']:.1f} "
             f"(polls {m['states_per_s']:.1f}/s, {m['tasks_shown']} tasks each) "
@@ -189,11 +197,7 @@ def main() -> None:
               f"{args.keys} --size {args.size} --warm {args.warm:g} --forms {args.forms} "
               f"--write` ({platform.python_version()}, "
               f"{os.cpu_count()} CPUs, the daemon on the same machine)."]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        update_section("console_load", "## Console under load\n\n" + text)
-
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
