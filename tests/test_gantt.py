@@ -300,11 +300,11 @@ def test_the_chart_draws_in_headless_chromium(log: Path, tmp_path: Path) -> None
     dom = dump_dom(html)
     assert re.findall(r'class="ytick"><text[^>]*>([^<]*)<', dom) == ["A", "B"]
     bars = re.findall(r'<g class="point"><path d="M[^"]+"', dom)
-    assert len(bars) == g.bars == 14
+    assert len(bars) == g.bars == 17
     assert len(re.findall(r'<path class="point"', dom)) == 2  # the two marks
     legend = re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom)
-    assert {"prefix on GPU", "prefill", "preempted (policy)", "retracted (engine)"} <= set(
-        legend)
+    assert {"prefix on GPU", "prefill", "preempted (policy: #decision)", "retracted (engine)",
+            "queued (ready → admitted)"} <= set(legend)
     png = screenshot(html, tmp_path / "agents.png", width=1000, height=600)
     assert png_size(png) == (1000, 600) and png_is_not_blank(png)
 
