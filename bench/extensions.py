@@ -7,7 +7,10 @@ oldest waiting request once its task has waited that long, as EASY
 backfilling does; `pack_order="arrival"` has GreedyPack serve tasks in arrival
 order; `start_gate` starts no new task in a candidate that preempts or
 after a started task's request did not fit (docs/topas.md, "Extensions").
-`topas` runs the last three by default; this script adds each to the paper's
+`topas` runs the last three by default, and with them keep_idle,
+preempt_exchange, swap_only, overdue, linear aging and the srpt weight (the
+last column; `bench/generalization.py --ablation` takes each away on
+workloads nobody tuned for); this script adds each to the paper's
 TOPAS (`topas-paper`) and shows what they change, beside it and the best
 baseline, at every operating point of `bench/paper.py` (paper set-up: the
 baselines recompute evicted prefixes, TOPAS moves them to host memory).
@@ -46,8 +49,10 @@ VARIANTS: dict[str, dict[str, Any]] = {  # each on top of the paper's TOPAS (PAP
     "arrival order, hol 0 s, no preemption, rho 16": {
         "pack_order": "arrival", "hol_age": 0.0, "preempt": False, "rho": 16.0},
     "start gate": {"start_gate": True},
-    "start gate, preempt margin 1, arrival order (the default)": {
+    "start gate, preempt margin 1, arrival order": {
         "start_gate": True, "preempt_margin": 1.0, "pack_order": "arrival"},
+    # every extension `topas` runs by default (the keys of PAPER, at topas's values)
+    "every default (topas)": {k: getattr(TopasParams(), k) for k in PAPER},
 }
 
 
