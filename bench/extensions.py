@@ -21,13 +21,11 @@ baselines recompute evicted prefixes, TOPAS moves them to host memory).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
-from multiprocessing import Pool
 from typing import Any
 
-from _results import at_least, update_section  # bench/_results.py
+from _results import at_least, run_all, update_section  # bench/_results.py
 from paper import WORKLOADS, operating_point  # bench/paper.py
 
 from backends.sim.engine import SimBackend
@@ -119,12 +117,7 @@ def main() -> None:
             for name in WORKLOADS for rate in load_workload(name).operating_points
             for policy in (*BASELINES, *VARIANTS)]
     t0 = time.perf_counter()
-    rows = []
-    with Pool(args.jobs) as pool:
-        for i, row in enumerate(pool.imap_unordered(run_job, jobs), 1):
-            rows.append(row)
-            print(f"\r{i}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    rows = run_all(run_job, jobs, args.jobs)
     text = render(rows, args, time.perf_counter() - t0)
     print(text)
     if not args.no_write:

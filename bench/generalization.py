@@ -132,6 +132,7 @@ class Cache:
         self._prints = {"baseline": fingerprint(next(iter(BASELINES))),
                         "topas": fingerprint("topas")}
         self._rows: dict[str, dict[str, dict[str, Any]]] = {}
+        self.hits = self.misses = 0  # replays found in the cache, and replayed
 
     def _key(self, job: Job) -> tuple[Path | None, str]:
         kind = "baseline" if job.policy in BASELINES else "topas"
@@ -150,7 +151,10 @@ class Cache:
                 for line in path.read_text().splitlines():
                     rec = json.loads(line)
                     rows[rec["key"]] = rec["row"]
-        return rows.get(key)
+        row = rows.get(key)
+        self.hits += row is not None
+        self.misses += row is None
+        return row
 
     def put(self, job: Job, row: dict[str, Any]) -> None:
         path, key = self._key(job)
@@ -289,6 +293,18 @@ def criteria(results: Sequence[CaseResult]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def waste_table(results: Sequence[CaseResult], policy: str) -> list[str]:
+    """Medians over cases of the work each side redid or moved."""
+    keys = (("preemptions", "preemptions"), ("retractions", "retractions (engine)"),
+            ("recomputed_tokens", "tokens prefilled again"), ("prefix_loads", "prefix loads"))
+    lines = [f"| median over cases | {policy} | best-mean baseline |", "|---|---|---|"]
+    for key, label in keys:
+        ours = np.median([r.topas[key] for r in results])
+        theirs = np.median([r.comparator[key] for r in results])
+        lines.append(f"| {label} | {ours:.0f} | {theirs:.0f} |")
+    return lines
+
+
 def light_loads(results: Sequence[CaseResult]) -> float:
     """`waste_ratio` of prefix loads over the light-load cases (nan: none)."""
     light = [r for r in results if r.case[2] == "light"]
@@ -367,13 +383,21 @@ def worst_cases(results: Sequence[CaseResult], policy: str, n: int, cache: Cache
 # ----------------------------------------------------------------- report
 
 
+def timing(wall: float, cache: Cache) -> str:
+    """How long the run took, and how much of it an earlier run's cache saved."""
+    if not cache.hits:
+        return f"{wall / 60:.1f} min on this machine"
+    return (f"{wall / 60:.1f} min on this machine, {cache.hits} of "
+            f"{cache.hits + cache.misses} replays taken from an earlier run's cache")
+
+
 def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]],
-           args: argparse.Namespace, policy: str, wall: float) -> str:
+           args: argparse.Namespace, policy: str, took: str) -> str:
     means = [r.mean_ratio for r in results]
     p99s = [r.p99_ratio for r in results]
     loads = [load for load in LOADS if any(r.case[2] == load for r in results)]
     lines = ["## Workloads nobody tuned for (`bench/generalization.py`)", "",
-             f"Command: `{command(args)}` ({wall / 60:.1f} min on this machine). "
+             f"Command: `{command(args)}` ({took}). "
              f"{len(results)} cases: {args.draws} draws of each of "
              f"{len({r.case[0] for r in results})} workflow families "
              f"(`workflows/generator.py`) x {len(loads)} loads, {args.tasks} tasks each, "
@@ -387,6 +411,7 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
               "| max | geometric mean |", "|---|---|---|---|---|---|---|---|---|---|",
               f"| mean JCT | {mw} / {mt} / {ml} | {distribution(means)} | {geomean(means):.3f} |",
               f"| p99 JCT | {pw} / {pt} / {pl} | {distribution(p99s)} | {geomean(p99s):.3f} |",
+              "", *waste_table(results, policy),
               "", "Mean-JCT ratio by family and load: geometric mean (worst case).", "",
               *family_table(results, loads), "",
               f"The {len(worst)} worst cases (mean-JCT ratio), with what their replays show:",
@@ -408,6 +433,9 @@ def ablation(cases_: Sequence[tuple[str, int, str]], args: argparse.Namespace,
         ("topas (every default)", "topas", ())]
     variants += [(f"without {k} (`{k}={json.dumps(v)}`)", "topas", ((k, v),))
                  for k, v in PAPER.items()]
+    earlier = ("start_gate", "preempt_margin", "pack_order")  # chosen on the built-in five
+    variants.append(("only the three chosen on the built-in workloads", "topas",
+                     tuple(sorted((k, v) for k, v in PAPER.items() if k not in earlier))))
     variants.append(("topas-paper (none of them)", "topas-paper", ()))
     base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}), cache, args.jobs,
                    "baselines")
@@ -495,7 +523,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                    cache, args.jobs, "cases")
     results = compare(rows, args.policy)
     worst = worst_cases(results, args.policy, args.worst, cache, args.jobs)
-    text = render(results, worst, args, args.policy, time.monotonic() - t0)
+    text = render(results, worst, args, args.policy, timing(time.monotonic() - t0, cache))
     print(text)
     if args.json:
         args.json.write_text(json.dumps([{"case": r.case, "policy": r.topas, "best_mean":
