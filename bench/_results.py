@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+from multiprocessing import Pool
 from pathlib import Path
+from typing import Any, TypeVar
+
+J = TypeVar("J")
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md"
 HEADER = """# Results
@@ -46,3 +51,16 @@ def at_least(lo: int) -> Callable[[str], int]:
 
     parse.__name__ = f"integer >= {lo}"
     return parse
+
+
+def run_all(run: Callable[[J], dict[str, Any]], jobs: Sequence[J],
+            workers: int) -> list[dict[str, Any]]:
+    """Every job's row, run in a pool of `workers` processes (finish order),
+    with a "done/total runs" line on stderr."""
+    rows = []
+    with Pool(workers) as pool:
+        for i, row in enumerate(pool.imap_unordered(run, jobs), start=1):
+            rows.append(row)
+            print(f"\r{i}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return rows

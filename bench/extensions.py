@@ -7,7 +7,10 @@ oldest waiting request once its task has waited that long, as EASY
 backfilling does; `pack_order="arrival"` has GreedyPack serve tasks in arrival
 order; `start_gate` starts no new task in a candidate that preempts or
 after a started task's request did not fit (docs/topas.md, "Extensions").
-`topas` runs the last three by default; this script adds each to the paper's
+`topas` runs the last three by default, and with them keep_idle,
+preempt_exchange, swap_only, overdue, linear aging and the srpt weight (the
+last column; `bench/generalization.py --ablation` takes each away on
+workloads nobody tuned for); this script adds each to the paper's
 TOPAS (`topas-paper`) and shows what they change, beside it and the best
 baseline, at every operating point of `bench/paper.py` (paper set-up: the
 baselines recompute evicted prefixes, TOPAS moves them to host memory).
@@ -18,13 +21,11 @@ baselines recompute evicted prefixes, TOPAS moves them to host memory).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import dataclass
-from multiprocessing import Pool
 from typing import Any
 
-from _results import at_least, update_section  # bench/_results.py
+from _results import at_least, run_all, update_section  # bench/_results.py
 from paper import WORKLOADS, operating_point  # bench/paper.py
 
 from backends.sim.engine import SimBackend
@@ -46,8 +47,10 @@ VARIANTS: dict[str, dict[str, Any]] = {  # each on top of the paper's TOPAS (PAP
     "arrival order, hol 0 s, no preemption, rho 16": {
         "pack_order": "arrival", "hol_age": 0.0, "preempt": False, "rho": 16.0},
     "start gate": {"start_gate": True},
-    "start gate, preempt margin 1, arrival order (the default)": {
+    "start gate, preempt margin 1, arrival order": {
         "start_gate": True, "preempt_margin": 1.0, "pack_order": "arrival"},
+    # every extension `topas` runs by default (the keys of PAPER, at topas's values)
+    "every default (topas)": {k: getattr(TopasParams(), k) for k in PAPER},
 }
 
 
@@ -114,12 +117,7 @@ def main() -> None:
             for name in WORKLOADS for rate in load_workload(name).operating_points
             for policy in (*BASELINES, *VARIANTS)]
     t0 = time.perf_counter()
-    rows = []
-    with Pool(args.jobs) as pool:
-        for i, row in enumerate(pool.imap_unordered(run_job, jobs), 1):
-            rows.append(row)
-            print(f"\r{i}/{len(jobs)} runs", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
+    rows = run_all(run_job, jobs, args.jobs)
     text = render(rows, args, time.perf_counter() - t0)
     print(text)
     if not args.no_write:

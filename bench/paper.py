@@ -24,16 +24,15 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
 
 from _results import at_least, update_section  # bench/_results.py
+from _waits import Waits  # bench/_waits.py
 
 from backends.sim.engine import SimBackend
-from topasd.model import EngineEvent, EventKind
 from topasd.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
@@ -65,35 +64,6 @@ class Job:
     seed: int
 
 
-class _Waits:
-    """A sink that keeps each request's first ready and admission times."""
-
-    def __init__(self) -> None:
-        self.ready: dict[int, tuple[float, str]] = {}
-        self.admit: dict[int, float] = {}
-
-    def decision(self, decision: Any) -> None:
-        return None
-
-    def event(self, ev: EngineEvent) -> None:
-        if ev.kind is EventKind.REQUEST_READY and ev.request_id not in self.ready:
-            self.ready[ev.request_id] = (ev.t, ev.stage or "?")  # type: ignore[index]
-        elif ev.kind is EventKind.REQUEST_ADMIT and ev.request_id not in self.admit:
-            self.admit[ev.request_id] = ev.t  # type: ignore[index]
-
-    def per_stage(self) -> dict[str, float]:
-        sums: dict[str, list[float]] = defaultdict(list)
-        for rid, (t, stage) in self.ready.items():
-            if rid in self.admit:
-                sums[stage].append(self.admit[rid] - t)
-        return {s: sum(v) / len(v) for s, v in sorted(sums.items())}
-
-    def longest(self) -> tuple[float, str]:
-        """The longest wait from ready to first admission, and its stage."""
-        return max(((self.admit[rid] - t, stage) for rid, (t, stage) in self.ready.items()
-                    if rid in self.admit), default=(0.0, "-"))
-
-
 def operating_point(workload: str, rate: float, tasks: int, seed: int, topas: bool,
                     engine: str = "paper") -> tuple[Trace, HardwareProfile]:
     """The fixed arrival trace of one operating point, and the engine a policy
@@ -108,7 +78,7 @@ def operating_point(workload: str, rate: float, tasks: int, seed: int, topas: bo
 def run_job(job: Job) -> dict[str, Any]:
     trace, profile = operating_point(job.workload, job.rate, job.tasks, job.seed,
                                      job.policy.startswith("topas"), job.engine)
-    sink = _Waits()
+    sink = Waits()
     result = Run(trace, make_policy(job.policy), SimBackend(profile), sink=sink).execute()
     row = result.summary()
     row.update(workload=job.workload, rate=job.rate, engine=job.engine,
@@ -192,9 +162,10 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
                 f"| {p['topas']:.1f} s | {-p['reduction_pct']:+.1f}% | -{pp}% | {_vs(p)} |")
         lines.append("")
     lines += ["(Change = TOPAS vs the best baseline: negative means TOPAS is lower, as in "
-              "the paper's column. `topas` runs three defaults beyond the paper: the start "
-              "gate, preempt_margin 1 and arrival order (docs/topas.md); `topas-paper` is "
-              "section IV as given, shown with its change against the same best baseline.)",
+              "the paper's column. `topas` runs nine extensions beyond the paper by "
+              "default (docs/topas.md, \"Extensions\"); `topas-paper` is section IV as "
+              "given, shown with its change against the same best baseline. The ablation "
+              "variants keep every extension and turn off only what names them.)",
               "",
               "![mean and p99 JCT against arrival rate](paper-jct.png)", "",
               "Interactive charts: [paper-jct.html](paper-jct.html). Raw rows: "

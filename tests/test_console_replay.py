@@ -375,8 +375,11 @@ def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
         assert len(set(heights.values())) == 1, heights  # no label wraps (preempt_margin did)
         answer = str(app.screen.query_one("#answer", Static).render())
         assert app.screen.query_one("#param-start_gate", Switch).value is False
-        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order, start_gate: "
-                               "not in this "
+        assert app.screen.query_one("#param-keep_idle", Switch).value is False
+        assert app.screen.query_one("#param-age_curve", Select).value == "log"
+        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order, start_gate, "
+                               "age_curve, srpt, keep_idle, preempt_exchange, swap_only, "
+                               "overdue: not in this "
                                "log (an older topasd wrote it), shown at the defaults it ran "
                                "with"), answer
         await pilot.press("escape")

@@ -261,15 +261,20 @@ def test_topas_is_no_later_than_lpm_and_srpt_when_the_gpu_batches_two() -> None:
     assert mean <= _mean_jct(expected["spf"]["completion"], arrivals)
 
 
-def test_topas_on_the_literal_fig2_ties_stage_values_and_saves_the_move() -> None:
+def test_topas_on_the_literal_fig2_finishes_the_started_task_first() -> None:
     """Fig. 2 literally (one request fits): every stage has the same expected
-    service and all tasks the same age, so Eq. 13 values T0.b and T1.a alike and
-    J_move decides for the resident prefix: TOPAS runs LPM's timeline (mean JCT
-    35), not SRPT's (30). No term of the score prefers finishing a task over
-    starting another of equal remaining service; see docs/RESULTS.md."""
+    service and all tasks the same age, so Eq. 13 values T0.b and T1.a alike
+    and, in the paper's score, J_move decides for the resident prefix: LPM's
+    timeline (mean JCT 35). The srpt weight (H_age / L_i, L_i the task's
+    remaining expected path) values T0.b, which ends its task, over T1.a,
+    which starts one, by the ratio of their remaining paths: TOPAS runs SRPT's
+    timeline (mean 30), paying the two extra prefix swaps."""
     arrivals, batch, expected = SCENARIOS["one-request"]
     topas, _, backend = run_fig2("topas", arrivals, batch, True)
-    assert topas.finishes == expected["lpm"]["completion"]
+    assert topas.finishes == expected["spf"]["completion"]
+    assert backend.stats.preemptions == 0
+    paper, _, backend = run_fig2("topas-paper", arrivals, batch, True)
+    assert paper.finishes == expected["lpm"]["completion"]
     assert backend.stats.prefix_loads == 3 and backend.stats.preemptions == 0
 
 

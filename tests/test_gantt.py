@@ -368,7 +368,8 @@ def drawn_bars(g: Gantt) -> list[tuple[float, float]]:
 def test_max_bars_window_is_filled_up_to_the_cap(tmp_path: Path) -> None:
     """The reviewer's run: every cap gets that many bars, from the run's start,
     in a window of real width (not 4 bars for 20, nor 0–1e-06 s for 1)."""
-    db = replay_db(tmp_path, "--tasks", "20")
+    # idle prefixes leave at each decision: the agents' busy spans break up (over 20)
+    db = replay_db(tmp_path, "--tasks", "20", "--param", "keep_idle=false")
     with Store(db) as store:
         start = q.time_span(store.db, 1)[0]
         for cap in (1, 5, 20):

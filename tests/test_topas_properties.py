@@ -26,7 +26,7 @@ from topasd.model import (
 )
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
-from topasd.scheduler.params import TopasParams
+from topasd.scheduler.params import PAPER, TopasParams
 from topasd.scheduler.topas import TopasPolicy
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
@@ -89,11 +89,17 @@ class CheckedTopas(TopasPolicy):
         assert set(chosen.resident) == {r.agent for r in q_after}
         gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
         assert set(d.load) == set(chosen.resident) - gpu
-        assert set(d.evict) == gpu - set(chosen.resident)
-        # Eq. 2 with full reservation: sum l_a + sum d_r <= B_t
+        left_out = gpu - set(chosen.resident)
+        if self.params.keep_idle:  # only the idle prefixes the room needs leave
+            assert set(d.evict) <= left_out
+        else:
+            assert set(d.evict) == left_out
+        # Eq. 2 with full reservation: sum l_a + sum d_r <= B_t, the idle
+        # prefixes kept on the GPU included
         used = sum(view.prefixes[a].tokens for a in chosen.resident)
         used += sum(r.input_tokens + r.output_tokens for r in q_after)
-        assert used <= view.budget_tokens
+        kept_idle = sum(view.prefixes[a].tokens for a in left_out - set(d.evict))
+        assert used + kept_idle <= view.budget_tokens
         if self.params.k:
             assert len(d.admit) <= self.params.k and len(d.preempt) <= self.params.k
         if not self.params.preempt:
@@ -119,15 +125,20 @@ class CheckedTopas(TopasPolicy):
        st.sampled_from([0.0, 1.0, 20.0]), st.sampled_from([0.0, 2.0]),
        st.sampled_from([(True, None, 0.0), (False, None, 0.0), (True, 0.0, 0.0),
                         (False, 1.0, 0.0), (True, None, 1.0)]),
-       st.sampled_from(["ratio", "arrival"]))
+       st.sampled_from(["ratio", "arrival"]), st.booleans())
 def test_topas_decisions_keep_the_papers_constraints(
         case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
-        extensions: tuple[bool, float | None, float], pack_order: str) -> None:
+        extensions: tuple[bool, float | None, float], pack_order: str,
+        later_extensions: bool) -> None:
     trace, budget = case
     preempt, hol_age, preempt_margin = extensions
+    # keep_idle, preempt_exchange, swap_only, overdue, linear aging and srpt:
+    # as by default, or all off as in the paper
+    later = {} if later_extensions else {
+        k: v for k, v in PAPER.items() if k not in ("start_gate", "preempt_margin", "pack_order")}
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
                          preempt=preempt, hol_age=hol_age, pack_order=pack_order,
-                         preempt_margin=preempt_margin)
+                         preempt_margin=preempt_margin, **later)
     pol = CheckedTopas(params)
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     result = Run(trace, pol, SimBackend(profile)).execute()

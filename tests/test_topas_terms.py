@@ -634,11 +634,10 @@ def test_start_gate_lets_a_prefix_swap_start_new_tasks(output: int, swaps: bool)
     assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
 
 
-def test_the_default_is_the_paper_with_three_extensions_and_topas_paper_is_section_iv() -> None:
-    """`topas` runs with the start gate, preempt_margin 1 and arrival order;
-    `topas-paper` is section IV as given (and refuses to become `topas`)."""
-    assert TopasPolicy().params == TopasParams(start_gate=True, preempt_margin=1.0,
-                                               pack_order="arrival")
+def test_topas_paper_is_section_iv_and_the_variants_keep_the_extensions() -> None:
+    """`topas-paper` is section IV as given (and refuses to become `topas`);
+    the ablation variants keep `topas`'s extensions (the defaults themselves:
+    tests/test_topas_extensions.py)."""
     assert make_policy("topas-paper").params == TopasParams(**PAPER)  # type: ignore[attr-defined]
     with pytest.raises(TopasError, match="topas-paper runs with start_gate=False"):
         check_variant("topas-paper", {"start_gate": True})

@@ -36,7 +36,7 @@ def trace_gen(workload: str, rate: float, tasks: int, seed: int, output: str) ->
         tr = generated_trace(workload, rate, tasks, seed,
                              progress=lambda k: tick(k, tasks, math.nan))
     if output == "-":
-        write_trace(tr, click.get_text_stream("stdout"))
+        write_trace(tr, sys.stdout)
     else:
         save_trace(tr, output)
     n_req = sum(len(r) for t in tr.tasks for r in t.stages.values())

@@ -435,7 +435,7 @@ class SearchBounds(ABC):
         ) + per_set(per_agent(
             lambda a: self.reuse_value.get(a, 0.0) + self.lost_by_agent.get(a, 0.0)))
         t_move = self._t_move(base) + per_set(per_agent(
-            lambda a: -self.move_out[a] if a in self.gpu else self.move_in[a]))
+            lambda a: -self.move_out.get(a, 0.0) if a in self.gpu else self.move_in[a]))
         t_lo = max(0.0, float(t_move.min())) if t_move.size else 0.0
         f_base, f_x, lam = self._dual_terms(base, rest, t_lo)
         dual = (room[:, None] * lam[None, :] + f_base[None, :] + per_set(f_x)).min(axis=1)

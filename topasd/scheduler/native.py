@@ -2,8 +2,9 @@
 
 The scheduler is pure Python. `topasd native build` compiles its three hot
 modules (`residual`, `bounds`, `topas`) with mypyc into a per-user cache,
-under a key made of the source of those modules, `params.py` and
-`topasd/model.py` (whose types they rely on) and the interpreter. When
+under a key made of the source of those modules, `params.py`,
+`topasd/model.py` (whose types they rely on), `topasd/score.py` (Eq. 13's
+total, which they call) and the interpreter. When
 `topasd.scheduler` is imported, it loads the build for exactly these sources
 if there is one and its files match their checksums; anything else runs pure
 Python, never a stale or damaged build. The compiled search makes the same
@@ -36,7 +37,8 @@ from topasd.model import TopasError
 
 MODULES = ("residual", "bounds", "topas")  # each after the modules it imports
 PACKAGE = "topasd.scheduler"
-KEYED = ("../model.py", "params.py", *(f"{m}.py" for m in MODULES))  # what they depend on
+# what they depend on (their source, and the modules whose types or functions they use)
+KEYED = ("../model.py", "../score.py", "params.py", *(f"{m}.py" for m in MODULES))
 MANIFEST = "manifest.json"
 INSTALL_HINT = "pip install -e '.[native]' in a checkout, or pip install 'topasd[native]'"
 

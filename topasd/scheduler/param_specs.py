@@ -17,7 +17,13 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from topasd.model import TopasError
-from topasd.scheduler.params import PARAM_RANGES, TopasParams
+from topasd.scheduler.params import (
+    AGE_CURVES,
+    PACK_ORDERS,
+    PARAM_RANGES,
+    RESERVATIONS,
+    TopasParams,
+)
 
 Kind = Literal["float", "int", "bool", "choice"]
 
@@ -60,7 +66,7 @@ _WORDS: tuple[ParamSpec, ...] = (
     _spec("seed", "seed of the sample quantiles"),
     _spec("reuse", "V_reuse term"),
     _spec("aging", "task aging"),
-    _spec("reservation", "decode KV reservation d_r", choices=("optimistic", "full")),
+    _spec("reservation", "decode KV reservation d_r", choices=RESERVATIONS),
     _spec("preempt", "allow preemption (extension: off keeps Q_t)", extension=True),
     _spec("preempt_margin",
           "a preemption's score must be this many times its cost (extension; 0: off)",
@@ -68,9 +74,21 @@ _WORDS: tuple[ParamSpec, ...] = (
     _spec("hol_age", "hold KV for the oldest request after this wait, s (extension; empty: "
           "off)", unset="off", extension=True),
     _spec("pack_order", "GreedyPack order: progress per KV token, or task arrival (extension)",
-          choices=("ratio", "arrival"), extension=True),
+          choices=PACK_ORDERS, extension=True),
     _spec("start_gate", "start no new task in a preemption or past a started one (extension)",
           extension=True),
+    _spec("age_curve", "task weight g_i: log (Eq. 12) or linear in the slowdown so far "
+          "(extension)", choices=AGE_CURVES, extension=True),
+    _spec("srpt", "weight x (H_age / L_hat_i)^srpt: tasks near their end first (extension; "
+          "0: off)", extension=True),
+    _spec("keep_idle", "idle prefixes stay on the GPU while there is room (extension)",
+          extension=True),
+    _spec("preempt_exchange", "preempt only when the admissions gain more time than the "
+          "preemption costs (extension)", extension=True),
+    _spec("swap_only", "preempt only to swap prefixes, never for KV (extension)",
+          extension=True),
+    _spec("overdue", "serve next a task older than this x its workflow's mean JCT (extension; "
+          "empty: off)", unset="off", extension=True),
 )
 
 

@@ -29,7 +29,8 @@ class TopasParams:
     seed: int = 0  # seed of the sample quantiles
     reuse: bool = True  # V_reuse term (off in topas-base / topas-noreuse)
     aging: bool = True  # task aging (off in topas-base / topas-noaging)
-    # Extensions beyond the paper, off by default (docs/topas.md, "Extensions"):
+    # Extensions beyond the paper (docs/topas.md, "Extensions"); `topas-paper` turns
+    # off every one that is on by default (PAPER, below):
     preempt: bool = True  # False: every candidate keeps every running request
     # a candidate that preempts must score at least this times its J_redo + J_revoke
     # (J_admit - J_move + V_reuse >= (1 + m) times that cost); 0: off
@@ -46,11 +47,26 @@ class TopasParams:
     # started tasks' requests first; no new task in a candidate that preempts for KV
     # (more than the prefixes leaving), nor once a started task's request did not fit
     start_gate: bool = True
+    # task weight g_i: "log" is Eq. 12; "linear" grows with the task's slowdown so far,
+    # 1 + rho * age / (its workflow's expected path of a fresh task), so no task starves
+    age_curve: str = "linear"
+    # g_i is also scaled by (H_age / L_hat_i)^srpt: a task near its end is worth more
+    # per second of path it gains (SRPT on the expected remaining path, Eq. 5); 0: off
+    srpt: float = 1.0
+    # idle prefixes stay on the GPU while free KV holds them; evicted only for room
+    keep_idle: bool = True
+    # a preemption must gain its admissions more time than it costs the preempted
+    # requests and, through the work redone, every other task (an exchange argument)
+    preempt_exchange: bool = True
+    swap_only: bool = True  # preempt only to swap prefixes, never for running requests' KV
+    # a task older than this many times its workflow's mean recent JCT is served
+    # next: every candidate covers its waiting request's agent and keeps its room
+    overdue: float | None = 2.0
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
-            if value is None and name in ("h_age", "b_swap", "mu", "hol_age"):
+            if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -58,14 +74,17 @@ class TopasParams:
             if not lo <= value <= hi:
                 raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
                                  f"use a number in [{lo}, {hi}]")
-        for name in ("reuse", "aging", "preempt", "start_gate"):
+        for name in ("reuse", "aging", "preempt", "start_gate", "keep_idle",
+                     "preempt_exchange", "swap_only"):
             if not isinstance(getattr(self, name), bool):
                 raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
                                  "true or false")
-        if self.reservation not in ("full", "optimistic"):
+        if self.reservation not in RESERVATIONS:
             raise TopasError("TOPAS parameter reservation must be 'full' or 'optimistic'")
-        if self.pack_order not in ("ratio", "arrival"):
+        if self.pack_order not in PACK_ORDERS:
             raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
+        if self.age_curve not in AGE_CURVES:
+            raise TopasError("TOPAS parameter age_curve must be 'log' or 'linear'")
         for name in ("m", "k", "samples", "seed"):
             value = getattr(self, name)
             if not float(value).is_integer():
@@ -79,6 +98,9 @@ class TopasParams:
         return replace_known(self, "TOPAS parameter(s)", **changes)
 
 
+RESERVATIONS = ("optimistic", "full")
+PACK_ORDERS = ("ratio", "arrival")
+AGE_CURVES = ("log", "linear")
 PARAM_RANGES: dict[str, tuple[float, float]] = {
     "beta": (0.0, 1000.0),
     "rho": (0.0, 1000.0),
@@ -90,10 +112,14 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "b_swap": (1e3, 1e13),
     "mu": (1.0, 1e9),
     "samples": (1, 4096),
+    "srpt": (0.0, 4.0),
+    "overdue": (0.1, 1000.0),
     "seed": (0, 2**31 - 1),
 }
-# Section IV as the paper gives it: the three defaults beyond it turned off
-PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio"}
+# Section IV as the paper gives it: every default beyond it turned off
+PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
+                         "age_curve": "log", "srpt": 0.0, "keep_idle": False,
+                         "preempt_exchange": False, "swap_only": False, "overdue": None}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,

@@ -42,8 +42,11 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
+from topasd.score import score_total
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
+JCT_WINDOW = 64  # finished tasks per workflow whose mean JCT `overdue` measures ages by
+KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`keep_idle`)
 
 
 class TopasPolicy:
@@ -60,6 +63,9 @@ class TopasPolicy:
         # (the observed H_age; None until read after a task finished)
         self._age_obs: deque[float] = deque(maxlen=AGE_WINDOW)
         self._age_mean: float | None = None
+        # `overdue`: the workflow of each task seen waiting, and recent JCTs per workflow
+        self._workflow_of: dict[int, str] = {}
+        self._jcts: dict[str, deque[float]] = {}
 
     def set_params(self, **changes: Any) -> TopasParams:
         """Change parameters; effective from the next decision."""
@@ -81,10 +87,37 @@ class TopasPolicy:
         elif kind is EventKind.TASK_FINISH:
             self._age_obs.append(self._task_service.pop(event.task_id, 0.0))  # type: ignore[arg-type]
             self._age_mean = None  # the window moved
+            wf = self._workflow_of.pop(event.task_id, None)  # type: ignore[arg-type]
+            if wf is not None:
+                self._jcts.setdefault(wf, deque(maxlen=JCT_WINDOW)).append(event.value)
         elif kind is EventKind.TASK_ABANDON:  # it will never finish: no H_age sample
             self._task_service.pop(event.task_id, None)  # type: ignore[arg-type]
+            self._workflow_of.pop(event.task_id, None)  # type: ignore[arg-type]
         elif kind in (EventKind.PREEMPT, EventKind.RETRACT, EventKind.REQUEST_WITHDRAW):
             self.credits.pop(event.request_id, None)  # type: ignore[arg-type]
+
+    def overdue_request(self, view: EngineView, paths: TaskPaths) -> Request | None:
+        """`overdue`: the waiting request of the task whose age is the largest
+        multiple of its workflow's mean recent JCT (before any finished: its
+        expected fresh path), if that multiple exceeds `overdue`."""
+        kappa = self.params.overdue
+        if kappa is None or not view.waiting:
+            return None
+        fresh: dict[str, float] | None = None
+        best: tuple[float, float, int] | None = None
+        worst: Request | None = None
+        for r in view.waiting:
+            self._workflow_of.setdefault(r.task_id, r.workflow)
+            jcts = self._jcts.get(r.workflow)
+            if jcts:
+                ref = sum(jcts) / len(jcts)
+            else:
+                fresh = fresh or self.fresh_paths(view, paths)
+                ref = fresh[r.workflow]
+            key = (-(view.t - r.task_arrival) / ref, r.task_arrival, r.id)
+            if best is None or key < best:
+                best, worst = key, r
+        return worst if best is not None and -best[0] > kappa else None
 
     def decide(self, view: EngineView) -> Decision:
         search = _Search(self, view)
@@ -101,7 +134,7 @@ class TopasPolicy:
             admit=chosen.admit,
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
-            evict=tuple(sorted(gpu - resident)),
+            evict=search.evictions(chosen),
             reservation=Reservation(self.params.reservation),
             candidates=CandidateLog(states),
             chosen=best,
@@ -118,6 +151,11 @@ class TopasPolicy:
                 self._age_mean = float(np.mean(list(self._age_obs)))
             mean = self._age_mean
             return defaultdict(lambda: max(mean, 1e-3))
+        return self.fresh_paths(view, paths)
+
+    @staticmethod
+    def fresh_paths(view: EngineView, paths: TaskPaths) -> dict[str, float]:
+        """Each workflow's expected longest path of a fresh task (Eq. 5)."""
         return {name: max(paths.lhat(_fresh_task(view.workflows[name], -1 - i), {}), 1e-3)
                 for i, name in enumerate(sorted(view.workflows))}
 
@@ -161,8 +199,8 @@ class _State:
 
     def __post_init__(self) -> None:
         p = self.pack
-        self.total = (self.j_admit - p.t_move * self.tasks_in - p.j_redo - p.j_revoke
-                      + p.v_reuse)
+        self.total = score_total(self.j_admit, p.t_move * self.tasks_in, p.j_redo, p.j_revoke,
+                                 p.v_reuse)
 
     @property
     def resident(self) -> frozenset[str]:
@@ -300,9 +338,13 @@ class _Search(SearchBounds):
             if all(len(self.waiting_by_task[r.task_id]) == 1
                    and r.task_id not in self.running_stage for r in rs))
         self.hol = _head_of_line(view, p.hol_age)
+        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
+        overdue = policy.overdue_request(view, self.paths)
+        self.hol_forced = overdue is not None  # every candidate must cover its agent
+        if overdue is not None:
+            self.hol = overdue
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
-        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
         self._reuse_terms()
         self.g = self._aging()
         self.packs: dict[frozenset[str], list[_State]] = {}
@@ -378,13 +420,16 @@ class _Search(SearchBounds):
             run_tasks[a].add(r.task_id)
             running_stage[r.task_id][r.stage] = r
         self.running_agents = frozenset(self.run_ids)
+        self.task_ids = frozenset(r.task_id for r in (*view.running, *view.waiting))
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
         self.lost_all = sum(self.lost_by_agent.values(), 0.0)  # J_redo + J_revoke if all leave
         self.margin = float(self.params.preempt_margin)
         self.agent_terms = {a: (self.hold[a], self.lost_by_agent.get(a),
                                 self.min_d.get(a, math.inf)) for a in self.ell}
-        self.move_out = {a: self.sec_per_token * self.ell[a] for a in self.gpu}
+        # an idle prefix kept on the GPU (`keep_idle`) moves out only if room is needed
+        out = self.gpu & self.running_agents if self.params.keep_idle else self.gpu
+        self.move_out = {a: self.sec_per_token * self.ell[a] for a in out}
         self.gpu_moves = sorted(self.move_out.items())
         self.move_in: dict[str, float] = {}
         for a, pre in view.prefixes.items():
@@ -443,8 +488,17 @@ class _Search(SearchBounds):
         return order
 
     def _greedy_sets(self, active: list[str]) -> None:
-        """Greedy additions from R_t, one pair test at the first stall, repairs."""
-        r_g = start = self.gpu & frozenset(active)
+        """Greedy additions from R_t, one pair test at the first stall, repairs.
+        With `keep_idle` the start is R_t itself (idle prefixes kept on the GPU
+        are not part of it), plus an overdue request's agent, which every
+        candidate covers."""
+        if self.params.keep_idle:
+            start = self.running_agents
+            if self.hol_forced and self.hol is not None:
+                start = start | {self.hol.agent}
+        else:
+            start = self.gpu & frozenset(active)
+        r_g = start
         self.pack(r_g)
         self._evaluate(*self._repair(r_g, active))
         tested_pair = False
@@ -524,6 +578,25 @@ class _Search(SearchBounds):
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
         return max((s.total for s in self.pack(r)), default=-math.inf)
+
+    def evictions(self, chosen: _State) -> tuple[str, ...]:
+        """The GPU prefixes the chosen state leaves out. With `keep_idle`, only
+        as many idle ones as its room needs: the others stay while free KV
+        holds them (most reuse soon first, then most recently used), so a
+        later state that wants them pays no move (Eq. 8)."""
+        out = self.gpu - chosen.resident
+        if not self.params.keep_idle or not out:
+            return tuple(sorted(out))
+        used = sum((self.hold[a] for a in sorted(chosen.resident)), 0.0)
+        used += sum((self.d[rid] for rid in chosen.admit), 0.0)
+        prefixes = self.view.prefixes
+        keep = []
+        for a in sorted(out - self.running_agents,
+                        key=lambda a: (-self.reuse_value.get(a, 0.0), -prefixes[a].last_used, a)):
+            if prefixes[a].ready and used + self.ell[a] <= self.budget - KEEP_MARGIN:
+                used += self.ell[a]
+                keep.append(a)
+        return tuple(sorted(out - set(keep)))
 
     def _incumbent(self) -> _State:
         """S_t: keep every running request, admit nothing (idle prefixes leave)."""
@@ -630,10 +703,55 @@ class _Search(SearchBounds):
         J_revoke), m = `preempt_margin` (an extension; 0 keeps them all).
         Removing states keeps every pruning bound valid."""
         m = self.params.preempt_margin
-        if not (m and states and states[0].pack.preempt):
+        if not (states and states[0].pack.preempt):
             return states
-        floor = m * (states[0].pack.j_redo + states[0].pack.j_revoke)
+        if self.params.preempt_exchange:
+            states = self._exchange_pays(states)
+        if not m:
+            return states
+        floor = m * (states[0].pack.j_redo + states[0].pack.j_revoke) if states else 0.0
         return [s for s in states if s.total >= floor]
+
+    def _exchange_pays(self, states: list[_State]) -> list[_State]:
+        """Keep a preempting state only if the time its admissions gain exceeds
+        the time the preemption costs (an exchange argument on the room the
+        preempted requests hold): each admitted request starts rho_P earlier
+        (the preempted requests' remaining service), counted as far as it lies
+        on its task's longest path (Delta / D_hat); each preempted request
+        waits about as long as the admitted ones run and redoes its elapsed
+        service; and the engine's time to compute their KV again delays every
+        other task here."""
+        pack = states[0].pack
+        running = {r.id: r for r in self.view.running}
+        rho = max(self._remaining(running[rid]) for rid in pack.preempt)
+        elapsed = sum(self._elapsed(running[rid]) for rid in pack.preempt)
+        others = len(self.task_ids - {running[rid].task_id for rid in pack.preempt})
+        prefill = self.view.costs.t_prefill  # the engine computes their KV again
+        redo = sum(prefill(running[rid].input_tokens + running[rid].generated)
+                   for rid in pack.preempt)
+        fixed = elapsed + redo * others
+        out = []
+        gain = dur = 0.0
+        n = 0
+        for st in states:
+            while n < st.n_admit:
+                r = self.requests[pack.seq[n]]
+                dhat = self._dhat(r)
+                delta = pack.gains[n] / max(self.g.get(r.task_id, 1.0), 1e-12)
+                gain += rho * min(1.0, delta / dhat) if dhat > 0 else 0.0
+                dur += dhat
+                n += 1
+            if n and gain > fixed + len(pack.preempt) * dur / n:
+                out.append(st)
+        return out
+
+    def _remaining(self, r: Request) -> float:
+        """A running request's expected remaining service (at least 1% of D_hat)."""
+        est = self._dhat(r)
+        return max(est - self._elapsed(r), 0.01 * est)
+
+    def _elapsed(self, r: Request) -> float:
+        return max(0.0, self.view.t - r.started_at) if r.started_at is not None else 0.0
 
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
@@ -644,6 +762,10 @@ class _Search(SearchBounds):
         if k and (len(uncovered) > k or sum(len(self.run_ids[a]) for a in out) > k):
             return []
         if out and not self.params.preempt:
+            return []
+        if out and self.params.swap_only and self.grabs_kv(resident):
+            return []
+        if self.hol_forced and self.hol is not None and self.hol.agent not in resident:
             return []
         reserved = 0.0
         for a in sorted(uncovered):  # sums in a fixed order: every process (TP rank) agrees
@@ -820,18 +942,37 @@ class _Search(SearchBounds):
         return counts
 
     def _aging(self) -> dict[int, float]:
-        """g_i(t) = 1 + rho log(1 + (t - tau_i)/H_age) (Eq. 12)."""
-        tasks = {r.task_id for r in self.view.waiting}
-        if not self.params.aging:
-            return dict.fromkeys(tasks, 1.0)
+        """The task weight g_i(t): Eq. 12's aging, 1 + rho log(1 + (t - tau_i)/H_age),
+        or with `age_curve="linear"` 1 + rho (t - tau_i)/S_i (S_i: the expected path
+        of a fresh task of i's workflow, so the weight is the slowdown so far);
+        times (H_age / L_hat_i)^srpt with `srpt` (L_hat_i: Eq. 5 before this
+        decision, at least 5% of H_age)."""
+        p = self.params
+        tasks = {tid: self.view.tasks.get(tid) for tid in {r.task_id for r in self.view.waiting}}
+        g = dict.fromkeys(tasks, 1.0)
+        if not (p.aging or p.srpt):
+            return g
         scale = self.policy.age_scale(self.view, self.paths)
-        rho, t = self.params.rho, self.view.t
-        g = {}
-        for tid in tasks:
-            task = self.view.tasks.get(tid)
-            g[tid] = 1.0 if task is None else 1.0 + rho * math.log1p(
-                max(0.0, t - task.arrival) / scale[task.workflow])
+        if p.aging:
+            fresh = self.policy.fresh_paths(self.view, self.paths) if p.age_curve == "linear" \
+                else None
+            for tid, task in tasks.items():
+                if task is not None:
+                    age = max(0.0, self.view.t - task.arrival)
+                    g[tid] = 1.0 + p.rho * (age / fresh[task.workflow] if fresh is not None
+                                            else math.log1p(age / scale[task.workflow]))
+        if p.srpt:
+            for tid, path in self._remaining_paths(tasks).items():
+                h = scale[tasks[tid].workflow]  # type: ignore[union-attr]
+                g[tid] *= (h / max(path, 0.05 * h)) ** p.srpt
         return g
+
+    def _remaining_paths(self, tasks: Mapping[int, TaskView | None]) -> dict[int, float]:
+        """L_hat_i({}, t) of each task (Eq. 5), DAG tasks in one pass per workflow."""
+        jobs = [(task, self.running_stage.get(tid, {}), [()])
+                for tid, task in tasks.items() if task is not None]
+        self.paths.lhat_batch(jobs)  # type: ignore[arg-type]
+        return {task.id: self.paths.lhat(task, running, ()) for task, running, _ in jobs}
 
     # ------------------------------------------------------------ progress
 
@@ -945,7 +1086,8 @@ class _Filler:
         with `hol_age`), a slot under the cap K, and (`start_gate`) a fill
         still open to r's task if it is new."""
         s = self.search
-        if self.gated and r.task_id in s.fresh:
+        forced = s.hol_forced and s.hol is not None and r.id == s.hol.id
+        if self.gated and r.task_id in s.fresh and not forced:
             return False
         extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
         slots = len(self.pack.seq) + 1 + len(self.uncovered - {r.agent})

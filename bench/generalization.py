@@ -1,0 +1,537 @@
+"""TOPAS on workloads nobody tuned it for: seeded random workflow families.
+
+    python bench/generalization.py [--draws 10] [--tasks 100] [--jobs N] [--fresh-seed]
+        [--family F]... [--load L]... [-p POLICY]... [--param NAME=VALUE]... [--write]
+    python bench/generalization.py --ablation --draws 3 [--write]
+
+A case is (family draw, load, seed): a workload drawn by
+`workflows/generator.py` (chains, fork/joins, ReAct loops with tool waits,
+a recurring central agent, one agent serving parallel branches, debates,
+coding rounds, and mixes of them sharing agents), replayed at a load
+relative to its measured capacity (light 0.5x, heavy 0.85x, overload 1.3x;
+Poisson arrivals) or as a burst (every task within a tenth of the time the
+capacity needs). Capacity is the best baseline's throughput on the same
+tasks all arriving at once. Every policy replays the same trace of each
+case on the default profile; the comparator of a case is its best baseline
+(lowest mean, and separately lowest p99, of fcfs, lpm, parrot-fcfs,
+autellix-las and spf).
+
+The fixed case list (draw seeds 0..draws-1) keeps runs comparable;
+`--fresh-seed` draws a new list (its base seed is printed, to rerun it).
+Results are cached per job under `.bench-cache/generalization` keyed by the
+sources that decide them, so rerunning after a change to TOPAS replays only
+TOPAS. Writes the `generalization` section of docs/RESULTS.md with `--write`
+(`--ablation`: the `generalization-ablation` section, each of TOPAS's
+extensions beyond the paper turned off alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _results import at_least, update_section  # bench/_results.py
+from _waits import Waits  # bench/_waits.py
+
+from backends.sim.engine import SimBackend
+from topasd.profiles import DEFAULT_PROFILE, get_profile
+from topasd.runner import Run, StalledRun
+from topasd.scheduler import make_policy
+from topasd.scheduler.baselines import BASELINES
+from topasd.scheduler.params import PAPER
+from workflows.generator import FAMILIES, LOADS, burst_trace, case_trace, draw_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".bench-cache" / "generalization"
+KEEP = ("mean_jct_s", "p99_jct_s", "makespan_s", "mean_batch", "prefix_loads",
+        "prefix_computes", "preemptions", "retractions", "recomputed_tokens", "decisions",
+        "decision_p99_ms", "wall_s")
+TIE = 0.02  # a ratio within 2% of 1 is a tie
+# the acceptance bounds: (what, ratio, share of cases that must be at or below it)
+BOUNDS = (("mean", 1.02, 0.95), ("mean", 1.10, 1.0), ("p99", 1.10, 0.95), ("p99", 1.25, 1.0))
+GEOMEAN_BOUND = 0.93
+PACKAGES = ("topasd", "backends", "workflows")  # whose imported modules decide a result
+TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "native.py")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One replay: a policy on a case (`load` "capacity": the burst that measures it)."""
+
+    family: str
+    seed: int
+    load: str
+    policy: str
+    tasks: int
+    params: tuple[tuple[str, Any], ...] = ()
+    capacity: float = 0.0
+    waits: bool = False  # keep per-stage waits (the worst cases' diagnosis)
+
+    @property
+    def case(self) -> tuple[str, int, str]:
+        return (self.family, self.seed, self.load)
+
+
+def fingerprint(policy: str) -> str:
+    """A hash of the project's modules this process imported (what decides a
+    replay's result; a baseline's leaves out TOPAS's own search modules)."""
+    files = sorted({Path(m.__file__).resolve() for m in list(sys.modules.values())
+                    if getattr(m, "__file__", None) and m.__name__.split(".")[0] in PACKAGES})
+    h = hashlib.sha256()
+    for f in files:
+        if policy in BASELINES and f.parent.name == "scheduler" and f.name in TOPAS_ONLY:
+            continue
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
+    """Replay one job; the row keeps `KEEP` (and per-stage waits if asked)."""
+    wl = draw_workload(job.family, job.seed)
+    if job.load == "capacity":
+        trace = burst_trace(wl, job.tasks, job.seed)
+    else:
+        trace = case_trace(wl, job.load, job.tasks, job.capacity, job.seed)
+    sink = Waits() if job.waits else None
+    policy = make_policy(job.policy, **dict(job.params))
+    try:
+        result = Run(trace, policy, SimBackend(get_profile(DEFAULT_PROFILE)),
+                     sink=sink).execute()
+    except StalledRun as exc:  # a scheduler bug: reported as the case's failure
+        return job, {**dict.fromkeys(KEEP, math.inf), "error": str(exc)}
+    summary = result.summary()
+    row = {k: summary[k] for k in KEEP}
+    if sink is not None:
+        row["stage_waits"] = sink.per_stage()
+        row["longest_wait"] = sink.longest()
+        slowest = max(result.jct, key=result.jct.__getitem__)
+        row["slowest"] = (slowest, result.jct[slowest],
+                          trace.tasks[[t.id for t in trace.tasks].index(slowest)].workflow)
+    return job, row
+
+
+class Cache:
+    """Job results on disk, one JSON file per fingerprint (appended lines)."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        # taken now: the sources this process imported, even if edited while it runs
+        self._prints = {"baseline": fingerprint(next(iter(BASELINES))),
+                        "topas": fingerprint("topas")}
+        self._rows: dict[str, dict[str, dict[str, Any]]] = {}
+        self.hits = self.misses = 0  # replays found in the cache, and replayed
+
+    def _key(self, job: Job) -> tuple[Path | None, str]:
+        kind = "baseline" if job.policy in BASELINES else "topas"
+        fp = self._prints[kind]
+        return (None if self.root is None else self.root / f"{kind}-{fp}.jsonl",
+                json.dumps(asdict(job), sort_keys=True))
+
+    def get(self, job: Job) -> dict[str, Any] | None:
+        path, key = self._key(job)
+        if path is None:
+            return None
+        rows = self._rows.get(str(path))
+        if rows is None:
+            rows = self._rows[str(path)] = {}
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    rec = json.loads(line)
+                    rows[rec["key"]] = rec["row"]
+        row = rows.get(key)
+        self.hits += row is not None
+        self.misses += row is None
+        return row
+
+    def put(self, job: Job, row: dict[str, Any]) -> None:
+        path, key = self._key(job)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._rows.setdefault(str(path), {})[key] = row
+        with path.open("a") as f:
+            f.write(json.dumps({"key": key, "row": row}) + "\n")
+
+
+def execute(jobs: Sequence[Job], cache: Cache, workers: int, label: str) -> dict[Job, dict]:
+    """Every job's row: from the cache, else replayed in a process pool, with a
+    progress line on stderr (done/total, elapsed, estimated time left)."""
+    out: dict[Job, dict[str, Any]] = {}
+    todo = []
+    for job in jobs:
+        hit = cache.get(job)
+        if hit is None:
+            todo.append(job)
+        else:
+            out[job] = hit
+    t0 = time.monotonic()
+    if todo:
+        with Pool(workers) as pool:
+            for i, (job, row) in enumerate(pool.imap_unordered(run_job, todo), 1):
+                cache.put(job, row)
+                out[job] = row
+                _progress(label, i, len(todo), time.monotonic() - t0)
+        print(file=sys.stderr)
+    return out
+
+
+def _progress(label: str, done: int, total: int, elapsed: float) -> None:
+    left = elapsed / done * (total - done)
+    print(f"\r{label}: {done}/{total} replays, {elapsed:.0f} s, about {left:.0f} s left   ",
+          end="", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------- cases
+
+
+def cases(families: Iterable[str], loads: Iterable[str], draws: int,
+          base: int) -> list[tuple[str, int, str]]:
+    return [(f, base + d, load) for f in families for d in range(draws) for load in loads]
+
+
+def capacities(cases_: Sequence[tuple[str, int, str]], tasks: int, cache: Cache,
+               workers: int) -> dict[tuple[str, int], float]:
+    """Per workload draw: tasks / the shortest baseline makespan of a burst at t=0."""
+    draws = sorted({(f, s) for f, s, _ in cases_})
+    jobs = [Job(f, s, "capacity", p, tasks) for f, s in draws for p in BASELINES]
+    rows = execute(jobs, cache, workers, "capacity")
+    return {(f, s): tasks / min(rows[Job(f, s, "capacity", p, tasks)]["makespan_s"]
+                                for p in BASELINES) for f, s in draws}
+
+
+def case_jobs(cases_: Sequence[tuple[str, int, str]], policies: Sequence[str], tasks: int,
+              caps: dict[tuple[str, int], float],
+              params: dict[str, tuple[tuple[str, Any], ...]]) -> list[Job]:
+    return [Job(f, s, load, p, tasks, params.get(p, ()), caps[(f, s)])
+            for f, s, load in cases_ for p in policies]
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """TOPAS against the best baseline on one case."""
+
+    job: Job  # the policy's replay of the case
+    topas: dict[str, Any]
+    best_mean: tuple[str, float]  # (baseline, its mean JCT)
+    best_p99: tuple[str, float]
+    comparator: dict[str, Any]  # the best-mean baseline's row
+
+    @property
+    def case(self) -> tuple[str, int, str]:
+        return self.job.case
+
+    @property
+    def mean_ratio(self) -> float:
+        return self.topas["mean_jct_s"] / self.best_mean[1]
+
+    @property
+    def p99_ratio(self) -> float:
+        return self.topas["p99_jct_s"] / self.best_p99[1]
+
+
+def compare(rows: dict[Job, dict[str, Any]], policy: str) -> list[CaseResult]:
+    """Per case: `policy` against the best baseline by mean and by p99."""
+    by_case: dict[tuple[str, int, str], dict[str, Job]] = defaultdict(dict)
+    for job in rows:
+        by_case[job.case][job.policy] = job
+    out = []
+    for _, jobs in sorted(by_case.items()):
+        base = {p: rows[jobs[p]] for p in BASELINES}
+        bm = min(base, key=lambda p: (base[p]["mean_jct_s"], p))
+        bp = min(base, key=lambda p: (base[p]["p99_jct_s"], p))
+        out.append(CaseResult(jobs[policy], rows[jobs[policy]], (bm, base[bm]["mean_jct_s"]),
+                              (bp, base[bp]["p99_jct_s"]), base[bm]))
+    return out
+
+
+# ----------------------------------------------------------------- analysis
+
+
+def geomean(xs: Iterable[float]) -> float:
+    arr = np.array(list(xs), dtype=float)
+    return float(np.exp(np.log(arr).mean())) if arr.size else math.nan
+
+
+def counts(ratios: Sequence[float]) -> tuple[int, int, int]:
+    """(wins, ties, losses): below, within, above 1 +- TIE."""
+    wins = sum(r < 1 - TIE for r in ratios)
+    losses = sum(r > 1 + TIE for r in ratios)
+    return wins, len(ratios) - wins - losses, losses
+
+
+def criteria(results: Sequence[CaseResult]) -> list[tuple[str, str, bool]]:
+    """(criterion, measured, holds) for each acceptance bound."""
+    out = []
+    for what, bound, share in BOUNDS:
+        ratios = [r.mean_ratio if what == "mean" else r.p99_ratio for r in results]
+        held = sum(x <= bound for x in ratios) / len(ratios)
+        rule = "every case" if share == 1.0 else f"at least {share:.0%} of cases"
+        out.append((f"{what} JCT <= {bound:.2f}x the best baseline's in {rule}",
+                    f"{held:.1%} of cases (worst {max(ratios):.3f}x)", held >= share))
+    gm = geomean(r.mean_ratio for r in results)
+    out.append((f"geometric mean of mean-JCT ratios <= {GEOMEAN_BOUND}", f"{gm:.3f}",
+                gm <= GEOMEAN_BOUND))
+    recomputed = waste_ratio(results, "recomputed_tokens")
+    out.append(("median case: tokens prefilled again <= 1.5x the best baseline's",
+                f"{recomputed:.2f}x", recomputed <= 1.5))
+    loads = light_loads(results)
+    out.append(("light load, median case: prefix loads <= 2x the best baseline's",
+                f"{loads:.2f}x", loads <= 2.0))
+    return out
+
+
+def waste_table(results: Sequence[CaseResult], policy: str) -> list[str]:
+    """Medians over cases of the work each side redid or moved."""
+    keys = (("preemptions", "preemptions"), ("retractions", "retractions (engine)"),
+            ("recomputed_tokens", "tokens prefilled again"), ("prefix_loads", "prefix loads"))
+    lines = [f"| median over cases | {policy} | best-mean baseline |", "|---|---|---|"]
+    for key, label in keys:
+        ours = np.median([r.topas[key] for r in results])
+        theirs = np.median([r.comparator[key] for r in results])
+        lines.append(f"| {label} | {ours:.0f} | {theirs:.0f} |")
+    return lines
+
+
+def light_loads(results: Sequence[CaseResult]) -> float:
+    """`waste_ratio` of prefix loads over the light-load cases (nan: none)."""
+    light = [r for r in results if r.case[2] == "light"]
+    return waste_ratio(light, "prefix_loads") if light else math.nan
+
+
+def waste_ratio(results: Sequence[CaseResult], key: str) -> float:
+    """The median over cases of (TOPAS's + 1) / (the best-mean baseline's + 1)."""
+    return float(np.median([(r.topas[key] + 1) / (r.comparator[key] + 1) for r in results]))
+
+
+def distribution(ratios: Sequence[float]) -> str:
+    qs = np.percentile(ratios, [0, 5, 25, 50, 75, 95, 100])
+    return " | ".join(f"{q:.3f}" for q in qs)
+
+
+def family_table(results: Sequence[CaseResult], loads: Sequence[str]) -> list[str]:
+    """Geometric mean (and worst) of the mean-JCT ratio per family and load."""
+    lines = ["| family | " + " | ".join(loads) + " | all |",
+             "|---|" + "---|" * (len(loads) + 1)]
+    for fam in sorted({r.case[0] for r in results}, key=FAMILIES.index):
+        cells = []
+        for load in (*loads, None):
+            rs = [r.mean_ratio for r in results
+                  if r.case[0] == fam and (load is None or r.case[2] == load)]
+            cells.append(f"{geomean(rs):.3f} ({max(rs):.2f})" if rs else "-")
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def diagnose(topas: dict[str, Any], base: dict[str, Any], name: str) -> str:
+    """What the two runs' decision data say went wrong, in one line."""
+    parts = []
+    span = topas["makespan_s"] / base["makespan_s"] - 1
+    if abs(span) > 0.02:
+        parts.append(f"makespan {span:+.0%} (batch {topas['mean_batch']:.1f} vs "
+                     f"{base['mean_batch']:.1f})")
+    if topas["preemptions"]:
+        parts.append(f"{topas['preemptions']} preemptions")
+    if topas["recomputed_tokens"] > 1.5 * base["recomputed_tokens"] + 1000:
+        parts.append(f"{topas['recomputed_tokens'] / 1e3:.0f}k tokens prefilled again vs "
+                     f"{base['recomputed_tokens'] / 1e3:.0f}k")
+    if topas["prefix_loads"] > 2 * base["prefix_loads"] + 10:
+        parts.append(f"{topas['prefix_loads']} prefix loads vs {base['prefix_loads']}")
+    tw, bw = topas.get("stage_waits", {}), base.get("stage_waits", {})
+    worse = sorted(((tw[s] - bw.get(s, 0.0), s) for s in tw), reverse=True)[:1]
+    if worse and worse[0][0] > 1.0:
+        s = worse[0][1]
+        parts.append(f"stage {s} waits {tw[s]:.0f} s vs {bw.get(s, 0.0):.0f} s")
+    (lw, ls), (blw, bls) = topas["longest_wait"], base["longest_wait"]
+    parts.append(f"longest wait {lw:.0f} s ({ls}) vs {blw:.0f} s ({bls})")
+    sid, sj, swf = topas["slowest"]
+    parts.append(f"slowest task {sid} ({swf}) {sj:.0f} s vs {name}'s {base['slowest'][1]:.0f} s")
+    return "; ".join(parts)
+
+
+def worst_cases(results: Sequence[CaseResult], policy: str, n: int, cache: Cache,
+                workers: int) -> list[tuple[CaseResult, str]]:
+    """The `n` highest mean-JCT ratios, each with a diagnosis from replays that
+    keep per-stage waits (TOPAS and that case's best baseline)."""
+    worst = sorted(results, key=lambda r: -r.mean_ratio)[:n]
+    jobs = []
+    for r in worst:
+        j = r.job
+        jobs += [Job(j.family, j.seed, j.load, p, j.tasks, j.params if p == policy else (),
+                     j.capacity, waits=True) for p in (policy, r.best_mean[0])]
+    rows = execute(jobs, cache, workers, "diagnosis")
+    out = []
+    for r, (a, b) in zip(worst, zip(jobs[::2], jobs[1::2], strict=True), strict=True):
+        stalled = rows[a].get("error")
+        out.append((r, f"stalled: {stalled}" if stalled else
+                    diagnose(rows[a], rows[b], r.best_mean[0])))
+    return out
+
+
+# ----------------------------------------------------------------- report
+
+
+def timing(wall: float, cache: Cache) -> str:
+    """How long the run took, and how much of it an earlier run's cache saved."""
+    if not cache.hits:
+        return f"{wall / 60:.1f} min on this machine"
+    return (f"{wall / 60:.1f} min on this machine, {cache.hits} of "
+            f"{cache.hits + cache.misses} replays taken from an earlier run's cache")
+
+
+def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]],
+           args: argparse.Namespace, policy: str, took: str) -> str:
+    means = [r.mean_ratio for r in results]
+    p99s = [r.p99_ratio for r in results]
+    loads = [load for load in LOADS if any(r.case[2] == load for r in results)]
+    lines = ["## Workloads nobody tuned for (`bench/generalization.py`)", "",
+             f"Command: `{command(args)}` ({took}). "
+             f"{len(results)} cases: {args.draws} draws of each of "
+             f"{len({r.case[0] for r in results})} workflow families "
+             f"(`workflows/generator.py`) x {len(loads)} loads, {args.tasks} tasks each, "
+             f"profile `{DEFAULT_PROFILE}`. `{policy}` against the best baseline of each "
+             "case (lowest mean, and separately lowest p99, of "
+             f"{', '.join(BASELINES)}); ratio = {policy} / best baseline.", "",
+             "| criterion | measured | holds |", "|---|---|---|"]
+    lines += [f"| {c} | {m} | {'yes' if ok else '**no**'} |" for c, m, ok in criteria(results)]
+    (mw, mt, ml), (pw, pt, pl) = counts(means), counts(p99s)
+    lines += ["", "| ratio | wins / ties / losses (2%) | min | p5 | p25 | median | p75 | p95 "
+              "| max | geometric mean |", "|---|---|---|---|---|---|---|---|---|---|",
+              f"| mean JCT | {mw} / {mt} / {ml} | {distribution(means)} | {geomean(means):.3f} |",
+              f"| p99 JCT | {pw} / {pt} / {pl} | {distribution(p99s)} | {geomean(p99s):.3f} |",
+              "", *waste_table(results, policy),
+              "", "Mean-JCT ratio by family and load: geometric mean (worst case).", "",
+              *family_table(results, loads), "",
+              f"The {len(worst)} worst cases (mean-JCT ratio), with what their replays show:",
+              "", "| case | mean ratio | p99 ratio | best baseline | what went wrong |",
+              "|---|---|---|---|---|"]
+    for r, why in worst:
+        f, s, load = r.case
+        lines.append(f"| {f} #{s} {load} | {r.mean_ratio:.3f} | {r.p99_ratio:.3f} "
+                     f"| {r.best_mean[0]} {r.best_mean[1]:.0f} s | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def ablation(cases_: Sequence[tuple[str, int, str]], args: argparse.Namespace,
+             caps: dict[tuple[str, int], float], cache: Cache) -> str:
+    """`topas` with every default, with each of its extensions beyond the
+    paper set to the paper's value alone (`PAPER`), and `topas-paper`
+    (all of them), each against the best baseline of every case."""
+    variants: list[tuple[str, str, tuple[tuple[str, Any], ...]]] = [
+        ("topas (every default)", "topas", ())]
+    variants += [(f"without {k} (`{k}={json.dumps(v)}`)", "topas", ((k, v),))
+                 for k, v in PAPER.items()]
+    earlier = ("start_gate", "preempt_margin", "pack_order")  # chosen on the built-in five
+    variants.append(("only the three chosen on the built-in workloads", "topas",
+                     tuple(sorted((k, v) for k, v in PAPER.items() if k not in earlier))))
+    variants.append(("topas-paper (none of them)", "topas-paper", ()))
+    base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}), cache, args.jobs,
+                   "baselines")
+    lines = ["| variant | geometric mean of mean ratios | mean <= 1.02x | p99 <= 1.10x "
+             "| worst mean | wins / ties / losses | prefilled again (median) "
+             "| light load: prefix loads (median) |", "|---|---|---|---|---|---|---|---|"]
+    for label, policy, params in variants:
+        rows = execute(case_jobs(cases_, [policy], args.tasks, caps, {policy: params}), cache,
+                       args.jobs, label)
+        res = compare({**base, **rows}, policy)
+        means, p99s = [r.mean_ratio for r in res], [r.p99_ratio for r in res]
+        w, t, lo = counts(means)
+        lines.append(f"| {label} | {geomean(means):.3f} "
+                     f"| {sum(x <= 1.02 for x in means) / len(means):.1%} "
+                     f"| {sum(x <= 1.10 for x in p99s) / len(p99s):.1%} | {max(means):.3f} "
+                     f"| {w} / {t} / {lo} | {waste_ratio(res, 'recomputed_tokens'):.2f}x "
+                     f"| {light_loads(res):.2f}x |")
+    return "\n".join([
+        "## Workloads nobody tuned for: what each extension does "
+        "(`bench/generalization.py --ablation`)", "",
+        f"Command: `{command(args)} --ablation`. {len(cases_)} cases, as in the section "
+        "above; each row changes one parameter of `topas` to the paper's value "
+        "(docs/topas.md, \"Extensions\"), and the ratios are to the best baseline of "
+        "each case.", "", *lines]) + "\n"
+
+
+def command(args: argparse.Namespace) -> str:
+    parts = ["python bench/generalization.py", f"--draws {args.draws}", f"--tasks {args.tasks}"]
+    if args.base:
+        parts.append(f"--base-seed {args.base}")
+    parts += [f"--family {f}" for f in args.family or ()]
+    parts += [f"--load {x}" for x in args.load or ()]
+    parts += [f"--param {x}" for x in args.param or ()]
+    return " ".join(parts)
+
+
+def parse_params(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"generalization.py: error: --param {item!r}: use NAME=VALUE")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:  # a word: pack_order=arrival
+            out[name] = value
+    return tuple(sorted(out.items()))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--draws", type=at_least(1), default=10, help="draws per family (10)")
+    ap.add_argument("--tasks", type=at_least(2), default=100, help="tasks per case (100)")
+    ap.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1)
+    ap.add_argument("--family", action="append", choices=FAMILIES)
+    ap.add_argument("--load", action="append", choices=LOADS)
+    ap.add_argument("--policy", "-p", default="topas", help="the policy judged (topas)")
+    ap.add_argument("--param", action="append", metavar="NAME=VALUE",
+                    help="a parameter of the judged TOPAS policy (repeatable)")
+    ap.add_argument("--base-seed", dest="base", type=at_least(0), default=0,
+                    help="first draw seed (0: the fixed case list)")
+    ap.add_argument("--fresh-seed", action="store_true", help="a new random case list")
+    ap.add_argument("--worst", type=at_least(0), default=10, help="worst cases diagnosed")
+    ap.add_argument("--no-cache", action="store_true", help="replay everything again")
+    ap.add_argument("--json", type=Path, help="write every case's rows here")
+    ap.add_argument("--ablation", action="store_true",
+                    help="instead: topas with each extension beyond the paper off in turn")
+    ap.add_argument("--write", action="store_true", help="rewrite docs/RESULTS.md's section")
+    args = ap.parse_args(argv)
+    if args.fresh_seed:
+        args.base = int.from_bytes(os.urandom(3), "big") + 1
+        print(f"fresh case list: --base-seed {args.base}", file=sys.stderr)
+    t0 = time.monotonic()
+    cache = Cache(None if args.no_cache else CACHE)
+    cases_ = cases(args.family or FAMILIES, args.load or LOADS, args.draws, args.base)
+    caps = capacities(cases_, args.tasks, cache, args.jobs)
+    if args.ablation:
+        text = ablation(cases_, args, caps, cache)
+        print(text)
+        if args.write:
+            print(f"wrote {update_section('generalization-ablation', text)}", file=sys.stderr)
+        return
+    params = {args.policy: parse_params(args.param or ())}
+    rows = execute(case_jobs(cases_, [*BASELINES, args.policy], args.tasks, caps, params),
+                   cache, args.jobs, "cases")
+    results = compare(rows, args.policy)
+    worst = worst_cases(results, args.policy, args.worst, cache, args.jobs)
+    text = render(results, worst, args, args.policy, timing(time.monotonic() - t0, cache))
+    print(text)
+    if args.json:
+        args.json.write_text(json.dumps([{"case": r.case, "policy": r.topas, "best_mean":
+                                          r.best_mean, "best_p99": r.best_p99}
+                                         for r in results], indent=1))
+    if args.write:
+        print(f"wrote {update_section('generalization', text)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""TOPAS's defaults beyond section IV, each pinned on a small hand-computed case:
+idle prefixes kept while there is room, the task weight (linear aging and the
+remaining-path factor), the exchange test and the swap-only rule for
+preemptions, and the overdue guard (docs/topas.md, "Extensions")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from tests.topas_views import CHAIN, request, task, view, workflow
+from topasd.model import EngineEvent, EventKind, TopasError
+from topasd.scheduler import make_policy
+from topasd.scheduler.params import PAPER, TopasParams, check_variant
+from topasd.scheduler.topas import TopasPolicy, _Search
+
+BIG = workflow("big", {"a": (), "b": ("a",), "c": ("b",)}, prefix=2000)
+PRIOR = 0.1 * 256  # a stage's profiled service: 256 output tokens at 0.1 s (COSTS)
+
+
+def policy(**params: object) -> TopasPolicy:
+    """Section IV as the paper gives it, plus the extension under test."""
+    return TopasPolicy(TopasParams(**{"reservation": "full", **PAPER, **params}))
+
+
+def test_the_defaults_and_topas_paper() -> None:
+    """`topas` runs every extension below by default; `topas-paper` none."""
+    assert TopasPolicy().params == TopasParams(
+        start_gate=True, preempt_margin=1.0, pack_order="arrival", age_curve="linear",
+        srpt=1.0, keep_idle=True, preempt_exchange=True, swap_only=True, overdue=2.0)
+    paper = make_policy("topas-paper").params  # type: ignore[attr-defined]
+    assert (paper.age_curve, paper.srpt, paper.keep_idle, paper.preempt_exchange,
+            paper.swap_only, paper.overdue) == ("log", 0.0, False, False, False, None)
+    with pytest.raises(TopasError, match="topas-paper runs with keep_idle=False"):
+        check_variant("topas-paper", {"keep_idle": True})
+    with pytest.raises(TopasError, match="age_curve must be 'log' or 'linear'"):
+        TopasParams(age_curve="cubic")
+
+
+# ---------------------------------------------------------------- keep_idle
+
+
+def _idle_a_view(budget: int, last_used: dict[str, float] | None = None):  # type: ignore[no-untyped-def]
+    """Task 2 waits at stage b (20 KV tokens); A and C sit idle on the GPU."""
+    rb = request(2, 2, CHAIN, "b")
+    v = view(CHAIN, [task(2, CHAIN, a="done", b="active")], [], [rb], budget=budget,
+             gpu=("A", "C"))
+    used = last_used or {}
+    return replace(v, prefixes={a: replace(p, last_used=used.get(a, 0.0))
+                                for a, p in v.prefixes.items()})
+
+
+@pytest.mark.parametrize(("budget", "evicted"), [(1000, ()), (300, ("A",)), (200, ("A", "C"))])
+def test_keep_idle_evicts_only_the_idle_prefixes_the_room_needs(
+        budget: int, evicted: tuple[str, ...]) -> None:
+    """Loading B (100) for its request (20) leaves room for both idle prefixes
+    (100 each, 64 tokens kept free), for one (C, used more recently), or for
+    none; the paper evicts every idle prefix."""
+    v = _idle_a_view(budget, {"A": 1.0, "C": 5.0})
+    d = policy(keep_idle=True).decide(v)
+    assert (d.admit, d.load, d.evict) == ((2,), ("B",), evicted)
+    assert policy().decide(v).evict == ("A", "C")
+
+
+def test_keep_idle_charges_no_move_for_an_idle_prefix_that_stays() -> None:
+    """Eq. 8 charges R_out and R_in; an idle prefix kept on the GPU moves
+    nowhere, so only B's load (100 tokens x 0.001 s) is charged."""
+    v = _idle_a_view(1000)
+    kept = policy(keep_idle=True).decide(v).chosen_candidate
+    paper = policy().decide(v).chosen_candidate
+    assert kept is not None and paper is not None
+    assert kept.terms.j_move == pytest.approx(0.1)
+    assert paper.terms.j_move == pytest.approx(0.1 + 2 * 0.1)  # A and C leave too
+
+
+# ----------------------------------------------------------------- weights
+
+
+def test_linear_aging_and_the_remaining_path_factor() -> None:
+    """g_i = (1 + rho age / S) (H_age / L_hat_i): S = 3 stage priors, the
+    expected path of a fresh task. Task 1 (stage a, age S) has its whole path
+    ahead; task 2 (stage c, age S/2) one stage."""
+    s_path = 3 * PRIOR
+    t = s_path
+    r1 = request(1, 1, CHAIN, "a")
+    r2 = request(2, 2, CHAIN, "c", arrival=t / 2)
+    tasks = [task(1, CHAIN, a="active"),
+             task(2, CHAIN, arrival=t / 2, a="done", b="done", c="active")]
+    v = view(CHAIN, tasks, [], [r1, r2], t=t)
+    g = _Search(policy(age_curve="linear", srpt=1.0, h_age=10.0, rho=1.0), v).g
+    assert g[1] == pytest.approx((1 + 1.0) * 10 / s_path)
+    assert g[2] == pytest.approx((1 + 0.5) * 10 / PRIOR)
+    log = _Search(policy(h_age=10.0, rho=1.0), v).g  # the paper: Eq. 12 only
+    assert log[1] == pytest.approx(1 + math.log1p(t / 10))
+    assert log[2] == pytest.approx(1 + math.log1p(t / 2 / 10))
+
+
+def test_the_remaining_path_factor_applies_without_aging() -> None:
+    """topas-noaging keeps the remaining-path factor: only Eq. 12 is off."""
+    r = request(2, 2, CHAIN, "c")
+    v = view(CHAIN, [task(2, CHAIN, a="done", b="done", c="active")], [], [r], t=50.0)
+    assert _Search(policy(aging=False, srpt=1.0, h_age=10.0), v).g[2] == pytest.approx(
+        10 / PRIOR)
+
+
+# -------------------------------------------------------------- preemption
+
+
+def _swap_case(running_output: int, waiting_output: int = 20):  # type: ignore[no-untyped-def]
+    """Task 9's c round (10 tokens generated, started 1 s ago) holds C; task
+    1's a round needs A, and the two prefixes do not fit together."""
+    running = request(9, 9, CHAIN, "c", running=True, generated=10, started_at=99.0,
+                      output_tokens=running_output)
+    waiting = request(1, 1, CHAIN, "a", output_tokens=waiting_output)
+    tasks = [task(9, CHAIN, a="done", b="done", c="active"), task(1, CHAIN, a="active")]
+    budget = 100 + 10 + running_output + 100  # not the 30 more A's request needs too
+    return view(CHAIN, tasks, [running], [waiting], t=100.0, budget=budget, gpu=("C",))
+
+
+@pytest.mark.parametrize(("running_output", "swaps"), [(20, False), (2000, True)])
+def test_the_exchange_test_preempts_only_for_more_time_than_it_costs(
+        running_output: int, swaps: bool) -> None:
+    """The admitted round (D_hat 2 s, all on its task's path) would start
+    rho_P earlier: the running round's remaining service, 1 s of 2 s or 199 s
+    of 200 s. The preempted round loses its 1 s of service and waits about the
+    admitted round's 2 s (prefill is free here: nothing redone delays others).
+    1 < 3: wait; 199 > 3: preempt. Eq. 13 alone preempts in both."""
+    v = _swap_case(running_output)
+    assert policy().decide(v).preempt == (9,)
+    d = policy(preempt_exchange=True).decide(v)
+    assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
+
+
+def test_swap_only_refuses_a_preemption_for_kv_and_keeps_a_prefix_swap() -> None:
+    """Preempting a round that holds more KV than its prefix (2,010 > 100
+    tokens) takes running work's room: refused. Under 2,000-token prefixes a
+    round of 20 is a prefix swap: allowed, as the paper does."""
+    assert policy(swap_only=True).decide(_swap_case(2000)).preempt == ()
+    running = request(9, 9, BIG, "c", running=True, generated=1, started_at=99.0)
+    waiting = request(1, 1, BIG, "a", output_tokens=500)
+    tasks = [task(9, BIG, a="done", b="done", c="active"), task(1, BIG, a="active")]
+    v = view(BIG, tasks, [running], [waiting], t=100.0, budget=3010, gpu=("C",))
+    assert policy(swap_only=True).decide(v).preempt == (9,)
+
+
+# ----------------------------------------------------------------- overdue
+
+
+def _overdue_view(t: float):  # type: ignore[no-untyped-def]
+    """Task 1 (arrived at 0) waits at stage a; three tasks that arrived 1 s ago
+    wait at stage b. Only one prefix fits: B's three rounds score more."""
+    old = request(1, 1, CHAIN, "a", output_tokens=20)
+    new = [request(i, i, CHAIN, "b", output_tokens=20, arrival=t - 1) for i in (2, 3, 4)]
+    tasks = [task(1, CHAIN, a="active"),
+             *(task(i, CHAIN, arrival=t - 1, a="done", b="active") for i in (2, 3, 4))]
+    return view(CHAIN, tasks, [], [old, *new], t=t, budget=200)
+
+
+def test_an_overdue_task_is_served_next() -> None:
+    """Before any task finished, a task's age is measured against its
+    workflow's fresh path (76.8 s): task 1 (25 s) is not overdue and B wins.
+    Once three tasks finished in 10 s each, 25 s is 2.5 times that: every
+    candidate covers A, and task 1 is admitted."""
+    pol = policy(overdue=2.0)
+    assert pol.decide(_overdue_view(25.0)).admit == (2, 3, 4)
+    done = (7, 8, 9)
+    pol.decide(view(CHAIN, [task(i, CHAIN, a="active") for i in done], [],
+                    [request(i, i, CHAIN, "a") for i in done]))  # seen waiting: chain tasks
+    for i in done:
+        pol.observe(EngineEvent(10.0, EventKind.TASK_FINISH, task_id=i, value=10.0))
+    d = pol.decide(_overdue_view(25.0))
+    assert d.admit == (1,)
+    assert all("A" in c.resident for c in d.candidates if c.resident)

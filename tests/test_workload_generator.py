@@ -1,0 +1,138 @@
+"""workflows/generator.py: seeded random workflow families and their traces
+(what bench/generalization.py replays), checked for the shapes and ranges
+the generalization issue asks for, determinism, and clear errors."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topasd.model import TopasError, Workflow
+from workflows.generator import (
+    BURST_WINDOW,
+    DEFAULT_BUDGET,
+    FAMILIES,
+    LOAD_SHARE,
+    MAX_PREFIX,
+    arrivals,
+    burst_trace,
+    case_trace,
+    draw_workload,
+)
+from workflows.trace import Trace, write_trace
+
+SEEDS = st.integers(0, 10_000)
+
+
+def dumps_trace(trace: Trace) -> str:
+    out = io.StringIO()
+    write_trace(trace, out)
+    return out.getvalue()
+
+
+def _shape(wf: Workflow) -> list[tuple[str, str, tuple[str, ...]]]:
+    return [(v, s.agent, s.after) for v, s in sorted(wf.stages.items())]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(FAMILIES), SEEDS)
+def test_a_draw_is_a_function_of_family_and_seed(family: str, seed: int) -> None:
+    a, b = draw_workload(family, seed), draw_workload(family, seed)
+    assert [_shape(w) for w in a.workflows] == [_shape(w) for w in b.workflows]
+    ta, tb = case_trace(a, "heavy", 12, 0.05, seed), case_trace(b, "heavy", 12, 0.05, seed)
+    assert dumps_trace(ta) == dumps_trace(tb)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(FAMILIES), SEEDS)
+def test_every_request_fits_the_budget_and_prefixes_stay_in_range(family: str,
+                                                                 seed: int) -> None:
+    wl = draw_workload(family, seed)
+    for wf in wl.workflows:
+        assert all(0 <= a.prefix_tokens <= MAX_PREFIX for a in wf.agents.values())
+    trace = case_trace(wl, "overload", 20, 0.1, seed)
+    for task in trace.tasks:
+        wf = trace.workflows[task.workflow]
+        for v, rounds in task.stages.items():
+            for r in rounds:
+                assert r.input_tokens >= 0 and r.output_tokens >= 1 and r.tool_wait_s >= 0
+                assert wf.prefix_tokens(v) + r.input_tokens + r.output_tokens <= DEFAULT_BUDGET
+
+
+def _stage_counts(family: str, seeds: range) -> list[int]:
+    return [len(draw_workload(family, s).workflows[0].stages) for s in seeds]
+
+
+def test_the_families_have_the_shapes_they_name() -> None:
+    seeds = range(60)
+    chains = _stage_counts("chain", seeds)
+    assert min(chains) == 2 and max(chains) == 8  # 2-8 stages
+    for s in seeds:
+        wf = draw_workload("chain", s).workflows[0]
+        assert wf.is_chain
+    widths = []
+    for s in seeds:
+        wf = draw_workload("fork_join", s).workflows[0]
+        entry_children = [v for v, st_ in wf.stages.items() if st_.after == ("entry",)]
+        widths.append(len(entry_children))
+    assert min(widths) == 2 and max(widths) >= 11  # 2-12 branches
+    # one agent serves every parallel branch
+    for s in seeds:
+        wf = draw_workload("shared_fanout", s).workflows[0]
+        branch_agents = {st_.agent for st_ in wf.stages.values() if st_.after == ("plan",)}
+        assert len(branch_agents) == 1
+    # a central agent recurs across rounds
+    for s in seeds:
+        wf = draw_workload("recurrent", s).workflows[0]
+        assert Counter(st_.agent for st_ in wf.stages.values()).most_common(1)[0][1] >= 2
+
+
+def test_react_rounds_wait_for_tools_and_mixed_workflows_share_agents() -> None:
+    rounds, waits = [], []
+    for s in range(40):
+        trace = case_trace(draw_workload("react", s), "light", 5, 0.1, s)
+        for task in trace.tasks:
+            for rs in task.stages.values():
+                rounds.append(len(rs))
+                waits += [r.tool_wait_s for r in rs[:-1]]  # after each round but the last
+    assert min(rounds) == 1 and max(rounds) == 8 and min(waits) > 0
+    shared = 0
+    for s in range(40):
+        wl = draw_workload("mixed", s)
+        assert 2 <= len(wl.workflows) <= 3
+        agents = [set(wf.agents) for wf in wl.workflows]
+        shared += any(a & b for i, a in enumerate(agents) for b in agents[i + 1:])
+    assert shared >= 10  # several workflows sharing agents in one trace
+
+
+def test_token_sizes_are_heavy_tailed() -> None:
+    trace = case_trace(draw_workload("chain", 3), "heavy", 200, 0.1, 3)
+    outputs = np.array([r.output_tokens for t in trace.tasks for rs in t.stages.values()
+                        for r in rs])
+    assert np.percentile(outputs, 99) > 4 * np.median(outputs)
+
+
+def test_loads_are_set_relative_to_the_capacity() -> None:
+    capacity = 0.2
+    for load, share in LOAD_SHARE.items():
+        times = arrivals(load, 2000, capacity, 1)
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        assert rate == pytest.approx(share * capacity, rel=0.1)
+    burst = arrivals("burst", 100, capacity, 1)
+    assert max(burst) <= BURST_WINDOW * 100 / capacity
+    assert all(t == 0.0 for t in
+               (task.arrival for task in burst_trace(draw_workload("debate", 1), 10, 1).tasks))
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(TopasError, match="unknown workflow family 'star'; use one of chain"):
+        draw_workload("star", 1)
+    with pytest.raises(TopasError, match="unknown load 'medium'"):
+        arrivals("medium", 10, 1.0, 1)
+    with pytest.raises(TopasError, match="capacity must be a finite number > 0"):
+        arrivals("heavy", 10, 0.0, 1)

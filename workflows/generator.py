@@ -1,0 +1,311 @@
+"""Seeded random workloads that nobody tuned a scheduler for.
+
+`draw_workload(family, seed)` returns a `Workload` of one family of
+multi-agent workflow shapes, with every size drawn from the seed:
+
+    chain          2-8 stages, agents distinct or recurring
+    fork_join      an entry stage, 2-12 parallel branches, a join (sometimes twice)
+    react          1-4 stages of 1-8 ReAct rounds with tool waits between rounds
+    recurrent      a central agent between specialists (MetaGPT-TL's star, unrolled)
+    shared_fanout  a planner, 2-10 branches all served by one agent in ReAct loops, a reducer
+    debate         2-4 debaters over 1-4 rounds, each round seeing the last, then a judge
+    coding         an architect, 2-8 programmers in parallel, review and revision rounds
+    mixed          two or three of the above in one trace, sharing agents
+
+Token sizes are lognormal with a wide spread (sigma 0.3-1.2), prefixes from 0
+to 10k tokens; every draw keeps each request within `budget` KV tokens
+(prefix + input + output), so a trace fits the engine it is replayed on.
+`case_trace` turns a workload into a trace at a load relative to a measured
+capacity (Poisson arrivals) or as a burst (every task within a short window).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from topasd.model import TopasError
+from workflows.builtin import Workload, workload_from_dict
+from workflows.trace import RoundSpec, TaskRecord, Trace, sample_task
+
+FAMILIES = ("chain", "fork_join", "react", "recurrent", "shared_fanout", "debate", "coding",
+            "mixed")
+LOADS = ("light", "heavy", "overload", "burst")
+# arrival rate as a share of the measured capacity (tasks/s a saturated engine finishes)
+LOAD_SHARE = {"light": 0.5, "heavy": 0.85, "overload": 1.3}
+BURST_WINDOW = 0.1  # a burst's tasks arrive within this share of the time capacity needs
+DEFAULT_BUDGET = 18_000  # the default profile's KV pool (qwen2.5-32b-a100)
+MAX_PREFIX = 10_000
+
+Spec = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The random state of one workload draw: the generator, and the names
+    of the agents drawn so far with their prefix sizes (shared by `mixed`)."""
+
+    rng: np.random.Generator
+    agents: dict[str, int]
+    budget: int
+    tag: str  # prefix of every agent and workflow name of this draw
+
+    def uniform(self, lo: float, hi: float) -> float:
+        return float(self.rng.uniform(lo, hi))
+
+    def integer(self, lo: int, hi: int) -> int:
+        """A whole number in [lo, hi]."""
+        return int(self.rng.integers(lo, hi + 1))
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def log_uniform(self, lo: float, hi: float) -> float:
+        return float(math.exp(self.rng.uniform(math.log(lo), math.log(hi))))
+
+    def agent(self, role: str, reuse: float = 0.0) -> str:
+        """An agent for `role`: with probability `reuse` one drawn before
+        (a recurring agent), else a new one with a prefix of 0-10k tokens."""
+        if self.agents and self.chance(reuse):
+            names = sorted(self.agents)
+            return names[self.integer(0, len(names) - 1)]
+        name = f"{self.tag}{role}{len(self.agents)}"
+        self.agents[name] = 0 if self.chance(0.1) else round(self.log_uniform(150, MAX_PREFIX))
+        return name
+
+
+def lognormal(draw: Draw, median: float, low: float, high: float) -> Spec:
+    """A wide lognormal token size (sigma 0.3-1.2), clipped to [low, high]."""
+    median = min(max(median, low), high)
+    return {"lognormal": {"median": round(median, 1), "sigma": round(draw.uniform(0.3, 1.2), 3),
+                          "low": low, "high": high}}
+
+
+def stage(draw: Draw, name: str, agent: str, after: list[str], *, rounds: Any = 1,
+          history: str = "none", out_median: float | None = None) -> Spec:
+    """One stage with drawn token sizes; ReAct stages (`rounds` not 1) get tool
+    waits and tool observations between rounds."""
+    room = draw.budget - draw.agents[agent]
+    out_hi = max(32, min(2048, room // 4))
+    out_med = out_median if out_median is not None else draw.log_uniform(40, 900)
+    spec: Spec = {
+        "name": name, "agent": agent, "after": after, "rounds": rounds, "history": history,
+        "input_tokens": lognormal(draw, draw.log_uniform(60, 2500), 1, max(1, room // 4)),
+        "output_tokens": lognormal(draw, out_med, 1, out_hi),
+    }
+    if rounds != 1:
+        spec["tool_wait_s"] = {"lognormal": {"median": round(draw.log_uniform(0.3, 20), 2),
+                                             "sigma": 1.0, "low": 0.0, "high": 300.0}}
+        spec["observation_tokens"] = lognormal(draw, draw.log_uniform(20, 600), 0,
+                                               max(1, room // 16))
+    return spec
+
+
+def react_rounds(draw: Draw, most: int = 8) -> Any:
+    """Rounds of a ReAct stage: 1 to `most` (uniform from 1 to a drawn cap)."""
+    cap = draw.integer(1, most)
+    return 1 if cap == 1 else {"uniform_int": [1, cap]}
+
+
+def history_mode(draw: Draw) -> str:
+    return ("none", "parents", "ancestors")[draw.integer(0, 2)]
+
+
+# ----------------------------------------------------------------- families
+
+
+def chain(draw: Draw, name: str) -> list[Spec]:
+    stages: list[Spec] = []
+    prev: list[str] = []
+    for i in range(draw.integer(2, 8)):
+        agent = draw.agent("s", reuse=0.3)
+        stages.append(stage(draw, f"s{i}", agent, prev, history=history_mode(draw)))
+        prev = [f"s{i}"]
+    return stages
+
+
+def fork_join(draw: Draw, name: str) -> list[Spec]:
+    stages = [stage(draw, "entry", draw.agent("plan"), [])]
+    prev = ["entry"]
+    for level in range(1 if draw.chance(0.7) else 2):
+        width = draw.integer(2, 12)
+        pool = [draw.agent("b", reuse=0.2) for _ in range(draw.integer(1, width))]
+        branches = [f"l{level}b{i}" for i in range(width)]
+        hist = "parents" if draw.chance(0.5) else "none"
+        stages += [stage(draw, b, pool[i % len(pool)], prev, history=hist)
+                   for i, b in enumerate(branches)]
+        join = f"join{level}"
+        stages.append(stage(draw, join, draw.agent("j", reuse=0.3), branches,
+                            history="parents" if draw.chance(0.5) else "none"))
+        prev = [join]
+    return stages
+
+
+def react(draw: Draw, name: str) -> list[Spec]:
+    stages: list[Spec] = []
+    prev: list[str] = []
+    for i in range(draw.integer(1, 4)):
+        agent = draw.agent("r", reuse=0.2)
+        stages.append(stage(draw, f"r{i}", agent, prev, rounds=react_rounds(draw),
+                            history="parents" if i and draw.chance(0.5) else "none",
+                            out_median=draw.log_uniform(30, 500)))
+        prev = [f"r{i}"]
+    return stages
+
+
+def recurrent(draw: Draw, name: str) -> list[Spec]:
+    """A central agent between specialists: c0 -> s0 -> c1 -> s1 -> ... -> cN."""
+    center = draw.agent("lead")
+    stages = [stage(draw, "c0", center, [], out_median=draw.log_uniform(100, 700))]
+    for i in range(draw.integer(1, 4)):
+        agent = draw.agent("spec")
+        stages.append(stage(draw, f"s{i}", agent, [f"c{i}"], rounds=react_rounds(draw, 6),
+                            history="parents", out_median=draw.log_uniform(50, 500)))
+        stages.append(stage(draw, f"c{i + 1}", center, [f"s{i}"], rounds=react_rounds(draw, 3),
+                            out_median=draw.log_uniform(60, 300)))
+    return stages
+
+
+def shared_fanout(draw: Draw, name: str) -> list[Spec]:
+    """One agent serves every parallel branch, each a ReAct loop."""
+    worker = draw.agent("worker")
+    width = draw.integer(2, 10)
+    rounds = react_rounds(draw, 6)
+    out = draw.log_uniform(40, 600)
+    stages = [stage(draw, "plan", draw.agent("plan"), [])]
+    stages += [stage(draw, f"w{i}", worker, ["plan"], rounds=rounds, history="parents",
+                     out_median=out) for i in range(width)]
+    stages.append(stage(draw, "reduce", draw.agent("reduce", reuse=0.3),
+                        [f"w{i}" for i in range(width)], history="parents"))
+    return stages
+
+
+def debate(draw: Draw, name: str) -> list[Spec]:
+    """Debaters answer in rounds, each round seeing the previous one; a judge decides."""
+    debaters = [draw.agent("deb") for _ in range(draw.integer(2, 4))]
+    out = draw.log_uniform(80, 700)
+    stages: list[Spec] = []
+    prev: list[str] = []
+    for r in range(draw.integer(1, 4)):
+        names = [f"r{r}d{i}" for i in range(len(debaters))]
+        stages += [stage(draw, n, a, prev, history="parents" if prev else "none",
+                         out_median=out) for n, a in zip(names, debaters, strict=True)]
+        prev = names
+    stages.append(stage(draw, "judge", draw.agent("judge"), prev, history="parents",
+                        out_median=draw.log_uniform(40, 400)))
+    return stages
+
+
+def coding(draw: Draw, name: str) -> list[Spec]:
+    """Architect -> programmers in parallel -> review -> revisions, for 1-3 rounds."""
+    programmer, reviewer = draw.agent("prog"), draw.agent("rev")
+    files = draw.integer(2, 8)
+    code = draw.log_uniform(150, 1200)
+    stages = [stage(draw, "arch", draw.agent("arch"), [], out_median=draw.log_uniform(200, 900))]
+    prev = ["arch"]
+    for r in range(draw.integer(1, 3)):
+        names = [f"code{r}f{i}" for i in range(files)]
+        stages += [stage(draw, n, programmer, prev, history="parents", out_median=code)
+                   for n in names]
+        stages.append(stage(draw, f"review{r}", reviewer, names,
+                            out_median=draw.log_uniform(50, 400)))
+        prev = [f"review{r}"]
+    return stages
+
+
+SHAPES: dict[str, Callable[[Draw, str], list[Spec]]] = {
+    "chain": chain, "fork_join": fork_join, "react": react, "recurrent": recurrent,
+    "shared_fanout": shared_fanout, "debate": debate, "coding": coding,
+}
+
+
+# ----------------------------------------------------------------- workloads
+
+
+def draw_workload(family: str, seed: int, budget: int = DEFAULT_BUDGET) -> Workload:
+    """A seeded random workload of `family` (one of `FAMILIES`); `mixed` draws
+    two or three other shapes whose workflows share agents."""
+    if family not in FAMILIES:
+        raise TopasError(f"unknown workflow family {family!r}; use one of {', '.join(FAMILIES)}")
+    draw = Draw(np.random.default_rng([FAMILIES.index(family), seed]), {}, budget, "")
+    shapes = [family]
+    if family == "mixed":
+        names = sorted(SHAPES)
+        picks = draw.rng.choice(len(names), size=draw.integer(2, 3), replace=False)
+        shapes = [names[int(i)] for i in sorted(picks)]
+    wfs = []
+    for i, shape in enumerate(shapes):
+        wf_name = f"{family}-{seed}" if len(shapes) == 1 else f"{family}-{seed}-{shape}{i}"
+        wfs.append((wf_name, SHAPES[shape](draw, wf_name)))
+    return workload_from_dict(_workload_spec(f"{family}-{seed}", wfs, draw.agents),
+                              f"generated {family} #{seed}")
+
+
+def _workload_spec(name: str, wfs: list[tuple[str, list[Spec]]],
+                   agents: dict[str, int]) -> Spec:
+    def one(wf_name: str, stages: list[Spec]) -> Spec:
+        used = sorted({s["agent"] for s in stages})
+        return {"name": wf_name, "agents": {a: {"prefix_tokens": agents[a]} for a in used},
+                "stages": stages}
+
+    specs = [one(n, s) for n, s in wfs]
+    return specs[0] if len(specs) == 1 else {"name": name, "workflows": specs}
+
+
+# ----------------------------------------------------------------- traces
+
+
+def fit_budget(task: TaskRecord, wl: Workload, budget: int) -> TaskRecord:
+    """The task with each round's input cut so that prefix + input + output
+    fits `budget` (carried history can outgrow any clip of the spec)."""
+    wf = next(w for w in wl.workflows if w.name == task.workflow)
+    stages = {}
+    for v, rounds in task.stages.items():
+        room = budget - wf.prefix_tokens(v)
+        stages[v] = tuple(RoundSpec(min(r.input_tokens, max(0, room - r.output_tokens)),
+                                    r.output_tokens, r.tool_wait_s) for r in rounds)
+    return TaskRecord(task.id, task.workflow, task.arrival, stages)
+
+
+def sample_tasks(wl: Workload, arrivals: list[float], seed: int,
+                 budget: int = DEFAULT_BUDGET) -> tuple[TaskRecord, ...]:
+    """One task per arrival, cycling through the workload's workflows."""
+    rng = np.random.default_rng([seed, 7])
+    return tuple(fit_budget(sample_task(wl.workflows[i % len(wl.workflows)], i, t, rng), wl,
+                            budget) for i, t in enumerate(arrivals))
+
+
+def arrivals(load: str, n_tasks: int, capacity: float, seed: int) -> list[float]:
+    """Arrival times: Poisson at `LOAD_SHARE[load]` x capacity, or for a burst
+    uniform within `BURST_WINDOW` of the time the capacity needs for them."""
+    if capacity <= 0 or not math.isfinite(capacity):
+        raise TopasError(f"capacity must be a finite number > 0 task/s, got {capacity}")
+    rng = np.random.default_rng([seed, 11])
+    if load == "burst":
+        window = BURST_WINDOW * n_tasks / capacity
+        return sorted(round(float(t), 6) for t in rng.uniform(0.0, window, n_tasks))
+    if load not in LOAD_SHARE:
+        raise TopasError(f"unknown load {load!r}; use one of {', '.join(LOADS)}")
+    gaps = rng.exponential(1.0 / (LOAD_SHARE[load] * capacity), n_tasks)
+    gaps[0] = 0.0
+    return [round(float(t), 6) for t in np.cumsum(gaps)]
+
+
+def case_trace(wl: Workload, load: str, n_tasks: int, capacity: float, seed: int,
+               budget: int = DEFAULT_BUDGET) -> Trace:
+    """The trace of one case: the workload at a load relative to `capacity`."""
+    tasks = sample_tasks(wl, arrivals(load, n_tasks, capacity, seed), seed, budget)
+    meta = {"workload": wl.name, "load": load, "capacity": capacity, "tasks": n_tasks,
+            "seed": seed}
+    return Trace({wf.name: wf for wf in wl.workflows}, tasks, meta)
+
+
+def burst_trace(wl: Workload, n_tasks: int, seed: int, budget: int = DEFAULT_BUDGET) -> Trace:
+    """Every task at t=0: what a saturated engine finishes measures its capacity."""
+    tasks = sample_tasks(wl, [0.0] * n_tasks, seed, budget)
+    return Trace({wf.name: wf for wf in wl.workflows}, tasks,
+                 {"workload": wl.name, "load": "capacity", "tasks": n_tasks, "seed": seed})
