@@ -87,7 +87,7 @@ class Job:
 def fingerprint(policy: str) -> str:
     """A hash of the project's modules this process imported (what decides a
     replay's result; a baseline's leaves out TOPAS's own search modules)."""
-    files = sorted({Path(m.__file__).resolve() for m in list(sys.modules.values())
+    files = sorted({_source(m.__name__, m.__file__) for m in list(sys.modules.values())
                     if getattr(m, "__file__", None) and m.__name__.split(".")[0] in PACKAGES})
     h = hashlib.sha256()
     for f in files:
@@ -96,6 +96,16 @@ def fingerprint(policy: str) -> str:
         h.update(str(f.relative_to(ROOT)).encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _source(module: str, file: str) -> Path:
+    """The source a module was loaded from: its file, or for the compiled
+    search (`topasd native build`, a cache outside the tree) the source it
+    was built from, which decides the same."""
+    path = Path(file).resolve()
+    if path.is_relative_to(ROOT):
+        return path
+    return ROOT.joinpath(*module.split(".")).with_suffix(".py")
 
 
 def run_job(job: Job) -> tuple[Job, dict[str, Any]]:

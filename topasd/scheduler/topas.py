@@ -371,6 +371,7 @@ class _Search(SearchBounds):
         self._bounds: dict[frozenset[str], float] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
+        self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
 
     def _index_waiting(self, view: EngineView) -> None:
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
@@ -722,14 +723,7 @@ class _Search(SearchBounds):
         service; and the engine's time to compute their KV again delays every
         other task here."""
         pack = states[0].pack
-        running = {r.id: r for r in self.view.running}
-        rho = max(self._remaining(running[rid]) for rid in pack.preempt)
-        elapsed = sum(self._elapsed(running[rid]) for rid in pack.preempt)
-        others = len(self.task_ids - {running[rid].task_id for rid in pack.preempt})
-        prefill = self.view.costs.t_prefill  # the engine computes their KV again
-        redo = sum(prefill(running[rid].input_tokens + running[rid].generated)
-                   for rid in pack.preempt)
-        fixed = elapsed + redo * others
+        rho, fixed = self._exchange_terms(pack.preempt)
         out = []
         gain = dur = 0.0
         n = 0
@@ -744,6 +738,35 @@ class _Search(SearchBounds):
             if n and gain > fixed + len(pack.preempt) * dur / n:
                 out.append(st)
         return out
+
+    def _exchange_terms(self, preempt: tuple[int, ...]) -> tuple[float, float]:
+        """(rho_P, the cost every admission set must beat) of `_exchange_pays`:
+        the preempted requests' largest remaining service, and their elapsed
+        service plus the engine's time to compute their KV again times the
+        other tasks in the system."""
+        hit = self._exchange_memo.get(preempt)
+        if hit is None:
+            running = {r.id: r for r in self.view.running}
+            rho = max(self._remaining(running[rid]) for rid in preempt)
+            elapsed = sum(self._elapsed(running[rid]) for rid in preempt)
+            others = len(self.task_ids - {running[rid].task_id for rid in preempt})
+            prefill = self.view.costs.t_prefill
+            redo = sum(prefill(running[rid].input_tokens + running[rid].generated)
+                       for rid in preempt)
+            hit = self._exchange_memo[preempt] = (rho, elapsed + redo * others)
+        return hit
+
+    def _exchange_hopeless(self, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
+        """No state of R can pass `_exchange_pays`: each admission gains at
+        most rho_P, so it needs rho_P times the admissions R could make to
+        exceed the fixed cost (then R is not filled; the same states result)."""
+        if not (preempt and self.params.preempt_exchange):
+            return False
+        rho, fixed = self._exchange_terms(preempt)
+        n = sum(len(self.waiting_by_agent.get(a, ())) for a in sorted(resident))
+        if self.params.k:
+            n = min(n, self.params.k)
+        return rho * n <= fixed
 
     def _remaining(self, r: Request) -> float:
         """A running request's expected remaining service (at least 1% of D_hat)."""
@@ -776,6 +799,8 @@ class _Search(SearchBounds):
         if used + reserved > self.budget:
             return []
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
+        if self._exchange_hopeless(resident, preempt):
+            return []
         return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved)
 
     def _fill(self, pack: _Pack, uncovered: set[str], used: float,
