@@ -166,9 +166,8 @@ def test_an_overdue_task_is_served_next() -> None:
     pol = policy(overdue=2.0)
     assert pol.decide(_overdue_view(25.0)).admit == (2, 3, 4)
     done = (7, 8, 9)
-    pol.decide(view(CHAIN, [task(i, CHAIN, a="active") for i in done], [],
-                    [request(i, i, CHAIN, "a") for i in done]))  # seen waiting: chain tasks
-    for i in done:
+    for i in done:  # three tasks of the same workflow arrive and finish
+        pol.observe(EngineEvent(0.0, EventKind.TASK_ARRIVE, task_id=i, note=CHAIN.name))
         pol.observe(EngineEvent(10.0, EventKind.TASK_FINISH, task_id=i, value=10.0))
     d = pol.decide(_overdue_view(25.0))
     assert d.admit == (1,)

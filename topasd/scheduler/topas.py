@@ -63,7 +63,7 @@ class TopasPolicy:
         # (the observed H_age; None until read after a task finished)
         self._age_obs: deque[float] = deque(maxlen=AGE_WINDOW)
         self._age_mean: float | None = None
-        # `overdue`: the workflow of each task seen waiting, and recent JCTs per workflow
+        # `overdue`: the workflow of each task in the system, and recent JCTs per workflow
         self._workflow_of: dict[int, str] = {}
         self._jcts: dict[str, deque[float]] = {}
 
@@ -95,6 +95,8 @@ class TopasPolicy:
             self._workflow_of.pop(event.task_id, None)  # type: ignore[arg-type]
         elif kind in (EventKind.PREEMPT, EventKind.RETRACT, EventKind.REQUEST_WITHDRAW):
             self.credits.pop(event.request_id, None)  # type: ignore[arg-type]
+        elif kind is EventKind.TASK_ARRIVE and event.note:  # the note names its workflow
+            self._workflow_of[event.task_id] = event.note  # type: ignore[index]
 
     def overdue_request(self, view: EngineView, paths: TaskPaths) -> Request | None:
         """`overdue`: the waiting request of the task whose age is the largest
@@ -107,7 +109,6 @@ class TopasPolicy:
         best: tuple[float, float, int] | None = None
         worst: Request | None = None
         for r in view.waiting:
-            self._workflow_of.setdefault(r.task_id, r.workflow)
             jcts = self._jcts.get(r.workflow)
             if jcts:
                 ref = sum(jcts) / len(jcts)
@@ -339,10 +340,10 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.hol = _head_of_line(view, p.hol_age)
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
-        overdue = policy.overdue_request(view, self.paths)
-        self.hol_forced = overdue is not None  # every candidate must cover its agent
-        if overdue is not None:
-            self.hol = overdue
+        # `overdue`: the request every candidate must cover (it is also the head of line)
+        self.overdue = policy.overdue_request(view, self.paths)
+        if self.overdue is not None:
+            self.hol = self.overdue
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
         self._reuse_terms()
@@ -495,8 +496,8 @@ class _Search(SearchBounds):
         candidate covers."""
         if self.params.keep_idle:
             start = self.running_agents
-            if self.hol_forced and self.hol is not None:
-                start = start | {self.hol.agent}
+            if self.overdue is not None:
+                start = start | {self.overdue.agent}
         else:
             start = self.gpu & frozenset(active)
         r_g = start
@@ -788,7 +789,7 @@ class _Search(SearchBounds):
             return []
         if out and self.params.swap_only and self.grabs_kv(resident):
             return []
-        if self.hol_forced and self.hol is not None and self.hol.agent not in resident:
+        if self.overdue is not None and self.overdue.agent not in resident:
             return []
         reserved = 0.0
         for a in sorted(uncovered):  # sums in a fixed order: every process (TP rank) agrees
@@ -1111,7 +1112,7 @@ class _Filler:
         with `hol_age`), a slot under the cap K, and (`start_gate`) a fill
         still open to r's task if it is new."""
         s = self.search
-        forced = s.hol_forced and s.hol is not None and r.id == s.hol.id
+        forced = s.overdue is not None and r.id == s.overdue.id
         if self.gated and r.task_id in s.fresh and not forced:
             return False
         extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
