@@ -64,7 +64,8 @@ def native() -> None:
 @click.option("--verbose", "-v", is_flag=True, help="Show mypyc's and the compiler's output.")
 def native_build(verbose: bool) -> None:
     """Compile topasd/scheduler's search into the per-user cache (~30 s)."""
-    click.echo("compiling topasd.scheduler (residual, bounds, topas) with mypyc ...", err=True)
+    click.echo(f"compiling topasd.scheduler ({', '.join(compiled_search.MODULES)}) with mypyc ...",
+               err=True)
     where = compiled_search.build(log=verbose)
     click.echo(f"built {where}; topasd processes started from now on use it"
                + ("" if compiled_search.enabled() else " (not with TOPASD_NATIVE=0, as now)"))

@@ -1,7 +1,7 @@
 """TOPAS's search compiled with mypyc (optional): build, find and load it.
 
-The scheduler is pure Python. `topasd native build` compiles its three hot
-modules (`residual`, `bounds`, `topas`) with mypyc into a per-user cache,
+The scheduler is pure Python. `topasd native build` compiles its four hot
+modules (`residual`, `bounds`, `window`, `topas`) with mypyc into a per-user cache,
 under a key made of the source of those modules, `params.py`,
 `topasd/model.py` (whose types they rely on), `topasd/score.py` (Eq. 13's
 total, which they call) and the interpreter. When
@@ -35,7 +35,7 @@ from typing import Any
 
 from topasd.model import TopasError
 
-MODULES = ("residual", "bounds", "topas")  # each after the modules it imports
+MODULES = ("residual", "bounds", "window", "topas")  # each after the modules it imports
 PACKAGE = "topasd.scheduler"
 # what they depend on (their source, and the modules whose types or functions they use)
 KEYED = ("../model.py", "../score.py", "params.py", *(f"{m}.py" for m in MODULES))

@@ -89,6 +89,10 @@ _WORDS: tuple[ParamSpec, ...] = (
           extension=True),
     _spec("overdue", "serve next a task older than this x its workflow's mean JCT (extension; "
           "empty: off)", unset="off", extension=True),
+    _spec("window", "past window_cap waiting: each agent's first tasks a fill into this x "
+          "the free KV reaches (extension; empty: all)", unset="all", extension=True),
+    _spec("window_cap", "a decision weighs at most this many waiting requests, oldest tasks "
+          "first (extension; 0: the window always, no cap)", extension=True),
 )
 
 

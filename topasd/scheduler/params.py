@@ -62,11 +62,17 @@ class TopasParams:
     # a task older than this many times its workflow's mean recent JCT is served
     # next: every candidate covers its waiting request's agent and keeps its room
     overdue: float | None = 2.0
+    # once more than `window_cap` requests wait, a decision weighs each agent's first
+    # tasks that a fill into this times the free KV reaches, at most `window_cap`
+    # requests of them in task order (scheduler/window.py); None: every request
+    window: float | None = 1.0
+    window_cap: int = 64  # 0: the window at every decision, with no cap
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
-            if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue"):
+            if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue",
+                                          "window"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -85,7 +91,7 @@ class TopasParams:
             raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
         if self.age_curve not in AGE_CURVES:
             raise TopasError("TOPAS parameter age_curve must be 'log' or 'linear'")
-        for name in ("m", "k", "samples", "seed"):
+        for name in ("m", "k", "samples", "seed", "window_cap"):
             value = getattr(self, name)
             if not float(value).is_integer():
                 lo, hi = PARAM_RANGES[name]
@@ -114,12 +120,15 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "samples": (1, 4096),
     "srpt": (0.0, 4.0),
     "overdue": (0.1, 1000.0),
+    "window": (0.1, 1000.0),
+    "window_cap": (0, 1_000_000),
     "seed": (0, 2**31 - 1),
 }
 # Section IV as the paper gives it: every default beyond it turned off
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
-                         "preempt_exchange": False, "swap_only": False, "overdue": None}
+                         "preempt_exchange": False, "swap_only": False, "overdue": None,
+                         "window": None}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,

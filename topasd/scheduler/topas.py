@@ -42,6 +42,7 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
+from topasd.scheduler.window import candidate_window, is_fresh
 from topasd.score import score_total
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
@@ -105,17 +106,14 @@ class TopasPolicy:
         kappa = self.params.overdue
         if kappa is None or not view.waiting:
             return None
-        fresh: dict[str, float] | None = None
+        names = {r.workflow for r in view.waiting}
+        refs = {name: sum(jcts) / len(jcts) for name in names if (jcts := self._jcts.get(name))}
+        if len(refs) < len(names):  # before any finished: the expected fresh path
+            refs = {**self.fresh_paths(view, paths), **refs}
         best: tuple[float, float, int] | None = None
         worst: Request | None = None
         for r in view.waiting:
-            jcts = self._jcts.get(r.workflow)
-            if jcts:
-                ref = sum(jcts) / len(jcts)
-            else:
-                fresh = fresh or self.fresh_paths(view, paths)
-                ref = fresh[r.workflow]
-            key = (-(view.t - r.task_arrival) / ref, r.task_arrival, r.id)
+            key = (-(view.t - r.task_arrival) / refs[r.workflow], r.task_arrival, r.id)
             if best is None or key < best:
                 best, worst = key, r
         return worst if best is not None and -best[0] > kappa else None
@@ -331,6 +329,11 @@ class _Search(SearchBounds):
         self.sec_per_token = mu / b_swap
         self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
+        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
+        # `overdue`: the request every candidate must cover (it is also the head of line)
+        self.overdue = policy.overdue_request(view, self.paths)
+        self.hol = self.overdue or _head_of_line(view, p.hol_age)
+        view = self.view = candidate_window(view, p, (self.hol,))
         self._index_waiting(view)
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
@@ -338,12 +341,6 @@ class _Search(SearchBounds):
             a for a, rs in self.waiting_by_agent.items()
             if all(len(self.waiting_by_task[r.task_id]) == 1
                    and r.task_id not in self.running_stage for r in rs))
-        self.hol = _head_of_line(view, p.hol_age)
-        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
-        # `overdue`: the request every candidate must cover (it is also the head of line)
-        self.overdue = policy.overdue_request(view, self.paths)
-        if self.overdue is not None:
-            self.hol = self.overdue
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
         self._reuse_terms()
@@ -1267,14 +1264,8 @@ def _fresh_tasks(view: EngineView, waiting: Mapping[int, list[Request]],
                  running: Mapping[int, Mapping[str, Request]]) -> frozenset[int]:
     """Tasks with a waiting request, none running, no round finished and no
     stage done: not started (`start_gate`)."""
-    out = []
-    for tid in waiting:
-        task = view.tasks.get(tid)
-        if (task is not None and tid not in running and all(
-                st.rounds_done == 0 and st.status is not StageStatus.DONE
-                for st in task.stages.values())):
-            out.append(tid)
-    return frozenset(out)
+    started = frozenset(running)
+    return frozenset(tid for tid in waiting if is_fresh(view.tasks.get(tid), started))
 
 
 def _t_decode(view: EngineView) -> float:

@@ -1,0 +1,118 @@
+"""TOPAS's candidate window (topasd/scheduler/window.py, docs/topas.md): past
+`window_cap` waiting requests a decision weighs each agent's first tasks that
+a fill into the free KV reaches, at most `window_cap` requests of them, oldest
+tasks first; hand-computed cases, and the decision it leaves unchanged."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from tests.topas_views import CHAIN, request, task, view
+from topasd.model import EngineView, Request
+from topasd.scheduler import make_policy
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy
+from topasd.scheduler.window import admission_room, candidate_window
+
+
+def _params(**changes: object) -> TopasParams:
+    return TopasParams(reservation="full", **changes)  # type: ignore[arg-type]
+
+
+def _queue(budget: int = 100) -> tuple[EngineView, dict[int, Request]]:
+    """A's tasks 1-4 (arrivals 0, 1, 2, 2.5) wait at stage a with d_r 150
+    (never fits 100), 40, 40, 40; B's tasks 7-10 (arrivals 3-6) wait at
+    stage b, d_r 30 each; nothing runs, so the room is the budget."""
+    sizes = {1: 150, 2: 40, 3: 40, 4: 40, 7: 30, 8: 30, 9: 30, 10: 30}
+    arrival = {1: 0.0, 2: 1.0, 3: 2.0, 4: 2.5, 7: 3.0, 8: 4.0, 9: 5.0, 10: 6.0}
+    reqs = {tid: request(tid, tid, CHAIN, "a" if tid < 5 else "b", input_tokens=d // 2,
+                         output_tokens=d - d // 2, arrival=arrival[tid])
+            for tid, d in sizes.items()}
+    tasks = [task(tid, CHAIN, arrival[tid], a="active") if tid < 5
+             else task(tid, CHAIN, arrival[tid], a="done", b="active") for tid in sizes]
+    return view(CHAIN, tasks, [], list(reqs.values()), budget=budget), reqs
+
+
+def _tasks(v: EngineView) -> list[int]:
+    return sorted(r.task_id for r in v.waiting)
+
+
+def test_the_window_is_off_while_few_requests_wait_and_in_topas_paper() -> None:
+    v, _ = _queue()
+    assert candidate_window(v, _params(window_cap=8)) is v  # 8 wait: within the cap
+    assert candidate_window(v, _params(window=None, window_cap=1)) is v
+    assert TopasPolicy(TopasParams()).params.window == 1.0
+    assert make_policy("topas-paper").params.window is None  # type: ignore[attr-defined]
+
+
+def test_each_agent_keeps_what_a_fill_into_the_room_reaches() -> None:
+    """A: task 1 (150) does not fit 100 and is skipped, 2 and 3 take 80, the
+    20 left fit no request of A (least 40): tasks 1-3. B: 30 + 30 + 30 leave
+    10 < 30: tasks 7-9. Tasks 4 and 10 wait for later decisions."""
+    v, _ = _queue()
+    assert _tasks(candidate_window(v, _params(window_cap=0))) == [1, 2, 3, 7, 8, 9]
+    # twice the room: task 1 fits now and 2 leaves 10 for A; B's 120 all fit
+    assert _tasks(candidate_window(v, _params(window=2.0, window_cap=0))) == [1, 2, 7, 8, 9,
+                                                                          10]
+
+
+@pytest.mark.parametrize(("cap", "kept"), [(2, [1, 7]), (4, [1, 2, 3, 7]),
+                                           (5, [1, 2, 3, 7, 8]), (7, [1, 2, 3, 7, 8, 9])])
+def test_the_cap_takes_the_oldest_tasks_after_each_agents_first(cap: int,
+                                                                 kept: list[int]) -> None:
+    """Each agent's first task (1, 7) always; then the reached tasks by
+    arrival (2, 3, 8, 9) while the cap allows."""
+    v, _ = _queue()
+    assert _tasks(candidate_window(v, _params(window_cap=cap, start_gate=False))) == kept
+
+
+def test_a_forced_request_is_always_in_the_window() -> None:
+    """The overdue request (or head of line) every candidate must cover."""
+    v, reqs = _queue()
+    assert _tasks(candidate_window(v, _params(window_cap=2), (reqs[10],))) == [1, 7, 10]
+
+
+def test_started_tasks_come_first_with_the_start_gate() -> None:
+    """A's task 4 has finished a round: GreedyPack fills it before A's new
+    tasks, so A reaches 4 (40), skips 1 (150) and takes 2 (40), leaving 20.
+    B's tasks (stage a done) are started already: 7-9 either way."""
+    v, _ = _queue()
+    t4 = v.tasks[4]
+    stages = {**t4.stages, "a": replace(t4.stages["a"], rounds_done=1)}
+    v = replace(v, tasks={**v.tasks, 4: replace(t4, stages=stages)})
+    assert _tasks(candidate_window(v, _params(window_cap=0))) == [1, 2, 4, 7, 8, 9]
+    assert _tasks(candidate_window(v, _params(window_cap=0, start_gate=False))) == [
+        1, 2, 3, 7, 8, 9]
+
+
+def test_the_room_counts_what_a_preemption_may_free() -> None:
+    """Budget 1000; B runs one request. KV 20 under its prefix 100: with
+    `swap_only` B may leave, freeing both (room 1000); without preemption the
+    room is 1000 - 120. KV 300 over its prefix: B leaves only beside agents
+    whose prefixes cover it, so at most 2 x 100 is freed (room 800)."""
+    small = request(20, 20, CHAIN, "b", running=True)
+    big = request(21, 21, CHAIN, "b", running=True, input_tokens=150, output_tokens=150)
+    tasks = [task(20, CHAIN, a="done", b="active"), task(21, CHAIN, a="done", b="active")]
+    v = view(CHAIN, tasks, [small], [], budget=1000, gpu=("B",))
+    assert admission_room(v, preempt=True, swap_only=True) == 1000
+    assert admission_room(v, preempt=False, swap_only=True) == 880
+    v = view(CHAIN, tasks, [big], [], budget=1000, gpu=("B",))
+    assert admission_room(v, preempt=True, swap_only=True) == 800
+    assert admission_room(v, preempt=True, swap_only=False) == 1000
+
+
+def test_a_window_that_holds_every_fill_leaves_the_decision_unchanged() -> None:
+    """100 requests of agent A (d_r 20 each, tasks by arrival) and a budget of
+    1000: any fill takes the first 45 (100 for A's prefix). The window holds
+    the first 50 (its room is an upper bound: the whole budget, as nothing
+    runs) and TOPAS admits the same requests as with every request weighed."""
+    reqs = [request(i, i, CHAIN, "a", arrival=float(i)) for i in range(1, 101)]
+    tasks = [task(i, CHAIN, float(i), a="active") for i in range(1, 101)]
+    v = view(CHAIN, tasks, [], reqs, budget=1000)
+    assert _tasks(candidate_window(v, _params())) == list(range(1, 51))
+    windowed = TopasPolicy(_params()).decide(v)
+    every = TopasPolicy(_params(window=None)).decide(v)
+    assert windowed.admit == every.admit == tuple(range(1, 46))
+    assert windowed.load == every.load == ("A",)
