@@ -16,7 +16,7 @@ import httpx
 
 from store import Store
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0  # a daemon embedding an engine passes its own (`start_timeout`)
 
 
 def service_counts_until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -42,7 +42,7 @@ class Daemon:
 
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None,
                  speed: str = "max", token: str | None = None,
-                 own_group: bool = False) -> None:
+                 own_group: bool = False, start_timeout: float = START_TIMEOUT_S) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.runtime = workdir / "daemon.json"
@@ -59,13 +59,13 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, cwd=workdir, env=env or clean_env(),
                                      stdout=self._log_fh, stderr=subprocess.STDOUT,
                                      start_new_session=own_group)
-        self.info = self._wait_started()
+        self.info = self._wait_started(start_timeout)
         self.url: str = self.info["url"]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, timeout=60, headers=headers)
 
-    def _wait_started(self) -> dict[str, Any]:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def _wait_started(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"topasd exited with {self.proc.returncode}:\n"
