@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +29,31 @@ def service_counts_until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str
             return counts
         assert time.monotonic() < deadline, f"timed out; counts {counts}"
         time.sleep(0.02)
+
+
+def sse_events(lines: Any) -> list[tuple[int | None, str, dict[str, Any]]]:
+    """(id, event, data) of each event in a stream of SSE lines."""
+    out: list[tuple[int | None, str, dict[str, Any]]] = []
+    eid, name = None, None
+    for line in lines:
+        if line.startswith("id: "):
+            eid = int(line[4:])
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((eid, name or "message", json.loads(line[6:])))
+            eid, name = None, None
+    return out
+
+
+def rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
+    """The rows of a query on a store file (its own connection, closed after)."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

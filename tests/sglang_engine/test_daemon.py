@@ -8,7 +8,6 @@ client, /v1/state (200 at any moment, the simulator's fields), /v1/events,
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from store import queries as q
-from tests.daemonkit import Daemon, clean_env
+from tests.daemonkit import Daemon, clean_env, sse_events
 from tests.sglang_engine.conftest import cpu_engine_env
 
 TASKS = 3  # driven by the built-in workload driver
@@ -93,16 +92,10 @@ def test_openai_calls_get_exact_output_lengths_from_the_engine(daemon: Daemon) -
 
 
 def test_the_event_stream_carries_decisions_and_sglangs_events(daemon: Daemon) -> None:
-    events: list[tuple[str, dict[str, Any]]] = []
     with httpx.stream("GET", f"{daemon.url}/v1/events", timeout=60,
                       params={"since": 0, "max_events": 40}) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
-        name = None
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: ") and name in ("decision", "engine"):
-                events.append((name, json.loads(line[6:])))
+        events = [(n, e) for _, n, e in sse_events(r.iter_lines())]
     kinds = {e["kind"] for n, e in events if n == "engine"}
     assert {"task_arrive", "request_ready", "request_admit"} <= kinds  # request_admit: SGLang's
     assert any(n == "decision" for n, _ in events)

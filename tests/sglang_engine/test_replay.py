@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ import pytest
 from backends.sglang.backend import SGLangBackend
 from backends.vllm.workload import chain3_cpu
 from store import Store
+from tests.daemonkit import rows
 from topasd.runner import Run, RunResult
 from topasd.scheduler import POLICY_NAMES, make_policy
 from workflows.trace import Trace
@@ -64,23 +67,14 @@ def runs(engine: SGLangBackend, tmp_path_factory: pytest.TempPathFactory) -> Ite
     yield Runs(trace, db, out)
 
 
-def _rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
-
-
 def _events(runs: Runs, policy: str, kind: str) -> list[sqlite3.Row]:
-    return _rows(runs.db, "SELECT * FROM engine_events WHERE run_id = ? AND kind = ? "
+    return rows(runs.db, "SELECT * FROM engine_events WHERE run_id = ? AND kind = ? "
                           "ORDER BY id", runs.by_policy[policy].run_id, kind)
 
 
 def _outputs(runs: Runs, policy: str) -> dict[int, int]:
     """Request id -> the output length the log says the trace asked for."""
-    return {r["request_id"]: r["output_tokens"] for r in _rows(
+    return {r["request_id"]: r["output_tokens"] for r in rows(
         runs.db, "SELECT request_id, output_tokens FROM requests WHERE run_id = ?",
         runs.by_policy[policy].run_id)}
 
@@ -95,7 +89,7 @@ def test_every_task_completes_with_what_sglang_generated(runs: Runs, policy: str
     for rid, meta in o.replies.items():
         assert meta["completion_tokens"] == wanted[rid] == 32
         assert meta["finish_reason"]["type"] == "length"  # max_new_tokens, never an abort
-    run = _rows(runs.db, "SELECT * FROM runs WHERE id = ?", o.run_id)[0]
+    run = rows(runs.db, "SELECT * FROM runs WHERE id = ?", o.run_id)[0]
     assert (run["policy"], run["backend"], run["status"]) == (policy, "sglang", "done")
     assert run["decisions"] == o.result.decisions > 0
 
@@ -114,7 +108,7 @@ def test_retractions_in_the_log_are_sglangs(runs: Runs, policy: str) -> None:
     assert dict(logged) == reported
     admits = Counter(e["request_id"] for e in _events(runs, policy, "request_admit"))
     assert admits == Counter({rid: 1 + logged[rid] for rid in o.replies})
-    asked = {(d["seq"], rid) for d in _rows(runs.db, "SELECT seq, preempt FROM decisions "
+    asked = {(d["seq"], rid) for d in rows(runs.db, "SELECT seq, preempt FROM decisions "
                                                    "WHERE run_id = ?", o.run_id)
              for rid in json.loads(d["preempt"] or "[]")}
     assert all((e["decision"], e["request_id"]) in asked for e in preempts)
@@ -160,3 +154,29 @@ def test_topas_keeps_a_prefix_resident_that_fcfs_recomputes_no_more_often(runs: 
     hits = {p: sum(m["cached_tokens"] for m in runs.by_policy[p].replies.values())
             for p in ("topas", "fcfs")}
     assert hits["topas"] > 0 and hits["fcfs"] > 0, hits
+
+
+def test_the_replay_command_runs_policies_through_one_sglang_engine(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """`topasd replay TRACE --backend sglang --model-path DIR` as a user runs
+    it (SGLANG_USE_CPU_ENGINE=1 in its environment selects the CPU engine)."""
+    from tests.daemonkit import clean_env
+    from tests.sglang_engine.conftest import cpu_engine_env
+    from workflows.trace import save_trace
+
+    trace = tmp_path / "trace.json"
+    save_trace(chain3_cpu(tasks=3, rate=20.0, seed=1, prefix=PREFIX, input_tokens=64,
+                          output_tokens=16), trace)
+    db = tmp_path / "log.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "topasd.cli", "replay", str(trace), "--backend", "sglang",
+         "--model-path", str(tiny_model), "--budget", "2048", "-p", "topas", "-p", "fcfs",
+         "--db", str(db), "--json"],
+        capture_output=True, text=True, timeout=600, env=clean_env(**cpu_engine_env()))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert out["backend"] == "sglang" and out["clock"] == "wall"
+    assert [(r["policy"], r["tasks"], r["tasks_unfinished"]) for r in out["runs"]] == [
+        ("topas", 3, 0), ("fcfs", 3, 0)]
+    runs = rows(db, "SELECT policy, backend, status FROM runs ORDER BY id")
+    assert [tuple(r) for r in runs] == [("topas", "sglang", "done"), ("fcfs", "sglang", "done")]
