@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import httpx
 
 from store import Store
 
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 60.0  # a daemon embedding an engine passes its own (`start_timeout`)
 
 
 def service_counts_until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -28,6 +29,31 @@ def service_counts_until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str
             return counts
         assert time.monotonic() < deadline, f"timed out; counts {counts}"
         time.sleep(0.02)
+
+
+def sse_events(lines: Any) -> list[tuple[int | None, str, dict[str, Any]]]:
+    """(id, event, data) of each event in a stream of SSE lines."""
+    out: list[tuple[int | None, str, dict[str, Any]]] = []
+    eid, name = None, None
+    for line in lines:
+        if line.startswith("id: "):
+            eid = int(line[4:])
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            out.append((eid, name or "message", json.loads(line[6:])))
+            eid, name = None, None
+    return out
+
+
+def rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
+    """The rows of a query on a store file (its own connection, closed after)."""
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return con.execute(sql, args).fetchall()
+    finally:
+        con.close()
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -42,7 +68,7 @@ class Daemon:
 
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None,
                  speed: str = "max", token: str | None = None,
-                 own_group: bool = False) -> None:
+                 own_group: bool = False, start_timeout: float = START_TIMEOUT_S) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.runtime = workdir / "daemon.json"
@@ -59,13 +85,13 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, cwd=workdir, env=env or clean_env(),
                                      stdout=self._log_fh, stderr=subprocess.STDOUT,
                                      start_new_session=own_group)
-        self.info = self._wait_started()
+        self.info = self._wait_started(start_timeout)
         self.url: str = self.info["url"]
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=self.url, timeout=60, headers=headers)
 
-    def _wait_started(self) -> dict[str, Any]:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def _wait_started(self, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"topasd exited with {self.proc.returncode}:\n"

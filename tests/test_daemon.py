@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.gantt import dump_dom, find_chromium
 from store import Store
 from store import queries as q
-from tests.daemonkit import Daemon, clean_env
+from tests.daemonkit import Daemon, clean_env, sse_events
 from topasd.daemon.calls import agent_key, count_tokens
 from topasd.scheduler.params import TopasParams
 from workflows.builtin import load_workload
@@ -855,21 +855,6 @@ def test_event_stream_and_metrics(tmp_path: Path) -> None:
         assert d.stop() == 0
 
 
-def _sse(lines: Any) -> list[tuple[int | None, str, dict[str, Any]]]:
-    """(id, event, data) of each event in a stream of SSE lines."""
-    out: list[tuple[int | None, str, dict[str, Any]]] = []
-    eid, name = None, None
-    for line in lines:
-        if line.startswith("id: "):
-            eid = int(line[4:])
-        elif line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            out.append((eid, name or "message", json.loads(line[6:])))
-            eid, name = None, None
-    return out
-
-
 def test_the_event_bus_skips_a_slow_reader_ahead_and_counts_what_it_missed() -> None:
     from topasd.daemon.bus import EventBus
 
@@ -891,13 +876,13 @@ def test_events_carry_ids_and_since_resumes_exactly_after_one(tmp_path: Path) ->
         st = d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 4)
         with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
                           params={"since": 0, "max_events": 40}) as r:
-            every = _sse(r.iter_lines())
+            every = sse_events(r.iter_lines())
         ids = [eid for eid, _, _ in every]
         assert ids == list(range(1, 41))  # every event has its id, none skipped
         for cursor in (1, 17, 35):  # resume after `cursor`: the next ones, none resent
             with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
                               params={"since": cursor, "max_events": 3}) as r:
-                got = _sse(r.iter_lines())
+                got = sse_events(r.iter_lines())
             assert got == every[cursor:cursor + 3]
         # resuming at the newest id is allowed: the stream waits for what comes next
         newest = d.state()["event_id"]
@@ -908,7 +893,7 @@ def test_events_carry_ids_and_since_resumes_exactly_after_one(tmp_path: Path) ->
         assert d.http.post("/v1/tasks", json={"workflow": "chain3"}).status_code == 201
         with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
                           params={"since": newest, "max_events": 1}) as r:
-            got = _sse(r.iter_lines())
+            got = sse_events(r.iter_lines())
         assert [eid for eid, _, _ in got] == [newest + 1]
         r = d.http.get("/v1/events", params={"since": d.state()["event_id"] + 1})
         assert r.status_code == 422 and "beyond the newest event id" in r.text
@@ -922,7 +907,7 @@ def test_a_reader_that_resumes_behind_the_ring_gets_a_lag_event(tmp_path: Path) 
         d.wait_for(lambda s: s["event_id"] > BUS_SIZE + 100)
         with httpx.stream("GET", f"{d.url}/v1/events", timeout=60,
                           params={"since": 1, "max_events": 2}) as r:
-            got = _sse(r.iter_lines())
+            got = sse_events(r.iter_lines())
         (none, lag, missed), (first, _, _), _ = got
         assert lag == "lag" and none is None and first is not None
         assert missed == {"missed": first - 2}  # ids 2 .. first-1 are gone

@@ -11,7 +11,6 @@ itself does all the work. Skipped only where vLLM is not installed
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from backends.vllm.backend import VllmBackend
 from backends.vllm.sizing import cpu_profile
 from backends.vllm.workload import DEFAULT_BUDGET, chain3_cpu
 from store import Store
+from tests.daemonkit import rows as store_rows
 from tests.simkit import RecordingSink
 from topasd.cli import main
 from topasd.model import Decision, EventKind, Location, Request
@@ -89,15 +89,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     yield Runs(trace, tmp / "runs.db", model, profile, out)
 
 
-def _rows(db: Path, sql: str, *args: Any) -> list[sqlite3.Row]:
-    con = sqlite3.connect(db)
-    con.row_factory = sqlite3.Row
-    try:
-        return con.execute(sql, args).fetchall()
-    finally:
-        con.close()
-
-
 def _expected_outputs(trace: Trace) -> list[int]:
     return sorted(r.output_tokens for t in trace.tasks for rs in t.stages.values() for r in rs)
 
@@ -110,7 +101,7 @@ def test_every_task_completes_with_the_traces_exact_output_lengths(runs: Runs,
     assert o.result.requests_finished == len(_expected_outputs(runs.trace))
     # what vLLM returned, request by request, against what the trace asked for
     assert sorted(o.backend.finished_tokens.values()) == _expected_outputs(runs.trace)
-    rows = _rows(runs.db, "SELECT output_tokens, finished FROM requests WHERE run_id = ?",
+    rows = store_rows(runs.db, "SELECT output_tokens, finished FROM requests WHERE run_id = ?",
                  o.run_id)
     assert sorted(r["output_tokens"] for r in rows) == _expected_outputs(runs.trace)
     assert all(r["finished"] is not None for r in rows)
@@ -119,11 +110,11 @@ def test_every_task_completes_with_the_traces_exact_output_lengths(runs: Runs,
 @pytest.mark.parametrize("policy", POLICIES)
 def test_the_store_holds_the_decisions_and_engine_events(runs: Runs, policy: str) -> None:
     o = runs.by_policy[policy]
-    run = _rows(runs.db, "SELECT * FROM runs WHERE id = ?", o.run_id)[0]
+    run = store_rows(runs.db, "SELECT * FROM runs WHERE id = ?", o.run_id)[0]
     assert (run["policy"], run["backend"], run["status"]) == (policy, "vllm", "done")
     assert json.loads(run["params"])["backend"]["model"] == str(runs.model)
     assert run["decisions"] == o.result.decisions > 0
-    kinds = {r["kind"]: r["n"] for r in _rows(
+    kinds = {r["kind"]: r["n"] for r in store_rows(
         runs.db, "SELECT kind, count(*) AS n FROM engine_events WHERE run_id = ? GROUP BY kind",
         o.run_id)}
     n_req = len(_expected_outputs(runs.trace))
@@ -136,7 +127,7 @@ def test_the_store_holds_the_decisions_and_engine_events(runs: Runs, policy: str
 
 
 def _decisions(db: Path, run_id: int) -> list[dict[str, Any]]:
-    rows = _rows(db, "SELECT seq, t, noop, admit, preempt, load, evict, chosen_resident "
+    rows = store_rows(db, "SELECT seq, t, noop, admit, preempt, load, evict, chosen_resident "
                      "FROM decisions WHERE run_id = ? ORDER BY seq", run_id)
     out = []
     for r in rows:
@@ -152,7 +143,7 @@ def test_topas_preempted_and_vllm_carried_out_exactly_those_preemptions(runs: Ru
     decisions = _decisions(runs.db, o.run_id)
     logged = sorted(rid for d in decisions for rid in d["preempt"])
     assert logged, "this trace makes TOPAS preempt (deterministic under the profile clock)"
-    events = _rows(runs.db, "SELECT t, request_id FROM engine_events WHERE run_id = ? AND "
+    events = store_rows(runs.db, "SELECT t, request_id FROM engine_events WHERE run_id = ? AND "
                             "kind = 'preempt' ORDER BY id", o.run_id)
     assert sorted(e["request_id"] for e in events) == logged
     by_t = {d["t"]: set(d["preempt"]) for d in decisions if d["preempt"]}
@@ -261,7 +252,7 @@ def test_replay_cli_runs_the_vllm_backend(runs: Runs, tmp_path: Path) -> None:
     assert (row["policy"], row["tasks"]) == ("topas", 2)
     assert payload["profile"] == "vllm-cpu-tiny"
     assert (payload["backend"], payload["clock"]) == ("vllm", "steps")
-    got = _rows(db, "SELECT backend, status FROM runs")
+    got = store_rows(db, "SELECT backend, status FROM runs")
     assert [(r["backend"], r["status"]) for r in got] == [("vllm", "done")]
 
 

@@ -92,6 +92,51 @@ class EngineSnapshot:
             seq=self.seq)
 
 
+    def rebased(self, shift: float) -> EngineSnapshot:
+        """The snapshot on a clock that starts `shift` seconds later (the times
+        the scheduler stamped, minus `shift`; ready and arrival times come
+        from the daemon's clock already)."""
+        def request(r: Request) -> Request:
+            return replace(r, queued_at=r.queued_at - shift,
+                           admitted_at=None if r.admitted_at is None else r.admitted_at - shift,
+                           started_at=None if r.started_at is None else r.started_at - shift)
+
+        return replace(self, running=tuple(map(request, self.running)),
+                       waiting=tuple(map(request, self.waiting)),
+                       prefixes={a: replace(p, last_used=p.last_used - shift)
+                                 for a, p in self.prefixes.items()})
+
+
+PLACE_RANK = {Location.GPU: 2, Location.HOST: 1, Location.NONE: 0}
+
+
+def merge_snapshots(snaps: list[EngineSnapshot], budget_tokens: int) -> EngineSnapshot:
+    """The engine as a dashboard shows it: the replicas' last snapshots as one
+    (their requests together, their pools summed, each prefix at the best place
+    any replica holds it). No snapshot yet: an empty pool of `budget_tokens`."""
+    if not snaps:
+        return EngineSnapshot(budget_tokens, 1.0, {}, (), (), False, UNCHUNKED, 0,
+                              (frozenset(), frozenset()))
+    if len(snaps) == 1:
+        return snaps[0]
+    prefixes: dict[str, PrefixState] = {}
+    for snap in snaps:
+        for agent, p in snap.prefixes.items():
+            have = prefixes.get(agent)
+            if have is None or PLACE_RANK[p.location] > PLACE_RANK[have.location]:
+                prefixes[agent] = p
+    return EngineSnapshot(
+        budget_tokens=sum(s.budget_tokens for s in snaps),
+        new_token_ratio=max(s.new_token_ratio for s in snaps), prefixes=prefixes,
+        running=tuple(r for s in snaps for r in s.running),
+        waiting=tuple(r for s in snaps for r in s.waiting),
+        batch_is_full=all(s.batch_is_full for s in snaps),
+        chunk_tokens=snaps[0].chunk_tokens, max_prefill_tokens=snaps[0].max_prefill_tokens,
+        key=(frozenset().union(*(s.key[0] for s in snaps)),
+             frozenset().union(*(s.key[1] for s in snaps))),
+        seq=max(s.seq for s in snaps))
+
+
 Decider = Callable[[EngineSnapshot], Decision | None]
 """Returns the decision for a snapshot (None: decide nothing this round)."""
 
@@ -427,10 +472,16 @@ class PolicyExecutor:
     def release_for_flush(self, sched: Any) -> None:
         """Before SGLang may reset its radix tree: drop every lock while its
         nodes exist, keep the agents wanted (pinned again once cached whole),
-        and decide again at the next pass."""
+        forget the records of departed requests (SGLang flushes only when no
+        request waits or runs; a replay's next run numbers its requests
+        afresh) and which prefixes TOPAS evicted, and decide again at the next
+        pass."""
         kept = set(self.pins) | self.want
         self.release_all(sched)
         self.want = kept
+        self._forget(frozenset())
+        self.released.clear()
+        self.last_used.clear()
         self._key = None
 
     # ----------------------------------------------------- admission pass

@@ -31,12 +31,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backends.base import EngineLimits, InfeasibleDecision
 from backends.sglang import SGLangOptions
-from backends.sglang.adapter import EngineSnapshot
+from backends.sglang.adapter import EngineSnapshot, merge_snapshots
 from backends.sglang.channel import (
     ENDPOINT_ENV,
     T0_ENV,
@@ -84,21 +84,32 @@ class SGLangStats:
         return 0.0  # the batch stays inside SGLang's scheduler
 
 
-def prompt_ids(request: Request) -> list[int]:
-    """Synthetic prompt: the agent's prefix ids, then the request's own ids."""
-    return (_ids(f"agent:{request.agent}", request.prefix_tokens)
-            + _ids(f"request:{request.id}", request.input_tokens))
+def prompt_ids(request: Request, vocab: int | None = None) -> list[int]:
+    """Synthetic prompt: the agent's prefix ids, then the request's own ids,
+    all below `vocab` (the model's vocabulary size; None: any common one)."""
+    return (_ids(f"agent:{request.agent}", request.prefix_tokens, vocab)
+            + _ids(f"request:{request.id}", request.input_tokens, vocab))
 
 
-def _ids(seed: str, n: int) -> list[int]:
+def _ids(seed: str, n: int, vocab: int | None) -> list[int]:
+    high = TOKEN_HIGH if vocab is None else min(TOKEN_HIGH, vocab)
+    low = min(TOKEN_LOW, high // 2)  # clear of the special ids at the bottom
     out: list[int] = []
     counter = 0
     while len(out) < n:
         digest = hashlib.blake2b(f"{seed}:{counter}".encode(), digest_size=64).digest()
-        out.extend(TOKEN_LOW + int.from_bytes(digest[i:i + 2], "little") % (TOKEN_HIGH - TOKEN_LOW)
+        out.extend(low + int.from_bytes(digest[i:i + 2], "little") % (high - low)
                    for i in range(0, 64, 2))
         counter += 1
     return out[:n]
+
+
+def vocab_size(engine: Any) -> int | None:
+    """The model's vocabulary size as SGLang's tokenizer manager read it (None
+    when the engine does not say: a stand-in)."""
+    config = getattr(getattr(engine, "tokenizer_manager", None), "model_config", None)
+    value = getattr(config, "vocab_size", None)
+    return value if isinstance(value, int) and value > 2 else None
 
 
 def meta_of(request: Request) -> WorkflowMeta:
@@ -138,23 +149,30 @@ class SGLangBackend:
     def __init__(self, options: SGLangOptions, profile: HardwareProfile, *,
                  endpoint: str | None = None,
                  engine_factory: Callable[[SGLangOptions], Any] = start_engine,
-                 require_plugin: bool = True) -> None:
+                 require_plugin: bool = True, record: bool = False) -> None:
         """`require_plugin`: a request SGLang finishes before its replica's
         scheduler ever spoke to the daemon means the topasd plugin is not
         loaded there, and SGLang schedules without TOPAS: stop with the fix
-        (off only for stand-in engines that have no scheduler)."""
+        (off only for stand-in engines that have no scheduler). `record`:
+        keep the `meta_info` SGLang returns for each request of the run
+        (`replies`: cached tokens, retractions, finish reason; for audits)."""
         self.options = options
+        self.record = record
+        self.replies: dict[int, dict[str, Any]] = {}  # request id -> meta_info (record)
         self.require_plugin = require_plugin
         self._spoke: set[int] = set()  # replicas whose scheduler has reached the daemon
         self.profile = profile
         self.costs = profile.cost_hints()
         self.stats = SGLangStats()
-        self._t0 = time.monotonic()
+        # the schedulers stamp times from `_epoch` (passed in T0_ENV when they
+        # start); the run's clock starts at `_t0` (`restart_clock`), and what they
+        # report is moved onto it (`_rebased`)
+        self._epoch = self._t0 = time.monotonic()
         self.endpoint = endpoint or (
             f"ipc://{tempfile.gettempdir()}/topasd-sglang-{os.getpid()}.sock")
         self.channel = DaemonChannel(self.endpoint)
         os.environ[ENDPOINT_ENV] = self.endpoint  # inherited by SGLang's subprocesses
-        os.environ[T0_ENV] = repr(self._t0)
+        os.environ[T0_ENV] = repr(self._epoch)
         # (request id, finish time, error note, completion tokens SGLang reported)
         self._done: queue.Queue[tuple[int, float, str | None, int | None]] = queue.Queue()
         self._requests: dict[int, Request] = {}
@@ -162,7 +180,7 @@ class SGLangBackend:
         self._withdrawing: dict[int, str] = {}  # aborts sent: request id -> why
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
-        self._last: EngineSnapshot | None = None  # the latest a scheduler reported
+        self._last: dict[int, EngineSnapshot] = {}  # replica -> the latest it reported
         self._answered: dict[tuple[int, int], int] = {}  # (replica, ask seq) -> decision seq
         self._events: list[EngineEvent] = []
         self._loop = asyncio.new_event_loop()
@@ -172,6 +190,8 @@ class SGLangBackend:
         self.engine = engine_factory(options)
         # the engine's own pool when it reports one, else the profile's (B_t, Eq. 2)
         self.budget_tokens: int = pool_tokens(self.engine) or int(profile.budget_tokens)
+        self.vocab = vocab_size(self.engine)
+        self.restart_clock()  # the engine's start-up is not part of the run
 
     # ------------------------------------------------------------- protocol
 
@@ -179,12 +199,50 @@ class SGLangBackend:
     def t(self) -> float:
         return time.monotonic() - self._t0
 
+    def restart_clock(self) -> None:
+        """t = 0 now (after the engine's start-up, and for each reused run)."""
+        self._t0 = time.monotonic()
+
+    def reset(self) -> None:
+        """Ready the running engine for another run (a replay reuses one engine
+        for every policy, as its start-up costs tens of seconds): SGLang's
+        radix cache flushed (the plugin's flush hook drops TOPAS's pins and
+        request records first), the counters zeroed, t = 0. Only when idle."""
+        if self._requests:
+            raise TopasError(f"sglang: cannot reset with {len(self._requests)} request(s) "
+                             "unfinished; let the run end first")
+        self._answer_unapplied()
+        flushed = asyncio.run_coroutine_threadsafe(
+            self.engine.tokenizer_manager.flush_cache(), self._loop)
+        deadline = time.monotonic() + ABORT_WAIT_S * 6
+        while not flushed.done() and time.monotonic() < deadline:
+            self._answer_asks()  # a leader may ask while the flush waits for it
+        reply = flushed.result(timeout=0)
+        if not getattr(reply, "success", True):
+            raise TopasError(f"sglang: SGLang refused to flush its cache "
+                             f"({getattr(reply, 'message', '')}); the engine is not idle")
+        self._answer_asks()
+        self._events.clear()
+        self.replies = {}
+        self._started.clear()
+        self._last.clear()
+        self._answered.clear()
+        self.stats = SGLangStats()
+        self.restart_clock()
+
+    def _answer_asks(self) -> None:
+        """Let every waiting leader go on without a decision (between runs)."""
+        self._collect(POLL_S)
+        while self._asks:
+            ident, ask = self._asks.popleft()
+            self.channel.answer(ident, ask.seq, None)
+
     def replica(self, task_id: int) -> int:
         """The DP replica serving every request of `task_id`."""
         return task_id % max(1, self.options.dp_size)
 
     def submit(self, request: Request) -> None:
-        self.submit_tokens(request, prompt_ids(request))
+        self.submit_tokens(request, prompt_ids(request, self.vocab))
 
     def submit_tokens(self, request: Request, input_ids: Sequence[int]) -> None:
         """Submit with real prompt ids (the first `prefix_tokens` are the agent's prefix)."""
@@ -213,6 +271,8 @@ class SGLangBackend:
     async def _generate(self, rid: int, kwargs: dict[str, Any]) -> None:
         try:
             out = await self.engine.async_generate(**kwargs)
+            if self.record:
+                self.replies[rid] = _meta_info(out)
             aborted = _abort_message(out)
             note = None if aborted is None else f"error: SGLang aborted it: {aborted}"
             self._done.put((rid, self.t, note, _completion_tokens(out)))
@@ -238,6 +298,9 @@ class SGLangBackend:
             self._collect(wait)
 
     def view(self, tasks: Mapping[int, TaskView], workflows: Mapping[str, Workflow]) -> EngineView:
+        """The state the policy decides on: the snapshot of the replica whose
+        scheduler is waiting for this decision (only then: SGLang's queues
+        live in its scheduler processes)."""
         if self._current is None:
             raise InfeasibleDecision("sglang: no scheduler is waiting for a decision")
         snap: EngineSnapshot = self._current[1].snapshot
@@ -245,12 +308,9 @@ class SGLangBackend:
 
     def state(self, tasks: Mapping[int, TaskView],
               workflows: Mapping[str, Workflow]) -> EngineView:
-        """The engine as its schedulers last reported it (nothing before the
-        first report): SGLang's queues live in its scheduler processes."""
-        snap = self._last
-        if snap is None:
-            snap = EngineSnapshot(self.budget_tokens, 1.0, {}, (), (), False, 0, 0,
-                                  (frozenset(), frozenset()))
+        """The state a dashboard shows, at any moment: every replica's last
+        snapshot, merged (`merge_snapshots`; an empty pool before the first)."""
+        snap = merge_snapshots(list(self._last.values()), self.budget_tokens)
         return snap.view(self.t, tasks, workflows, self.costs)
 
     def limits(self) -> EngineLimits:
@@ -320,10 +380,11 @@ class SGLangBackend:
             self._spoke.add(msg.replica)
             self._dropped(msg.replica, msg.dropped)
             if isinstance(msg, DecideRequest):
+                msg = self._rebased(msg)
                 self._scheduler_events(msg.events)
                 self._asks.append((ident, msg))
                 if msg.snapshot is not None:
-                    self._last = msg.snapshot
+                    self._last[msg.replica] = msg.snapshot
             elif isinstance(msg, EventBatch):
                 self._scheduler_events(msg.events)
         while True:
@@ -373,8 +434,19 @@ class SGLangBackend:
                     note=f"decision {seq} reached the scheduler after it stopped waiting "
                          f"({TIMEOUT_ENV}); it was not carried out"))
 
+    def _rebased(self, msg: DecideRequest) -> DecideRequest:
+        """The request with its scheduler-stamped times on the run's clock."""
+        shift = self._t0 - self._epoch
+        if not shift:
+            return msg
+        snap = None if msg.snapshot is None else msg.snapshot.rebased(shift)
+        return replace(msg, snapshot=snap)
+
     def _scheduler_events(self, events: list[EngineEvent]) -> None:
+        shift = self._t0 - self._epoch
         for ev in events:
+            if shift:
+                ev = replace(ev, t=ev.t - shift)
             if ev.kind is EventKind.REQUEST_START and ev.request_id is not None:
                 self._started[ev.request_id] = ev.t
             elif ev.kind is EventKind.PREEMPT:

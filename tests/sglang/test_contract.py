@@ -763,3 +763,43 @@ def test_followers_apply_the_leaders_decision_over_sglangs_broadcast() -> None:
     results = [o.strip().splitlines()[-1] for o, _ in outs]
     assert results[0] == results[1]
     assert eval(results[0])[3] > 0  # decisions were made
+
+
+# ------------------------------------------------- the dashboard's state
+
+
+def _snap(rids: list[int], agent_places: dict[str, Location], budget: int = 100,
+          seq: int = 1) -> EngineSnapshot:
+    from topasd.model import PrefixState, Request
+
+    reqs = tuple(Request(id=r, task_id=r, workflow="chain3", stage="plan", agent="plan",
+                         round=0, input_tokens=8, output_tokens=4, ready_at=0.0,
+                         task_arrival=0.0, queued_at=5.0) for r in rids)
+    return EngineSnapshot(budget, 0.7, {a: PrefixState(a, 40, loc, last_used=5.0)
+                                        for a, loc in agent_places.items()},
+                          (), reqs, False, 8192, 16384,
+                          (frozenset(rids), frozenset()), seq)
+
+
+def test_the_dashboard_merges_every_replicas_last_snapshot() -> None:
+    from backends.sglang.adapter import merge_snapshots
+
+    empty = merge_snapshots([], 300)
+    assert (empty.budget_tokens, empty.waiting, empty.prefixes) == (300, (), {})
+    a = _snap([1, 2], {"plan": Location.NONE, "code": Location.GPU}, seq=4)
+    b = _snap([3], {"plan": Location.GPU}, budget=120, seq=2)
+    assert merge_snapshots([a], 300) is a
+    both = merge_snapshots([a, b], 300)
+    assert [r.id for r in both.waiting] == [1, 2, 3]
+    assert both.budget_tokens == 220 and both.seq == 4
+    assert {k: p.location for k, p in both.prefixes.items()} == {
+        "plan": Location.GPU, "code": Location.GPU}  # the best place any replica holds it
+    assert both.key[0] == frozenset({1, 2, 3})
+
+
+def test_a_snapshot_moves_onto_a_later_starting_clock() -> None:
+    snap = _snap([1], {"plan": Location.GPU})
+    moved = snap.rebased(2.0)
+    assert moved.waiting[0].queued_at == 3.0 and moved.prefixes["plan"].last_used == 3.0
+    assert moved.waiting[0].ready_at == 0.0  # the daemon's own times stay
+    assert snap.rebased(0.0) == snap

@@ -33,9 +33,12 @@ from workflows.trace import is_number
 
 if TYPE_CHECKING:
     from backends.base import Backend
+    from backends.sglang import SGLangOptions
+    from backends.sglang.backend import SGLangBackend
     from store import Store, StoreSink
 
-REPLAY_BACKENDS = ("sim", "vllm")  # `replay --backend vllm --model DIR` (docs/vllm.md)
+# `replay --backend vllm|sglang --model DIR` (docs/vllm.md, docs/sglang.md)
+REPLAY_BACKENDS = ("sim", "vllm", "sglang")
 VLLM_BUDGET = 16384  # default KV pool of --backend vllm (backends.vllm.POOL_TOKENS), tokens
 VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's clock
 
@@ -53,10 +56,12 @@ VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's c
                    f"{', '.join(n for n in ALL_POLICY_NAMES if n not in POLICY_NAMES)}.")
 @click.option("--backend", "-b", type=click.Choice(REPLAY_BACKENDS), default="sim",
               show_default=True,
-              help="sim: the simulator; vllm: a real vLLM engine on this CPU (needs --model).")
-@click.option("--model", "model", type=click.Path(), default=None, metavar="DIR",
-              help="With --backend vllm: the model directory (`topasd model tiny -o DIR` "
-                   "writes one).")
+              help="sim: the simulator; vllm: a real vLLM engine on this CPU; sglang: a "
+                   "real SGLang engine (on a CPU with SGLANG_USE_CPU_ENGINE=1; one engine "
+                   "serves every policy). Both need --model.")
+@click.option("--model", "--model-path", "model", type=click.Path(), default=None,
+              metavar="DIR", help="With --backend vllm or sglang: the model directory "
+                                  "(`topasd model tiny -o DIR` writes one).")
 @click.option("--clock", type=click.Choice(VLLM_CLOCKS), default=None,
               help="With --backend vllm: what engine time is [default: steps, each step's "
                    "wall time]; cpu: its CPU time (a machine with other load); profile: "
@@ -106,31 +111,37 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     With --backend vllm the trace runs through a real vLLM engine on this
     CPU, TOPAS (or the baseline) deciding inside vLLM's scheduler; its token
     counts become synthetic token ids with exact output lengths, and time is
-    the sum of measured engine steps (docs/vllm.md).
+    the sum of measured engine steps (docs/vllm.md). With --backend sglang
+    the same runs through a real SGLang engine (one engine for every policy,
+    its cache flushed between them) in wall-clock time (docs/sglang.md).
 
     \b
     Try:
       topasd model tiny -o tiny-model
       topasd replay --workload chain3 --tasks 3 -p topas --backend vllm --model tiny-model
     """
-    vllm_opts = _vllm_options(backend, model, budget, clock)
+    sglang_opts = _sglang_options(backend, model, budget, clock)
+    vllm_opts = _vllm_options(backend, model, budget, clock) if sglang_opts is None else None
     tr = _load_or_generate(trace_file, workload, rate, tasks, seed, _given("tasks", "seed"))
-    prof = _replay_profile(vllm_opts, profile, budget)
+    prof = _replay_profile(vllm_opts, profile, budget, sglang_opts)
     tr.check_fits(prof.budget_tokens, _vllm_context(vllm_opts))
     names = _policy_names(policies)
     tuned = _topas_params(names, param_flags(params)) if params else {}
     store = _open_store(db_path, log_candidates)  # last: bad input leaves no log file
     rows = _run_all(tr, names, prof, store, log_candidates or "all", vllm_opts, tuned,
-                    quiet or as_json)
+                    quiet or as_json, sglang_opts)
     clock_used = None if vllm_opts is None else vllm_opts.get("clock", "steps")
+    if sglang_opts is not None:
+        clock_used = "wall"
     if as_json:
         engine = {"backend": backend} | ({} if clock_used is None else {"clock": clock_used})
         click.echo(json.dumps({"trace": dict(tr.meta), "profile": prof.name, **engine,
                                "search": compiled_search.status().reason, "runs": rows},
                               indent=2))
         return
+    engine_name = "SGLang" if sglang_opts is not None else "vLLM"
     click.echo(table(rows, tr.meta, prof, None if clock_used is None
-                     else f"vLLM engine, clock {clock_used}"))
+                     else f"{engine_name} engine, clock {clock_used}"))
     if tuned:
         click.echo("TOPAS parameters: " + ", ".join(
             f"{k}={json.dumps(v) if isinstance(v, bool) or v is None else v}"
@@ -138,10 +149,14 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
 
 
 def _replay_profile(vllm_opts: dict[str, Any] | None, profile: str,
-                    budget: int | None) -> HardwareProfile:
-    """The cost profile of the runs: --profile (and --budget), or vLLM's."""
+                    budget: int | None, sglang_opts: SGLangOptions | None = None
+                    ) -> HardwareProfile:
+    """The cost profile of the runs: --profile (and --budget, or the pool
+    SGLang is asked for), or vLLM's."""
     if vllm_opts is None:
         prof = get_profile(profile)
+        if sglang_opts is not None and sglang_opts.max_total_tokens is not None:
+            budget = sglang_opts.max_total_tokens
         return prof if budget is None else prof.with_overrides(budget_tokens=budget)
     if click.get_current_context().get_parameter_source("profile") is \
             click.core.ParameterSource.COMMANDLINE:
@@ -151,21 +166,30 @@ def _replay_profile(vllm_opts: dict[str, Any] | None, profile: str,
 
 def _run_all(tr: Any, names: list[str], prof: HardwareProfile, store: Store | None,
              log_candidates: str, vllm_opts: dict[str, Any] | None, tuned: dict[str, Any],
-             hidden: bool) -> list[dict[str, Any]]:
-    """One row per policy; Ctrl-C keeps what finished (`_interrupted`)."""
+             hidden: bool, sglang_opts: SGLangOptions | None = None) -> list[dict[str, Any]]:
+    """One row per policy; Ctrl-C keeps what finished (`_interrupted`). An
+    SGLang engine is started once and serves every policy (reset between)."""
     rows: list[dict[str, Any]] = []
     sink: StoreSink | None = None
     name = names[0]
+    shared = None
     try:
+        if sglang_opts is not None:
+            from backends.sglang import make_backend as sglang_backend
+
+            shared = sglang_backend(sglang_opts, prof)
         for name in names:
             sink = None if store is None else store.sink(log_candidates)
             with progress(len(tr.tasks), f"{name:>13}", hidden) as tick:
                 rows.append(_run_one(tr, name, prof, tick, sink, vllm_opts,
-                                     tuned if name in TUNABLE_NAMES else {}))
+                                     tuned if name in TUNABLE_NAMES else {}, shared))
             if sink is not None:
                 rows[-1]["run_id"] = sink.run_id
     except KeyboardInterrupt:  # Ctrl-C: keep what finished
         _interrupted(name, rows, store, sink, tr.meta, prof)
+    finally:
+        if shared is not None:
+            shared.close()
     if store is not None:
         ids = [r["run_id"] for r in rows]
         click.echo(f"decision log: {store.path} (run{'s' if len(ids) > 1 else ''} "
@@ -253,12 +277,16 @@ def _topas_params(names: list[str], params: dict[str, Any]) -> dict[str, Any]:
 def _run_one(tr: Any, name: str, prof: HardwareProfile,
              tick: Callable[[int, int, float], None], sink: Any = None,
              vllm_opts: dict[str, Any] | None = None,
-             params: dict[str, Any] | None = None) -> dict[str, Any]:
+             params: dict[str, Any] | None = None,
+             shared: SGLangBackend | None = None) -> dict[str, Any]:
+    """One policy's run (on `shared`, reset afterwards, or a backend of its own)."""
     from backends.sim.engine import SimBackend
     from topasd.runner import Run
 
     backend: Backend
-    if vllm_opts is None:
+    if shared is not None:
+        backend = shared
+    elif vllm_opts is None:
         backend = SimBackend(prof)
     else:
         from backends.vllm import make_backend
@@ -268,7 +296,10 @@ def _run_one(tr: Any, name: str, prof: HardwareProfile,
         result = Run(tr, build_policy(name, params or {}), backend, sink=sink,
                      progress=tick).execute()
     finally:
-        backend.close()
+        if shared is None:
+            backend.close()
+    if shared is not None:
+        shared.reset()
     row = result.summary()
     if params:
         row["params"] = dict(params)
@@ -280,7 +311,8 @@ def _vllm_options(backend: str, model: str | None, budget: int | None,
     """`make_backend` keywords for --backend vllm (None for the simulator)."""
     if backend != "vllm":
         if model is not None:
-            raise TopasError("--model needs --backend vllm (the simulator takes no model)")
+            raise TopasError("--model needs --backend vllm or sglang (the simulator takes no "
+                             "model)")
         if clock is not None:
             raise TopasError("--clock needs --backend vllm (the simulator's time is modelled)")
         return None
@@ -292,6 +324,23 @@ def _vllm_options(backend: str, model: str | None, budget: int | None,
     read_model_config(model)
     return {"model": model, "budget_tokens": budget or VLLM_BUDGET,
             **({} if clock is None else {"clock": clock})}
+
+
+def _sglang_options(backend: str, model: str | None, budget: int | None,
+                    clock: str | None) -> SGLangOptions | None:
+    """The engine options of --backend sglang (None for another backend):
+    `backends.sglang.local_options` (the CPU engine where selected)."""
+    if backend != "sglang":
+        return None
+    if model is None:
+        raise TopasError("--backend sglang needs --model-path DIR (a model directory or hub "
+                         "name; `topasd model tiny -o DIR` writes a tiny one)")
+    if clock is not None:
+        raise TopasError("--clock is for --backend vllm; SGLang's engine runs on its own, so "
+                         "a replay through it runs in wall-clock time (drop --clock)")
+    from backends.sglang import local_options
+
+    return local_options(model, budget)
 
 
 def _vllm_context(opts: dict[str, Any] | None) -> tuple[int, str] | None:

@@ -23,11 +23,11 @@ def make_backend(settings: Settings, profile: HardwareProfile) -> Backend:
         budget = settings.budget or POOL_TOKENS
         return vllm_backend(str(settings.model_path), budget_tokens=budget,
                             profile=profile.with_overrides(budget_tokens=budget))
-    from backends.sglang import SGLangOptions
+    from backends.sglang import local_options
     from backends.sglang import make_backend as sglang_backend
 
-    options = SGLangOptions(model_path=str(settings.model_path), tp_size=settings.tp_size,
-                            dp_size=settings.dp_size,
+    options = local_options(str(settings.model_path), settings.budget,
+                            tp_size=settings.tp_size, dp_size=settings.dp_size,
                             mem_fraction_static=settings.mem_fraction,
                             enable_hierarchical_cache=settings.hicache,
                             hicache_size=settings.hicache_size)

@@ -1,0 +1,151 @@
+"""`topasd start --backend sglang` with SGLang's real engine on this CPU.
+
+One daemon serves the module (the engine's start-up is 20-40 s): the
+built-in workload driver, POST /v1/tasks, OpenAI calls from the `openai`
+client, /v1/state (200 at any moment, the simulator's fields), /v1/events,
+/metrics, PATCH /v1/params, `topasd status`, and, last, SIGTERM draining.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from store import queries as q
+from tests.daemonkit import Daemon, clean_env, sse_events
+from tests.sglang_engine.conftest import cpu_engine_env
+
+TASKS = 3  # driven by the built-in workload driver
+START_S = 240.0  # the engine's start-up on a loaded 2-core box, with room
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    work = tmp_path_factory.mktemp("daemon")
+    d = Daemon(work, "--backend", "sglang", "--model-path", str(tiny_model),
+               "--workload", "chain3", "--rate", "4", "--tasks", str(TASKS), "--grace", "120",
+               speed="1", env=clean_env(**cpu_engine_env()), start_timeout=START_S)
+    with d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def sim_state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """/v1/state of the simulator's daemon, to compare fields with."""
+    with Daemon(tmp_path_factory.mktemp("sim"), "--workload", "chain3", "--rate", "2",
+                "--tasks", "2") as d:
+        state = d.wait_for(lambda s: s["counts"]["tasks_finished"] >= 2)
+        assert d.stop() == 0
+    return state
+
+
+def test_state_answers_200_at_any_moment_with_the_simulators_fields(
+        daemon: Daemon, sim_state: dict[str, Any]) -> None:
+    """Polled all through the workload (decisions due or not): never an
+    error, and the same top-level and nested fields as the simulator's."""
+    seen_running = False
+    while True:
+        r = daemon.http.get("/v1/state", params={"limit": 50})
+        assert r.status_code == 200, r.text
+        st = r.json()
+        assert set(st) == set(sim_state)
+        assert set(st["counts"]) == set(sim_state["counts"])
+        assert set(st["stats"]) == set(sim_state["stats"])
+        seen_running = seen_running or st["counts"]["requests_running"] > 0
+        if st["counts"]["tasks_finished"] >= TASKS:
+            break
+    assert seen_running  # the state showed SGLang's running batch, not an empty pool
+    assert st["policy"] == "topas" and st["counts"]["driver_rejected"] == 0
+
+
+def test_a_task_posted_to_the_api_runs_to_done(daemon: Daemon) -> None:
+    r = daemon.http.post("/v1/tasks", json={"workflow": "chain3"})
+    assert r.status_code == 201, r.text
+    tid = r.json()["id"]
+    daemon.wait_for(lambda s: daemon.http.get(f"/v1/tasks/{tid}").json()["status"] == "done",
+                    timeout=120)
+
+
+def test_openai_calls_get_exact_output_lengths_from_the_engine(daemon: Daemon) -> None:
+    client = openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="x", max_retries=0,
+                           timeout=120)
+    reply = client.chat.completions.create(
+        model="tiny", max_tokens=7,
+        messages=[{"role": "system", "content": "You are a terse helper."},
+                  {"role": "user", "content": "hello"}])
+    assert reply.usage is not None and reply.usage.completion_tokens == 7
+    again = client.chat.completions.create(  # the same agent: its prefix is cached
+        model="tiny", max_tokens=3,
+        messages=[{"role": "system", "content": "You are a terse helper."},
+                  {"role": "user", "content": "again"}])
+    assert again.usage is not None and again.usage.completion_tokens == 3
+
+
+def test_the_event_stream_carries_decisions_and_sglangs_events(daemon: Daemon) -> None:
+    with httpx.stream("GET", f"{daemon.url}/v1/events", timeout=60,
+                      params={"since": 0, "max_events": 40}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [(n, e) for _, n, e in sse_events(r.iter_lines())]
+    kinds = {e["kind"] for n, e in events if n == "engine"}
+    assert {"task_arrive", "request_ready", "request_admit"} <= kinds  # request_admit: SGLang's
+    assert any(n == "decision" for n, _ in events)
+
+
+def test_metrics_count_what_the_state_counts(daemon: Daemon) -> None:
+    st = daemon.state(limit=1)
+    text = daemon.http.get("/metrics").text
+    metrics = {s.name + str(sorted(s.labels.items())): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert metrics["topasd_tasks_finished_total[]"] >= st["counts"]["tasks_finished"] >= TASKS
+    assert metrics["topasd_decisions_total[]"] >= st["counts"]["decisions"] > 0
+    assert "topasd_decision_latency_seconds_bucket[('le', '+Inf')]" in metrics
+
+
+def test_patch_params_reaches_the_policy(daemon: Daemon) -> None:
+    r = daemon.http.patch("/v1/params", json={"beta": 7})
+    assert r.status_code == 200, r.text
+    assert daemon.http.get("/v1/params").json()["params"]["beta"] == 7.0
+    r = daemon.http.post("/v1/tasks", json={"workflow": "chain3"})  # decided with beta 7
+    assert r.status_code == 201
+
+
+def test_topasd_status_reads_the_sglang_daemon(daemon: Daemon) -> None:
+    done = subprocess.run([sys.executable, "-m", "topasd.cli", "status", "--runtime-file",
+                           str(daemon.runtime)], capture_output=True, text=True, timeout=60,
+                          env=clean_env(), cwd=daemon.workdir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sglang backend" in done.stdout
+
+
+def test_sigterm_drains_the_calls_in_flight_and_exits_0(daemon: Daemon) -> None:
+    """Last in the module: a call in SGLang at SIGTERM is served, then the
+    daemon shuts the engine down and exits 0 with every request logged."""
+    done: dict[str, httpx.Response] = {}
+
+    def call() -> None:
+        done["r"] = httpx.post(f"{daemon.url}/v1/chat/completions", timeout=120, json={
+            "model": "tiny", "max_tokens": 400, "messages": [{"role": "user", "content": "x"}]})
+
+    th = threading.Thread(target=call)
+    th.start()
+    daemon.wait_for(lambda s: "default" in s["waiting"] or "default" in s["running"])
+    assert daemon.stop(signal.SIGTERM, timeout=180) == 0
+    th.join(60)
+    assert done["r"].status_code == 200
+    assert done["r"].json()["usage"]["completion_tokens"] == 400
+    with daemon.store() as store:
+        assert store.integrity() == "ok"
+        run = q.get_run(store.db)
+        assert run.status == "done" and run.backend == "sglang"
+        assert store.db.execute("SELECT count(*) FROM requests WHERE run_id = ? AND finished "
+                                "IS NULL", [run.id]).fetchone()[0] == 0
