@@ -605,7 +605,8 @@ def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
         load_workload(str(bad))
     trace = tmp_path / "t.jsonl"
     trace.write_bytes(b'{"type": "header", "note": "caf\xe9"}\n')
-    with pytest.raises(TraceError, match=r"t\.jsonl: not UTF-8 text"):
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: not UTF-8 text \(byte 0xe9 at offset "
+                                         r"31 of the file, column 32 of the line\)"):
         load_trace(trace)
 
 

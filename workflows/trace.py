@@ -7,12 +7,10 @@ tokens, tool wait after the round).
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from topasd.model import TopasError, Workflow, WorkflowError, is_int64
+from workflows.lines import DEFAULT_MAX_LINE_BYTES, open_lines
 from workflows.spec import (
     MAX_TIME_S,
     MAX_TOKENS,
@@ -227,20 +226,18 @@ def save_trace(trace: Trace, path: str | Path) -> None:
         raise TraceError(f"cannot write trace {path}: {exc.strerror}; give another -o") from None
 
 
-def load_trace(path: str | Path) -> Trace:
-    """The trace file at `path`; `-` reads standard input (`trace gen ... -o - |`)."""
+def load_trace(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Trace:
+    """The trace file at `path`; `-` reads standard input (`trace gen ... -o - |`).
+    A line longer than `max_line_bytes` is refused before it is read whole."""
     try:
-        if str(path) == "-":
-            stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig")
-            return read_trace(stdin, "<stdin>")
-        with open(path, encoding="utf-8-sig") as fh:  # -sig: a leading BOM is not data
-            return read_trace(fh, str(path))
+        with open_lines(path, max_line_bytes) as (name, lines):
+            return read_trace(lines, name)
+    except TraceError:
+        raise
+    except TopasError as exc:  # a line too long or not UTF-8; a file that cannot be opened
+        raise TraceError(str(exc)) from None
     except OSError as exc:
         raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        name = "<stdin>" if str(path) == "-" else path
-        raise TraceError(f"{name}: not UTF-8 text (byte {exc.start}); a trace is JSON Lines "
-                         "in UTF-8") from None
 
 
 def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
@@ -310,7 +307,7 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         if first and _SPEC_START.match(line):
             raise TraceError(spec_hint) from None
-        raise TraceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+        raise TraceError(f"{where}: not valid JSON ({json_problem(exc)}); "
                          "is the line truncated?") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise TraceError(f"{where}: unreadable JSON number ({str(exc).split(':')[0]}); "
@@ -325,6 +322,12 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
                              "not a JSON array; write each record on its own line")
         raise TraceError(f"{where}: expected an object with a 'type' field")
     return rec
+
+
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """The decoder's complaint and its column ("Unterminated string starting at
+    column 5", not "... starting at at column 5")."""
+    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
 
 
 def _refuse_multiline(first: str, numbered: Iterator[tuple[int, str]], where: str) -> None:

@@ -14,6 +14,19 @@ import click
 from topasd.cli.options import BUILTIN_NAMES, sampling_options, workload_option
 
 Tick = Callable[[int, int, float], None]
+F = Callable[..., Any]
+
+
+def max_line_bytes_option(what: str) -> Callable[[F], F]:
+    """--max-line-bytes: the bound on one line of a file read line by line."""
+    from workflows.lines import DEFAULT_MAX_LINE_BYTES
+
+    return click.option(
+        "--max-line-bytes", type=click.IntRange(min=1), default=DEFAULT_MAX_LINE_BYTES,
+        show_default=True, metavar="N",
+        help=f"Refuse a {what} line longer than N bytes before reading it whole (the default "
+             "is far above any real line; a longer one is a damaged file or not a "
+             f"{what}).")
 
 
 @click.group()
