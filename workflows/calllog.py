@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from topasd.model import TopasError
-from workflows.lines import DEFAULT_MAX_LINE_BYTES, open_lines
+from workflows.lines import DEFAULT_MAX_LINE_BYTES, parse_file
 from workflows.spec import MAX_TOKENS
 
 
@@ -72,15 +72,7 @@ class Call:
 def load_calls(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
                ) -> tuple[Call, ...]:
     """The calls of the log at `path` (`-`: standard input), JSON Lines or CSV."""
-    try:
-        with open_lines(path, max_line_bytes, what="call log") as (name, lines):
-            return read_calls(lines, name)
-    except CallLogError:
-        raise
-    except TopasError as exc:  # a line too long or not UTF-8; a file that cannot be opened
-        raise CallLogError(str(exc)) from None
-    except OSError as exc:
-        raise CallLogError(f"cannot read call log {path}: {exc.strerror}") from None
+    return parse_file(path, read_calls, CallLogError, max_line_bytes, "call log")
 
 
 def read_calls(lines: Iterable[str], name: str = "calls") -> tuple[Call, ...]:

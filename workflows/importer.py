@@ -133,11 +133,14 @@ def stage_shape(key: str, g: nx.DiGraph) -> TaskShape:
             node_of[cid] = len(chains)
             chains.append([call])
     edges = {(node_of[u], node_of[v]) for u, v in g.edges if node_of[u] != node_of[v]}
-    preds = {i: frozenset(u for u, v in edges if v == i) for i in range(len(chains))}
-    succs = {i: frozenset(v for u, v in edges if u == i) for i in range(len(chains))}
+    preds: dict[int, set[int]] = defaultdict(set)
+    succs: dict[int, set[int]] = defaultdict(set)
+    for u, v in edges:
+        preds[v].add(u)
+        succs[u].add(v)
     groups: dict[tuple[str, frozenset[int], frozenset[int]], list[int]] = defaultdict(list)
     for i, chain in enumerate(chains):
-        groups[chain[0].agent, preds[i], succs[i]].append(i)
+        groups[chain[0].agent, frozenset(preds[i]), frozenset(succs[i])].append(i)
     stage_of = {i: s for s, members in enumerate(groups.values()) for i in members}
     stages = tuple(StageCalls(chains[m[0]][0].agent, tuple(tuple(chains[i]) for i in m))
                    for m in groups.values())

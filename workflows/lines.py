@@ -9,16 +9,19 @@ a byte that is not UTF-8 is named by its offset in the file and its line.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from topasd.model import TopasError
 
 # Far above any real line: a task of 10,000 rounds in each of 40 stages is ~10 MB.
 DEFAULT_MAX_LINE_BYTES = 64 * 2**20
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark: not data
+
+
+T = TypeVar("T")
 
 
 class LineError(TopasError):
@@ -86,3 +89,19 @@ def open_lines(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         raise TopasError(f"cannot read {what} {path}: {exc.strerror}") from None
     with fh:
         yield str(path), text_lines(fh, str(path), max_line_bytes, what)
+
+
+def parse_file(path: str | Path, parse: Callable[[Iterator[str], str], T],
+               error: type[TopasError], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+               what: str = "trace") -> T:
+    """`parse(lines, name)` of the file at `path` (`open_lines`); every problem
+    (a line too long or not UTF-8, a file that cannot be read) as `error`."""
+    try:
+        with open_lines(path, max_line_bytes, what) as (name, lines):
+            return parse(lines, name)
+    except error:
+        raise
+    except TopasError as exc:
+        raise error(str(exc)) from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror}") from None

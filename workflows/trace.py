@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from topasd.model import StageProfile, TopasError, Workflow, WorkflowError, is_int64
-from workflows.lines import DEFAULT_MAX_LINE_BYTES, open_lines
+from workflows.lines import DEFAULT_MAX_LINE_BYTES, parse_file
 from workflows.spec import (
     MAX_BRANCHES,
     MAX_TIME_S,
@@ -287,15 +287,7 @@ def save_trace(trace: Trace, path: str | Path) -> None:
 def load_trace(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Trace:
     """The trace file at `path`; `-` reads standard input (`trace gen ... -o - |`).
     A line longer than `max_line_bytes` is refused before it is read whole."""
-    try:
-        with open_lines(path, max_line_bytes) as (name, lines):
-            return read_trace(lines, name)
-    except TraceError:
-        raise
-    except TopasError as exc:  # a line too long or not UTF-8; a file that cannot be opened
-        raise TraceError(str(exc)) from None
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
+    return parse_file(path, read_trace, TraceError, max_line_bytes)
 
 
 @dataclass
