@@ -100,6 +100,13 @@ def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mappi
     return problems
 
 
+def prefix_work(tokens: int) -> int:
+    """What loading or computing a prefix of `tokens` KV tokens adds to the
+    `prefix_loads` or `prefix_computes` counter: 1, or 0 for an empty prefix
+    (an agent with `prefix_tokens: 0` has no KV to load or compute)."""
+    return 1 if tokens > 0 else 0
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     """What bounds the requests an engine takes, as the engine reports it.

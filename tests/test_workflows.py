@@ -370,7 +370,8 @@ def test_trace_lines_follow_the_documented_shape(tmp_path: Path) -> None:
     save_trace(trace, path)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["type"] == "header"
-    assert lines[0]["format"] == TRACE_FORMAT and lines[0]["version"] == TRACE_VERSION
+    # nothing in it needs version 2: written as version 1, which older readers read
+    assert lines[0]["format"] == TRACE_FORMAT and lines[0]["version"] == 1
     assert lines[0]["workload"] == "kinds" and lines[0]["tasks"] == 3
     assert lines[1] == {"type": "workflow", "spec": workflow_to_dict(wf)}
     for rec, task in zip(lines[2:], trace.tasks, strict=True):
@@ -440,7 +441,7 @@ MALFORMED = {
     "huge-tokens": (lambda ls: edit_task(ls, 3, lambda r: r["stages"]["b"].__setitem__(
         0, [10**12, 4, 0])), 4, "beyond the 1e+07-token bound"),
     "header-without-version": (lambda ls: [ls[0].replace(', "version": 1', ""), *ls[1:]], 1,
-                               'lacks "version"; add "version": 1'),
+                               f'lacks "version"; add "version": {TRACE_VERSION}'),
     "header-without-format": (lambda ls: [ls[0].replace(f'"format": "{TRACE_FORMAT}", ', ""),
                                           *ls[1:]], 1, 'the header lacks "format"'),
     "pretty-printed": (lambda ls: [json.dumps(json.loads(ls[0]), indent=2) + "\n", *ls[1:]],
@@ -569,7 +570,7 @@ def test_doc_line_examples_parse() -> None:
     blocks = doc_blocks("json")
     header = json.loads(next(b for b in blocks if '"type": "header"' in b))
     task = json.loads(next(b for b in blocks if '"type":"task"' in b))
-    assert header["format"] == TRACE_FORMAT and header["version"] == TRACE_VERSION
+    assert header["format"] == TRACE_FORMAT and header["version"] == 1
     wf = workflow_from_dict(spec({"name": "a", "agent": "A"},
                                  {"name": "b", "agent": "B", "after": ["a"]},
                                  {"name": "c", "agent": "A", "after": ["b"]},
@@ -605,7 +606,8 @@ def test_files_that_are_not_utf8_are_named(tmp_path: Path) -> None:
         load_workload(str(bad))
     trace = tmp_path / "t.jsonl"
     trace.write_bytes(b'{"type": "header", "note": "caf\xe9"}\n')
-    with pytest.raises(TraceError, match=r"t\.jsonl: not UTF-8 text"):
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: not UTF-8 text \(byte 0xe9 at offset "
+                                         r"31 of the file, column 32 of the line\)"):
         load_trace(trace)
 
 

@@ -68,7 +68,7 @@ def replace_known(obj: Any, what: str, **changes: Any) -> Any:
 # Distributions used by stage profiles
 # --------------------------------------------------------------------------
 
-DIST_KINDS = ("fixed", "uniform", "uniform_int", "lognormal", "choice")
+DIST_KINDS = ("fixed", "uniform", "uniform_int", "lognormal", "exponential", "choice")
 INT64_MAX = 2**63 - 1  # SQLite INTEGER (signed 64-bit): task ids and seeds in the decision log
 MAX_BUDGET = 10**9  # KV tokens: far beyond any engine's pool; more is a typo
 
@@ -83,7 +83,8 @@ class Dist:
     """A small sampling distribution for token counts, rounds and tool waits.
 
     `fixed`: value. `uniform`/`uniform_int`: low, high (inclusive for ints).
-    `lognormal`: median, sigma, optional low/high clip. `choice`: values.
+    `lognormal`: median, sigma, optional low/high clip. `exponential`: scale
+    (its mean), optional low/high clip. `choice`: values.
     """
 
     kind: str
@@ -93,12 +94,14 @@ class Dist:
     median: float | None = None
     sigma: float | None = None
     values: tuple[float, ...] = ()
+    scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in DIST_KINDS:
             raise WorkflowError(f"unknown distribution kind {self.kind!r}; use one of {DIST_KINDS}")
         given: dict[str, Any] = {"value": self.value, "low": self.low, "high": self.high,
-                 "median": self.median, "sigma": self.sigma, "values": self.values}
+                 "median": self.median, "sigma": self.sigma, "values": self.values,
+                 "scale": self.scale}
         numbers = [*self.values, *(v for k, v in given.items() if k != "values")]
         if any(x is not None and not math.isfinite(x) for x in numbers):
             shown = {k: v for k, v in given.items() if v}
@@ -110,10 +113,12 @@ class Dist:
             self.low is None or self.high is None or self.low > self.high
         ):
             raise WorkflowError(f"{self.kind} needs low <= high, got {self.low}, {self.high}")
-        if self.kind == "lognormal" and None not in (self.low, self.high) and \
-                self.low > self.high:  # type: ignore[operator]
-            raise WorkflowError(f"lognormal needs low <= high (its clip), got low {self.low:g} "
-                                f"> high {self.high:g}")
+        if self.kind in ("lognormal", "exponential") and None not in (self.low, self.high) \
+                and self.low > self.high:  # type: ignore[operator]
+            raise WorkflowError(f"{self.kind} needs low <= high (its clip), got low "
+                                f"{self.low:g} > high {self.high:g}")
+        if self.kind == "exponential" and (self.scale is None or self.scale <= 0):
+            raise WorkflowError("exponential needs mean > 0")
         if self.kind == "lognormal" and (self.median is None or self.median <= 0 or not self.sigma):
             raise WorkflowError("lognormal needs median > 0 and sigma > 0")
         if self.kind == "choice" and not self.values:
@@ -134,8 +139,13 @@ class Dist:
             return float(rng.integers(int(low), int(high) + 1))
         if self.kind == "choice":
             return float(self.values[int(rng.integers(len(self.values)))])
+        if self.kind == "exponential":
+            return self._clip(float(rng.exponential(cast(float, self.scale))))
         median, sigma = cast(float, self.median), cast(float, self.sigma)  # lognormal's
-        x = float(median * math.exp(sigma * rng.standard_normal()))
+        return self._clip(float(median * math.exp(sigma * rng.standard_normal())))
+
+    def _clip(self, x: float) -> float:
+        """`x` within the clip [low, high] (either side may be open)."""
         if self.low is not None:
             x = max(x, self.low)
         if self.high is not None:
@@ -158,11 +168,23 @@ class Dist:
             return (float(cast(float, self.low)) + float(cast(float, self.high))) / 2.0
         if self.kind == "choice":
             return float(np.mean(self.values))
+        if self.kind == "exponential":
+            return self._exponential_mean()
         median, sigma = cast(float, self.median), cast(float, self.sigma)  # lognormal's
         m = median * math.exp(sigma**2 / 2.0)
         if self.high is not None:
             m = min(m, self.high)
         return m
+
+    def _exponential_mean(self) -> float:
+        """E[min(max(X, low), high)] for X ~ Exp(mean s), exact:
+        lo + s (e^{-lo/s} - e^{-hi/s}), lo = max(low, 0), hi = high (or inf)."""
+        s = cast(float, self.scale)
+        lo = max(self.low or 0.0, 0.0)
+        hi = math.inf if self.high is None else self.high
+        if hi <= lo:  # every draw clipped to high
+            return hi
+        return lo + s * (math.exp(-lo / s) - (0.0 if math.isinf(hi) else math.exp(-hi / s)))
 
 
 # --------------------------------------------------------------------------
@@ -186,8 +208,12 @@ class StageProfile:
     """How a stage issues LLM requests: ReAct rounds with tool waits between them.
 
     Round k's dynamic input = `input_tokens` + carried history: the outputs of
-    upstream stages (`history`) and, when `carry_rounds`, every earlier round's
-    output plus `observation_tokens` (tool output) per earlier round.
+    upstream stages (`history`; with `summary_tokens`, each one a summary of that
+    many tokens, at most the output) and, when `carry_rounds`, every earlier
+    round's output plus `observation_tokens` (tool output) per earlier round.
+    A stage runs `branches` copies in parallel (a map over items, the count drawn
+    per task), each its own rounds; its first rounds are ready `wait_before_s`
+    after the stage is (its predecessors finished, or the task arrived).
     """
 
     rounds: Dist = field(default_factory=lambda: Dist.fixed(1))
@@ -197,6 +223,9 @@ class StageProfile:
     observation_tokens: Dist = field(default_factory=lambda: Dist.fixed(0))
     history: str = "none"
     carry_rounds: bool = True
+    wait_before_s: Dist = field(default_factory=lambda: Dist.fixed(0.0))
+    branches: Dist = field(default_factory=lambda: Dist.fixed(1))
+    summary_tokens: Dist | None = None  # None: upstream outputs carried whole
 
 
 @dataclass(frozen=True, slots=True)

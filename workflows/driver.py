@@ -1,9 +1,12 @@
 """The application side of a trace: issue each stage's rounds as requests.
 
-A stage becomes ready when all its predecessors finished (section III); its
-rounds run one after another with the recorded tool wait between them. The
-driver knows nothing about engines: it turns finished requests into the next
-requests to submit.
+A stage becomes ready when all its predecessors finished (section III), or
+an entry stage when its task arrives; its first rounds are ready the recorded
+wait before the stage later, and its rounds run one after another with the
+recorded tool wait between them: a request is ready the wait after the event
+that unlocked it (`_after`). A stage of several branches runs them in
+parallel, and is done when the last one is. The driver knows nothing about
+engines: it turns finished requests into the next requests to submit.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ class DriverStep:
 
 
 class _TaskRun:
-    __slots__ = ("open_preds", "record", "stages_left")
+    __slots__ = ("branches", "branches_left", "open_preds", "record", "stages_left")
 
     def __init__(self, record: TaskRecord, wf: Workflow) -> None:
         self.record = record
         self.open_preds = {v: len(wf.preds[v]) for v in wf.stages}
         self.stages_left = len(wf.stages)
+        self.branches = {v: record.branches(v) for v in wf.stages}
+        self.branches_left = {v: len(b) for v, b in self.branches.items()}
 
 
 class TaskDriver:
@@ -39,7 +44,7 @@ class TaskDriver:
     def __init__(self, workflows: Mapping[str, Workflow]) -> None:
         self.workflows = workflows
         self._runs: dict[int, _TaskRun] = {}
-        self._requests: dict[int, Request] = {}
+        self._requests: dict[int, tuple[Request, int]] = {}  # id -> (request, branch)
         self._next_id = 0
 
     @property
@@ -57,19 +62,23 @@ class TaskDriver:
         if record.id in self._runs:
             raise TopasError(f"task {record.id} was started twice")
         wf = self.workflows[record.workflow]
-        self._runs[record.id] = _TaskRun(record, wf)
-        return [self._request(record, v, 0, t) for v in wf.entry_stages]
+        run = self._runs[record.id] = _TaskRun(record, wf)
+        return [req for v in wf.entry_stages for req in self._stage_ready(run, v, t)]
 
     def on_finish(self, request_id: int, t: float) -> DriverStep:
-        """A request finished at `t`: next round after its tool wait, or the
-        stage is done and successors whose predecessors all finished start."""
-        req = self._requests.pop(request_id)
+        """A request finished at `t`: its branch's next round after its tool wait,
+        or, once every branch finished, the stage is done and successors whose
+        predecessors all finished start."""
+        req, branch = self._requests.pop(request_id)
         run = self._runs[req.task_id]
-        rounds = run.record.stages[req.stage]
+        rounds = run.branches[req.stage][branch]
         step = DriverStep()
         if req.round + 1 < len(rounds):
-            wait = rounds[req.round].tool_wait_s
-            step.requests.append(self._request(run.record, req.stage, req.round + 1, t + wait))
+            step.requests.append(self._request(run, req.stage, branch, req.round + 1,
+                                               _after(t, rounds[req.round].tool_wait_s)))
+            return step
+        run.branches_left[req.stage] -= 1
+        if run.branches_left[req.stage]:
             return step
         step.stages_done.append(req.stage)
         run.stages_left -= 1
@@ -77,15 +86,23 @@ class TaskDriver:
         for succ in wf.succs[req.stage]:
             run.open_preds[succ] -= 1
             if run.open_preds[succ] == 0:
-                step.requests.append(self._request(run.record, succ, 0, t))
+                step.requests += self._stage_ready(run, succ, t)
         if run.stages_left == 0:
             step.task_done = True
             del self._runs[req.task_id]
         return step
 
-    def _request(self, record: TaskRecord, stage: str, k: int, ready_at: float) -> Request:
+    def _stage_ready(self, run: _TaskRun, stage: str, t: float) -> list[Request]:
+        """`stage` is ready at `t`: the first round of each of its branches, after
+        the wait before the stage."""
+        at = _after(t, run.record.waits.get(stage, 0.0))
+        return [self._request(run, stage, b, 0, at) for b in range(len(run.branches[stage]))]
+
+    def _request(self, run: _TaskRun, stage: str, branch: int, k: int,
+                 ready_at: float) -> Request:
+        record = run.record
         wf = self.workflows[record.workflow]
-        spec = record.stages[stage][k]
+        spec = run.branches[stage][branch][k]
         agent = wf.stages[stage].agent
         req = Request(
             id=self.new_request_id(),
@@ -100,5 +117,11 @@ class TaskDriver:
             task_arrival=record.arrival,
             prefix_tokens=wf.agents[agent].prefix_tokens,
         )
-        self._requests[req.id] = req
+        self._requests[req.id] = (req, branch)
         return req
+
+
+def _after(t: float, wait: float) -> float:
+    """When a request unlocked at `t` is ready: after its wait (a tool call, or
+    the pause before a stage)."""
+    return t + wait

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from topasd.model import TopasError
 from workflows.builtin import Workload, workload_from_dict
-from workflows.trace import RoundSpec, TaskRecord, Trace, sample_task
+from workflows.trace import TaskRecord, Trace, sample_task
 
 FAMILIES = ("chain", "fork_join", "react", "recurrent", "shared_fanout", "debate", "coding",
             "mixed")
@@ -266,9 +266,10 @@ def fit_budget(task: TaskRecord, wl: Workload, budget: int) -> TaskRecord:
     stages = {}
     for v, rounds in task.stages.items():
         room = budget - wf.prefix_tokens(v)
-        stages[v] = tuple(RoundSpec(min(r.input_tokens, max(0, room - r.output_tokens)),
-                                    r.output_tokens, r.tool_wait_s) for r in rounds)
-    return TaskRecord(task.id, task.workflow, task.arrival, stages)
+        stages[v] = tuple(replace(r, input_tokens=min(r.input_tokens,
+                                                      max(0, room - r.output_tokens)))
+                          for r in rounds)
+    return replace(task, stages=stages)
 
 
 def sample_tasks(wl: Workload, arrivals: list[float], seed: int,

@@ -15,15 +15,20 @@
         observation_tokens: 0  # tool output appended per round
         history: none          # none | parents | ancestors: upstream outputs carried in
         carry_rounds: true     # later rounds carry earlier rounds' outputs
+        wait_before_s: 0       # wait before the stage's first round (trace version 2)
+        branches: 1            # parallel copies per task, a map (trace version 2)
+        summary_tokens: ...    # each carried upstream output summarized (version 2)
     operating_points: [0.1, 0.15, 0.2]   # arrival rates (task/s) for benchmarks
 
 A number is a fixed value; a distribution is one of
 `{uniform: [lo, hi]}`, `{uniform_int: [lo, hi]}`, `{choice: [...]}`,
-`{lognormal: {median: m, sigma: s, low: lo, high: hi}}`. Every value a stage
-field can take must make sense: rounds 1-10,000, input and observation
-tokens >= 0, output tokens >= 1, tool waits 0 to `MAX_TIME_S` (a lognormal
-is bounded by its clip). An agent is one cached prefix: workflows that share
-an agent name must give it the same `prefix_tokens` (`agent_clash`).
+`{lognormal: {median: m, sigma: s, low: lo, high: hi}}`,
+`{exponential: {mean: m, low: lo, high: hi}}`. Every value a stage
+field can take must make sense: rounds and branches 1-10,000, input,
+observation and summary tokens >= 0, output tokens >= 1, waits 0 to
+`MAX_TIME_S` (a lognormal or exponential is bounded by its clip). An agent
+is one cached prefix: workflows that share an agent name must give it the
+same `prefix_tokens` (`agent_clash`).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from topasd.model import (
 
 DistSpec = float | int | dict[str, Any]
 MAX_ROUNDS = 10_000  # LLM rounds of one stage
+MAX_BRANCHES = 10_000  # parallel copies of one stage in one task
 MAX_TOKENS = 10_000_000  # tokens of one round's input, output or observation
 # Bound on arrival times and tool waits, s (~32 years). Beyond ~1e16 s adding an
 # engine step to the clock changes nothing (a replay never ends) and well before
@@ -71,8 +77,8 @@ def parse_dist(spec: DistSpec, where: str,
                             "(a distribution such as lognormal rounds its draws)")
     lo, hi = _support(dist)
     if not (bounds[0] <= lo and hi <= bounds[1]) or math.isnan(lo) or math.isnan(hi):
-        clip = (f"; give the lognormal clips within the range (low: {bounds[0]:g}, high: at "
-                f"most {bounds[1]:g})" if dist.kind == "lognormal" else "")
+        clip = (f"; give the {dist.kind} clips within the range (low: {bounds[0]:g}, high: at "
+                f"most {bounds[1]:g})" if dist.kind in ("lognormal", "exponential") else "")
         raise WorkflowError(f"{where}: values must lie in [{bounds[0]:g}, {bounds[1]:g}], "
                             f"but {json.dumps(spec)} reaches [{lo:g}, {hi:g}]{clip}")
     return dist
@@ -84,7 +90,7 @@ def _support(dist: Dist) -> tuple[float, float]:
         return dist.mean(), dist.mean()
     if dist.kind == "choice":
         return min(dist.values), max(dist.values)
-    if dist.kind == "lognormal":
+    if dist.kind in ("lognormal", "exponential"):
         lo = 0.0 if dist.low is None else max(dist.low, 0.0)
         return lo, math.inf if dist.high is None else dist.high
     return float(dist.low), float(dist.high)  # type: ignore[arg-type]
@@ -112,11 +118,24 @@ def _parse_dist(spec: DistSpec, where: str) -> Dist:
         if kind == "lognormal":
             return Dist("lognormal", median=float(arg["median"]), sigma=float(arg["sigma"]),
                         low=_opt(arg.get("low")), high=_opt(arg.get("high")))
+        if kind == "exponential":
+            _only_keys(arg, ("mean", "low", "high"))
+            return Dist("exponential", scale=float(arg["mean"]), low=_opt(arg.get("low")),
+                        high=_opt(arg.get("high")))
         raise WorkflowError(f"unknown distribution kind {kind!r}")
     except WorkflowError as exc:
         raise WorkflowError(f"{where}: {exc}") from None
     except (TypeError, ValueError, KeyError) as exc:
         raise WorkflowError(f"{where}: malformed distribution {spec!r} ({exc})") from None
+
+
+def _only_keys(arg: Any, keys: tuple[str, ...]) -> None:
+    """A distribution's parameters: a mapping of only `keys`."""
+    if not isinstance(arg, dict):
+        raise WorkflowError(f"expected a mapping of {', '.join(keys)}, got {json.dumps(arg)}")
+    unknown = sorted(set(arg) - set(keys))
+    if unknown:
+        raise WorkflowError(f"unknown parameter(s) {unknown}; give {', '.join(keys)}")
 
 
 def _opt(v: Any) -> float | None:
@@ -157,6 +176,9 @@ class StageSpec(BaseModel):
     observation_tokens: Any = 0
     history: str = "none"
     carry_rounds: bool = True
+    wait_before_s: Any = 0
+    branches: Any = 1
+    summary_tokens: Any = None
 
     @field_validator("history")
     @classmethod
@@ -218,6 +240,10 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
                                           (0, MAX_TOKENS), whole=True),
             history=s.history,
             carry_rounds=s.carry_rounds,
+            wait_before_s=parse_dist(s.wait_before_s, f"{at}, wait_before_s", (0, MAX_TIME_S)),
+            branches=parse_dist(s.branches, f"{at}, branches", (1, MAX_BRANCHES), whole=True),
+            summary_tokens=None if s.summary_tokens is None else parse_dist(
+                s.summary_tokens, f"{at}, summary_tokens", (0, MAX_TOKENS), whole=True),
         )
         stages[s.name] = Stage(s.name, s.agent, tuple(s.after), profile)
     agents = {name: Agent(name, a.prefix_tokens) for name, a in spec.agents.items()}
@@ -321,7 +347,34 @@ def _stage_dict(s: Stage) -> dict[str, Any]:
         "observation_tokens": dist_to_spec(p.observation_tokens),
         "history": p.history,
         "carry_rounds": p.carry_rounds,
+        **{key: dist_to_spec(d) for key, d in newer_profile_fields(p).items()},
     }
+
+
+def newer_profile_fields(p: StageProfile) -> dict[str, Dist]:
+    """The stage keys of trace version 2 that `p` sets (`wait_before_s`,
+    `branches`, `summary_tokens`, when not their defaults)."""
+    given = {"wait_before_s": p.wait_before_s, "branches": p.branches,
+             "summary_tokens": p.summary_tokens}
+    default = StageProfile()
+    return {k: d for k, d in given.items()
+            if d is not None and d != getattr(default, k)}
+
+
+def newer_features(wf: Workflow) -> list[str]:
+    """What in `wf` a version-1 trace cannot say: a version-2 stage key, or an
+    exponential distribution ("stage 'b': branches", "stage 'b', tool_wait_s:
+    exponential")."""
+    found = []
+    for s in wf.stages.values():
+        p = s.profile
+        found += [f"stage {s.name!r}: {k}" for k in newer_profile_fields(p)]
+        found += [f"stage {s.name!r}, {k}: exponential" for k in DIST_FIELDS
+                  if getattr(p, k).kind == "exponential"]
+    return found
+
+
+DIST_FIELDS = ("rounds", "input_tokens", "output_tokens", "tool_wait_s", "observation_tokens")
 
 
 def dist_to_spec(d: Dist) -> DistSpec:
@@ -331,9 +384,10 @@ def dist_to_spec(d: Dist) -> DistSpec:
         return {d.kind: [d.low, d.high]}
     if d.kind == "choice":
         return {"choice": list(d.values)}
-    body = {"median": d.median, "sigma": d.sigma}
+    body: dict[str, Any] = ({"mean": d.scale} if d.kind == "exponential" else
+                            {"median": d.median, "sigma": d.sigma})
     if d.low is not None:
         body["low"] = d.low
     if d.high is not None:
         body["high"] = d.high
-    return {"lognormal": body}
+    return {d.kind: body}

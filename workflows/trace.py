@@ -7,12 +7,10 @@ tokens, tool wait after the round).
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import math
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,17 +18,21 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from topasd.model import TopasError, Workflow, WorkflowError, is_int64
+from topasd.model import StageProfile, TopasError, Workflow, WorkflowError, is_int64
+from workflows.lines import DEFAULT_MAX_LINE_BYTES, parse_file
 from workflows.spec import (
+    MAX_BRANCHES,
     MAX_TIME_S,
     MAX_TOKENS,
     agent_clash,
+    newer_features,
     workflow_from_dict,
     workflow_to_dict,
 )
 
 TRACE_FORMAT = "topasd-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # the newest version this topasd reads and writes
+TRACE_VERSIONS = (1, 2)  # what it reads; it writes the lowest that can say the trace
 
 
 class TraceError(TopasError):
@@ -39,20 +41,30 @@ class TraceError(TopasError):
 
 @dataclass(frozen=True, slots=True)
 class RoundSpec:
-    """One LLM round of a stage: dynamic input, exact output, tool wait after it."""
+    """One LLM round of a stage: dynamic input, exact output, tool wait after it,
+    and which of the stage's parallel branches it belongs to (0 for most)."""
 
     input_tokens: int
     output_tokens: int
     tool_wait_s: float = 0.0
+    branch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
+    """One task: every stage's rounds (of all its branches, branch by branch in
+    order) and the waits before stages (`waits`: stage -> s; absent: none)."""
+
     id: int
     workflow: str
     arrival: float
     stages: Mapping[str, tuple[RoundSpec, ...]]
     line: int | None = field(default=None, compare=False)  # where a trace file had it
+    waits: Mapping[str, float] = field(default_factory=dict)
+
+    def branches(self, stage: str) -> tuple[tuple[RoundSpec, ...], ...]:
+        """The rounds of each of `stage`'s branches, in branch order."""
+        return branches_of(self.stages[stage])
 
     def oversized_round(self, wf: Workflow, limit: int) -> str | None:
         """The first round whose prefix + input + output exceeds `limit` tokens,
@@ -100,31 +112,57 @@ class Trace:
 # --------------------------------------------------------------------------
 
 
+def branches_of(rounds: Sequence[RoundSpec]) -> tuple[tuple[RoundSpec, ...], ...]:
+    """Rounds grouped by branch (the rounds of a branch are consecutive)."""
+    return tuple(tuple(group) for _, group in itertools.groupby(rounds, lambda r: r.branch))
+
+
 def sample_task(wf: Workflow, task_id: int, arrival: float,
                 rng: np.random.Generator) -> TaskRecord:
-    """Draw every stage's rounds from the workflow's stage profiles."""
+    """Draw every stage's rounds from the workflow's stage profiles. A profile
+    field left at its default draws nothing, so the version-2 fields leave the
+    draws of a version-1 workflow as they were."""
     outputs: dict[str, int] = {}
     stages: dict[str, tuple[RoundSpec, ...]] = {}
+    waits: dict[str, float] = {}
     ancestors = {v: _ancestors(wf, v) for v in wf.stages}
     for v in wf.topo_order:
         p = wf.stages[v].profile
-        n_rounds = max(1, round(p.rounds.sample(rng)))
-        base = max(1, round(p.input_tokens.sample(rng)))
-        if p.history == "parents":
-            base += sum(outputs[u] for u in wf.preds[v])
-        elif p.history == "ancestors":
-            base += sum(outputs[u] for u in ancestors[v])
-        carried = 0
-        rounds = []
-        for k in range(n_rounds):
-            out = max(1, round(p.output_tokens.sample(rng)))
-            wait = max(0.0, p.tool_wait_s.sample(rng)) if k < n_rounds - 1 else 0.0
-            rounds.append(RoundSpec(base + carried, out, round(wait, 6)))
-            if p.carry_rounds:
-                carried += out + max(0, round(p.observation_tokens.sample(rng)))
-        stages[v] = tuple(rounds)
-        outputs[v] = sum(r.output_tokens for r in rounds)
-    return TaskRecord(task_id, wf.name, arrival, stages)
+        wait = round(max(0.0, p.wait_before_s.sample(rng)), 6)
+        if wait:
+            waits[v] = wait
+        upstream = {"parents": wf.preds[v], "ancestors": ancestors[v]}.get(p.history, ())
+        carried = sum(_carried(outputs[u], p, rng) for u in upstream)
+        n_branches = max(1, round(p.branches.sample(rng)))
+        stages[v] = tuple(r for b in range(n_branches)
+                          for r in _sample_branch(p, b, carried, rng))
+        outputs[v] = sum(r.output_tokens for r in stages[v])
+    return TaskRecord(task_id, wf.name, arrival, stages, waits=waits)
+
+
+def _carried(output: int, p: StageProfile, rng: np.random.Generator) -> int:
+    """What an upstream stage's `output` tokens add to a stage's input: all of
+    them, or a summary of `summary_tokens` (at most the output)."""
+    if p.summary_tokens is None:
+        return output
+    return min(output, max(0, round(p.summary_tokens.sample(rng))))
+
+
+def _sample_branch(p: StageProfile, branch: int, upstream: int,
+                   rng: np.random.Generator) -> list[RoundSpec]:
+    """One branch's rounds: a first input of its own plus the `upstream` history,
+    later rounds carrying the earlier ones (`carry_rounds`)."""
+    n_rounds = max(1, round(p.rounds.sample(rng)))
+    base = max(1, round(p.input_tokens.sample(rng))) + upstream
+    carried = 0
+    rounds = []
+    for k in range(n_rounds):
+        out = max(1, round(p.output_tokens.sample(rng)))
+        wait = max(0.0, p.tool_wait_s.sample(rng)) if k < n_rounds - 1 else 0.0
+        rounds.append(RoundSpec(base + carried, out, round(wait, 6), branch))
+        if p.carry_rounds:
+            carried += out + max(0, round(p.observation_tokens.sample(rng)))
+    return rounds
 
 
 def _ancestors(wf: Workflow, v: str) -> tuple[str, ...]:
@@ -197,8 +235,18 @@ def generate_trace(workflows: Sequence[Workflow], rate: float, n_tasks: int, see
 # --------------------------------------------------------------------------
 
 
+def trace_version(trace: Trace) -> int:
+    """The lowest version that can say `trace`: 2 if a workflow uses a
+    version-2 spec feature or a task a wait before a stage or branches, else 1."""
+    newer = any(newer_features(wf) for wf in trace.workflows.values()) or any(
+        task.waits or any(r.branch for rounds in task.stages.values() for r in rounds)
+        for task in trace.tasks)
+    return 2 if newer else 1
+
+
 def write_trace(trace: Trace, out: TextIO) -> None:
-    header = {"type": "header", "format": TRACE_FORMAT, "version": TRACE_VERSION, **trace.meta}
+    header = {"type": "header", "format": TRACE_FORMAT, "version": trace_version(trace),
+              **trace.meta}
     out.write(json.dumps(header) + "\n")
     for wf in trace.workflows.values():
         out.write(json.dumps({"type": "workflow", "spec": workflow_to_dict(wf)}) + "\n")
@@ -212,11 +260,20 @@ def task_to_dict(task: TaskRecord) -> dict[str, Any]:
         "id": task.id,
         "workflow": task.workflow,
         "arrival": task.arrival,
-        "stages": {
-            v: [[r.input_tokens, r.output_tokens, r.tool_wait_s] for r in rounds]
-            for v, rounds in task.stages.items()
-        },
+        "stages": {v: _stage_to_json(task, v) for v in task.stages},
     }
+
+
+def _stage_to_json(task: TaskRecord, stage: str) -> list[list[Any]] | dict[str, Any]:
+    """A stage of a task line: its rounds (version 1), or, with a wait before it
+    or several branches, `{"wait_before_s": w, "rounds" | "branches": ...}`."""
+    branches = [[[r.input_tokens, r.output_tokens, r.tool_wait_s] for r in rounds]
+                for rounds in task.branches(stage)]
+    wait = task.waits.get(stage, 0.0)
+    if wait == 0 and len(branches) == 1:
+        return branches[0]
+    body: dict[str, Any] = {"wait_before_s": wait} if wait else {}
+    return body | ({"rounds": branches[0]} if len(branches) == 1 else {"branches": branches})
 
 
 def save_trace(trace: Trace, path: str | Path) -> None:
@@ -227,30 +284,54 @@ def save_trace(trace: Trace, path: str | Path) -> None:
         raise TraceError(f"cannot write trace {path}: {exc.strerror}; give another -o") from None
 
 
-def load_trace(path: str | Path) -> Trace:
-    """The trace file at `path`; `-` reads standard input (`trace gen ... -o - |`)."""
-    try:
-        if str(path) == "-":
-            stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig")
-            return read_trace(stdin, "<stdin>")
-        with open(path, encoding="utf-8-sig") as fh:  # -sig: a leading BOM is not data
-            return read_trace(fh, str(path))
-    except OSError as exc:
-        raise TraceError(f"cannot read trace {path}: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        name = "<stdin>" if str(path) == "-" else path
-        raise TraceError(f"{name}: not UTF-8 text (byte {exc.start}); a trace is JSON Lines "
-                         "in UTF-8") from None
+def load_trace(path: str | Path, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Trace:
+    """The trace file at `path`; `-` reads standard input (`trace gen ... -o - |`).
+    A line longer than `max_line_bytes` is refused before it is read whole."""
+    return parse_file(path, read_trace, TraceError, max_line_bytes)
+
+
+@dataclass
+class _Book:
+    """What a trace reader has read so far."""
+
+    version: int = 0  # 0: no header yet
+    meta: dict[str, Any] = field(default_factory=dict)
+    workflows: dict[str, Workflow] = field(default_factory=dict)
+    defined_on: dict[str, int] = field(default_factory=dict)  # workflow -> its line
+    agents: dict[str, tuple[int, str]] = field(default_factory=dict)  # -> (prefix, where)
+    tasks: list[TaskRecord] = field(default_factory=list)
+    seen_ids: dict[int, int] = field(default_factory=dict)  # task id -> its line
+
+    def define(self, wf: Workflow, where: str, lineno: int) -> None:
+        """A workflow line's workflow: named once, its agents' sizes agreeing with
+        earlier workflows', and sayable in the header's version."""
+        if wf.name in self.workflows:
+            raise TraceError(f"{where}: workflow {wf.name!r} is defined twice (first on "
+                             f"line {self.defined_on[wf.name]}); give each workflow its own "
+                             "name")
+        clash = agent_clash(wf, self.agents)
+        if clash:
+            raise TraceError(f"{where}: {clash}")
+        newer = newer_features(wf)
+        if newer and self.version < 2:
+            raise _needs_v2(f"{where}: workflow {wf.name!r}", ", ".join(newer))
+        for agent in wf.agents.values():
+            self.agents.setdefault(agent.name, (agent.prefix_tokens,
+                                                f"workflow {wf.name!r} (line {lineno})"))
+        self.workflows[wf.name] = wf
+        self.defined_on[wf.name] = lineno
+
+    def add(self, task: TaskRecord, where: str, lineno: int) -> None:
+        if task.id in self.seen_ids:
+            raise TraceError(f"{where}: task id {task.id} appears twice (first on line "
+                             f"{self.seen_ids[task.id]}); give each task its own id")
+        self.seen_ids[task.id] = lineno
+        self.tasks.append(task)
 
 
 def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
     """Parse a trace; every error names `name:line` and what is wrong."""
-    workflows: dict[str, Workflow] = {}
-    tasks: list[TaskRecord] = []
-    meta: dict[str, Any] | None = None
-    seen_ids: dict[int, int] = {}  # task id -> its line
-    defined_on: dict[str, int] = {}
-    agents: dict[str, tuple[int, str]] = {}  # agent -> (prefix_tokens, where first given)
+    book = _Book()
     numbered = enumerate(lines, start=1)
     for lineno, line in numbered:
         where = f"{name}:{lineno}"
@@ -258,41 +339,25 @@ def read_trace(lines: Iterable[str], name: str = "trace") -> Trace:
             line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark
         if not line.strip():
             continue
-        if meta is None and line.strip() == "{":
+        if not book.version and line.strip() == "{":
             _refuse_multiline(line, numbered, where)
-        rec = _record(line, where, name, first=meta is None)
+        rec = _record(line, where, name, first=not book.version)
         kind = rec["type"]
-        if meta is None or kind == "header":
-            meta = _header(rec, where, first=meta is None)
+        if not book.version or kind == "header":
+            book.version, book.meta = _header(rec, where, first=not book.version)
         elif kind == "workflow":
-            wf = _workflow(rec, where)
-            if wf.name in workflows:
-                raise TraceError(f"{where}: workflow {wf.name!r} is defined twice (first on "
-                                 f"line {defined_on[wf.name]}); give each workflow its own name")
-            clash = agent_clash(wf, agents)
-            if clash:
-                raise TraceError(f"{where}: {clash}")
-            for agent in wf.agents.values():
-                agents.setdefault(agent.name, (agent.prefix_tokens,
-                                               f"workflow {wf.name!r} (line {lineno})"))
-            workflows[wf.name] = wf
-            defined_on[wf.name] = lineno
+            book.define(_workflow(rec, where), where, lineno)
         elif kind == "task":
-            task = _task(rec, where, workflows, lineno)
-            if task.id in seen_ids:
-                raise TraceError(f"{where}: task id {task.id} appears twice (first on line "
-                                 f"{seen_ids[task.id]}); give each task its own id")
-            seen_ids[task.id] = lineno
-            tasks.append(task)
+            book.add(_task(rec, where, book.workflows, lineno, book.version), where, lineno)
         else:
             raise TraceError(f"{where}: unknown record type {kind!r} "
                              "(expected header, workflow or task)")
-    if meta is None:
+    if not book.version:
         raise TraceError(f"{name}: empty trace (no header line)")
-    if not tasks:
+    if not book.tasks:
         raise TraceError(f"{name}: the trace has no task records")
-    tasks.sort(key=lambda tk: (tk.arrival, tk.id))
-    return Trace(workflows, tuple(tasks), meta, source=name)
+    book.tasks.sort(key=lambda tk: (tk.arrival, tk.id))
+    return Trace(book.workflows, tuple(book.tasks), book.meta, source=name)
 
 
 # A first line that starts like YAML (a comment, `---`, `key:`) or a pretty-printed
@@ -310,7 +375,7 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         if first and _SPEC_START.match(line):
             raise TraceError(spec_hint) from None
-        raise TraceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); "
+        raise TraceError(f"{where}: not valid JSON ({json_problem(exc)}); "
                          "is the line truncated?") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise TraceError(f"{where}: unreadable JSON number ({str(exc).split(':')[0]}); "
@@ -325,6 +390,12 @@ def _record(line: str, where: str, name: str, first: bool) -> dict[str, Any]:
                              "not a JSON array; write each record on its own line")
         raise TraceError(f"{where}: expected an object with a 'type' field")
     return rec
+
+
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """The decoder's complaint and its column ("Unterminated string starting at
+    column 5", not "... starting at at column 5")."""
+    return f"{exc.msg.removesuffix(' at')} at column {exc.colno}"
 
 
 def _refuse_multiline(first: str, numbered: Iterator[tuple[int, str]], where: str) -> None:
@@ -369,7 +440,8 @@ def _workflow(rec: dict[str, Any], where: str) -> Workflow:
         raise TraceError(msg if msg.startswith(f"{where}:") else f"{where}: {msg}") from None
 
 
-def _header(rec: dict[str, Any], where: str, first: bool) -> dict[str, Any]:
+def _header(rec: dict[str, Any], where: str, first: bool) -> tuple[int, dict[str, Any]]:
+    """The header's version and its metadata."""
     if not first or rec.get("type") != "header":
         raise TraceError(f"{where}: the header must be the first line (blank lines aside) "
                          "and only there")
@@ -382,14 +454,20 @@ def _header(rec: dict[str, Any], where: str, first: bool) -> dict[str, Any]:
     if "version" not in rec:
         raise TraceError(f"{where}: the header lacks \"version\"; add \"version\": "
                          f"{TRACE_VERSION}")
-    if not _is_int(version) or version != TRACE_VERSION:
+    if not _is_int(version) or version not in TRACE_VERSIONS:
         raise TraceError(f"{where}: trace version {json.dumps(version)} is not supported "
-                         f"(this topasd reads version {TRACE_VERSION})")
-    return {k: v for k, v in rec.items() if k not in ("type", "format", "version")}
+                         f"(this topasd reads versions {', '.join(map(str, TRACE_VERSIONS))})")
+    return version, {k: v for k, v in rec.items() if k not in ("type", "format", "version")}
+
+
+def _needs_v2(where: str, what: str) -> TraceError:
+    """A version-1 trace that says something only version 2 can."""
+    return TraceError(f"{where}: {what} needs trace version 2, but the header says version "
+                      "1; set \"version\": 2 in the header")
 
 
 def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
-          lineno: int) -> TaskRecord:
+          lineno: int, version: int = TRACE_VERSION) -> TaskRecord:
     try:
         tid, wf_name, arrival, stages = rec["id"], rec["workflow"], rec["arrival"], rec["stages"]
     except KeyError as exc:
@@ -412,12 +490,49 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
         raise TraceError(f"{where}: task {tid} must give rounds for exactly the stages "
                          f"{sorted(wf.stages)} of {wf_name!r}, got {got}")
     parsed: dict[str, tuple[RoundSpec, ...]] = {}
-    for v, rounds in stages.items():
-        parsed[v] = _rounds(rounds, f"{where}: task {tid}, stage {v!r}")
-    return TaskRecord(tid, wf_name, float(arrival), parsed, line=lineno)
+    waits: dict[str, float] = {}
+    for v, body in stages.items():
+        at = f"{where}: task {tid}, stage {v!r}"
+        if isinstance(body, dict) and version < 2:
+            raise _needs_v2(at, "a stage given as an object (wait_before_s, branches)")
+        parsed[v], wait = _stage(body, at) if isinstance(body, dict) else (_rounds(body, at), 0.0)
+        if wait:
+            waits[v] = wait
+    return TaskRecord(tid, wf_name, float(arrival), parsed, line=lineno, waits=waits)
 
 
-def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
+STAGE_KEYS = ("wait_before_s", "rounds", "branches")
+
+
+def _stage(body: dict[str, Any], where: str) -> tuple[tuple[RoundSpec, ...], float]:
+    """A version-2 stage object: its rounds (of every branch) and wait before it."""
+    unknown = sorted(set(body) - set(STAGE_KEYS))
+    if unknown or ("rounds" in body) == ("branches" in body):
+        got = f"unknown key(s) {unknown}" if unknown else f"keys {sorted(body)}"
+        raise TraceError(f"{where}: a stage object takes \"rounds\" (one branch) or "
+                         f"\"branches\" (a list of round lists), and optionally "
+                         f"\"wait_before_s\"; got {got}")
+    wait = body.get("wait_before_s", 0.0)
+    if not is_number(wait) or not 0 <= wait <= MAX_TIME_S:
+        raise TraceError(f"{where}: wait_before_s must be a number from 0 to {MAX_TIME_S:g} s, "
+                         f"got {json.dumps(wait)}")
+    if "rounds" in body:
+        return _rounds(body["rounds"], where), float(wait)
+    branches = body["branches"]
+    if not isinstance(branches, list) or not 1 <= len(branches) <= MAX_BRANCHES:
+        raise TraceError(f"{where}: branches must be a list of 1 to {MAX_BRANCHES} round lists, "
+                         f"got {_shown(branches)}")
+    return tuple(r for b, rounds in enumerate(branches)
+                 for r in _rounds(rounds, f"{where}, branch {b}", b)), float(wait)
+
+
+def _shown(x: Any) -> str:
+    """A value in an error message, cut short if long."""
+    text = json.dumps(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _rounds(rounds: Any, where: str, branch: int = 0) -> tuple[RoundSpec, ...]:
     if not isinstance(rounds, list) or not rounds:
         raise TraceError(f"{where}: expected a non-empty list of [input, output, wait] rounds")
     out = []
@@ -435,7 +550,7 @@ def _rounds(rounds: Any, where: str) -> tuple[RoundSpec, ...]:
         if r[2] > MAX_TIME_S:
             raise TraceError(f"{where}, round {k}: tool_wait_s {json.dumps(r[2])} is beyond the "
                              f"{MAX_TIME_S:g} s bound on trace times; shorten the wait")
-        out.append(RoundSpec(r[0], r[1], float(r[2])))
+        out.append(RoundSpec(r[0], r[1], float(r[2]), branch))
     return tuple(out)
 
 

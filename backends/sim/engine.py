@@ -31,6 +31,7 @@ from backends.base import (
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
+    prefix_work,
 )
 from topasd.model import (
     KEPT_NOTE,
@@ -390,7 +391,7 @@ class SimBackend(EventBuffer):
         if p.kept:  # its KV is still there: resident at once
             del self._kept[agent]
             p.kept, p.location = False, Location.GPU
-            self.stats.prefix_loads += 1
+            self.stats.prefix_loads += prefix_work(p.tokens)
             self._emit(self._t, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens,
                        note=KEPT_NOTE)
             self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
@@ -398,14 +399,14 @@ class SimBackend(EventBuffer):
         if p.location is Location.HOST:
             start = max(self._t, self._link_free_at)
             self._link_free_at = p.ready_at = start + self.profile.t_swap(p.tokens)
-            self.stats.prefix_loads += 1
+            self.stats.prefix_loads += prefix_work(p.tokens)
             self.stats.prefix_load_bytes += p.tokens * self.profile.kv_bytes_per_token
             self._push(p.ready_at, _LOAD_END, (agent, p.cancelled))
             self._emit_transfer(EventKind.PREFIX_LOAD_START, p, start)
         else:
             p.compute_left = p.tokens
             self._prefill.appendleft(agent)
-            self.stats.prefix_computes += 1
+            self.stats.prefix_computes += prefix_work(p.tokens)
             self._emit(self._t, EventKind.PREFIX_COMPUTE_START, agent=agent, tokens=p.tokens)
         p.location = Location.GPU
 

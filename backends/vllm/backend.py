@@ -43,6 +43,7 @@ from backends.base import (
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
+    prefix_work,
 )
 from backends.vllm.sizing import (
     context_fix,
@@ -389,7 +390,7 @@ class VllmBackend(EventBuffer):
                 continue
             p.location, p.ready = Location.GPU, False
             plan.residency.append(("keep", agent))
-            self.stats.prefix_computes += 1
+            self.stats.prefix_computes += prefix_work(p.tokens)
             self._emit(t, EventKind.PREFIX_COMPUTE_START, agent=agent, tokens=p.tokens)
         for rid in decision.admit:
             req = self._waiting.pop(rid)
@@ -427,7 +428,7 @@ class VllmBackend(EventBuffer):
         p = self._prefixes[agent]
         del self._kept[agent]
         p.kept, p.location, p.ready, p.ready_at = False, Location.GPU, True, self._t
-        self.stats.prefix_loads += 1
+        self.stats.prefix_loads += prefix_work(p.tokens)
         self._emit(self._t, EventKind.PREFIX_LOAD_START, agent=agent, tokens=p.tokens,
                    note=KEPT_NOTE)
         self._emit(self._t, EventKind.PREFIX_LOAD_END, agent=agent, tokens=p.tokens)

@@ -17,7 +17,7 @@ from topasd.cli.options import (
     sampling_options,
     workload_option,
 )
-from topasd.cli.trace import generated_trace, progress
+from topasd.cli.trace import generated_trace, max_line_bytes_option, progress
 from topasd.model import MAX_BUDGET, TopasError
 from topasd.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 from topasd.scheduler import (
@@ -29,6 +29,7 @@ from topasd.scheduler import (
 )
 from topasd.scheduler import native as compiled_search
 from topasd.scheduler.param_specs import canonical_param
+from workflows.lines import DEFAULT_MAX_LINE_BYTES
 from workflows.trace import is_number
 
 if TYPE_CHECKING:
@@ -43,7 +44,16 @@ VLLM_BUDGET = 16384  # default KV pool of --backend vllm (backends.vllm.POOL_TOK
 VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's clock
 
 
-@click.command()
+def policies_epilog() -> str:
+    """The policies --policy takes, from the registry, in a block click does not
+    rewrap (wrapping would split `topas-paper` at its hyphen)."""
+    variants = [n for n in ALL_POLICY_NAMES if n not in POLICY_NAMES]
+    return ("\b\nPolicies (--policy NAME, repeatable):\n"
+            f"  all (the default) runs: {', '.join(POLICY_NAMES)}\n"
+            f"  TOPAS variants, by name only: {', '.join(variants)}")
+
+
+@click.command(epilog=policies_epilog())
 @click.argument("trace_file", required=False, type=click.Path(dir_okay=False))
 @workload_option("Generate the trace from a workload instead of reading TRACE_FILE: "
                  f"{BUILTIN_NAMES}, or a workflow spec file.")
@@ -51,9 +61,7 @@ VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's c
               help="Arrival rate for --workload (default: its middle operating point).")
 @sampling_options("Tasks for --workload.", "Seed for --workload.")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
-              help=f"Policy to run, repeatable, or 'all' ({', '.join(POLICY_NAMES)}); also "
-                   "the TOPAS variants one by one: "
-                   f"{', '.join(n for n in ALL_POLICY_NAMES if n not in POLICY_NAMES)}.")
+              help="Policy to run, repeatable, or 'all' (the policies are listed at the end).")
 @click.option("--backend", "-b", type=click.Choice(REPLAY_BACKENDS), default="sim",
               show_default=True,
               help="sim: the simulator; vllm: a real vLLM engine on this CPU; sglang: a "
@@ -74,6 +82,7 @@ VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's c
               help=f"Override the profile's KV budget (tokens) [default: the profile's]; "
                    f"with --backend vllm the KV pool, rounded up to whole blocks "
                    f"[default: {VLLM_BUDGET}].")
+@max_line_bytes_option("trace")
 @click.option("--json", "as_json", is_flag=True, help="Print {\"runs\": [...]} as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), default=None,
@@ -87,7 +96,8 @@ VLLM_CLOCKS = ("steps", "cpu", "profile")  # replay's choices of VllmBackend's c
                    "take none.")
 def replay(trace_file: str | None, workload: str | None, rate: float | None, tasks: int,
            seed: int, policies: tuple[str, ...], backend: str, model: str | None,
-           clock: str | None, profile: str, budget: int | None, as_json: bool, quiet: bool,
+           clock: str | None, profile: str, budget: int | None, max_line_bytes: int,
+           as_json: bool, quiet: bool,
            db_path: str | None, log_candidates: str | None, params: tuple[str, ...]) -> None:
     """Run a workload trace through one or more policies in virtual time.
 
@@ -122,7 +132,8 @@ def replay(trace_file: str | None, workload: str | None, rate: float | None, tas
     """
     sglang_opts = _sglang_options(backend, model, budget, clock)
     vllm_opts = _vllm_options(backend, model, budget, clock) if sglang_opts is None else None
-    tr = _load_or_generate(trace_file, workload, rate, tasks, seed, _given("tasks", "seed"))
+    tr = _load_or_generate(trace_file, workload, rate, tasks, seed,
+                           _given("tasks", "seed", "max_line_bytes"), max_line_bytes)
     prof = _replay_profile(vllm_opts, profile, budget, sglang_opts)
     tr.check_fits(prof.budget_tokens, _vllm_context(vllm_opts))
     names = _policy_names(policies)
@@ -226,7 +237,7 @@ def _given(*names: str) -> set[str]:
 
 def _load_or_generate(trace_file: str | None, workload: str | None, rate: float | None,
                       tasks: int, seed: int, given: frozenset[str] | set[str] = frozenset(),
-                      ) -> Any:
+                      max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Any:
     from workflows.builtin import load_workload
     from workflows.trace import load_trace
 
@@ -240,9 +251,12 @@ def _load_or_generate(trace_file: str | None, workload: str | None, rate: float 
             verb = "shapes" if len(ignored) == 1 else "shape"
             raise TopasError(f"{', '.join(ignored)} only {verb} a trace made from --workload; "
                              f"TRACE_FILE {trace_file} already fixes its tasks (drop them)")
-        return load_trace(trace_file)
+        return load_trace(trace_file, max_line_bytes)
     if not workload:
         raise TopasError("give a TRACE_FILE (see `topasd trace gen`) or --workload NAME")
+    if "max_line_bytes" in given:
+        raise TopasError("--max-line-bytes bounds the lines of TRACE_FILE; --workload reads "
+                         "no trace (drop it)")
     if rate is None:
         points = load_workload(workload).operating_points
         if not points:
