@@ -1,7 +1,7 @@
 """TOPAS's decision cost far beyond capacity: does it stay bounded?
 
     python bench/overload.py [--workload dag10wide] [--rate 1.0] [--tasks 1000]
-        [--seed 1] [--write]
+        [--seed 1] [--daemon] [--write]
 
 Replays one trace of `--tasks` arrivals at `--rate` task/s (DAG-10-Wide at
 1.0 task/s is about 6x its heaviest operating point, so the waiting queue
@@ -9,7 +9,10 @@ grows for the whole run) under FCFS and under TOPAS, one after the other in
 this process, and reports each one's wall and CPU time, its decisions' median
 and p99 (wall and CPU), and the longest waiting queue a decision saw, against
 the targets of issue 28 (wall time at most 20x FCFS's, p99 decision at most
-50 ms). Writes the `overload` section of docs/RESULTS.md with `--write`.
+50 ms). With `--daemon` the same arrivals run inside `topasd start` (its
+workload driver at `--speed max`), reporting the longest waiting queue the
+daemon showed. Writes the `overload` (or `overload-daemon`) section of
+docs/RESULTS.md with `--write`.
 """
 
 from __future__ import annotations
@@ -17,13 +20,20 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
+import sqlite3
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+from _daemon import start_daemon  # bench/_daemon.py
 from _results import at_least, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
+from topasd.cli.options import param_flags
 from topasd.model import Decision, EngineEvent, EventKind
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
@@ -75,7 +85,10 @@ def replay(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     wl = load_workload(args.workload)
     trace = generate_trace(wl.workflows, args.rate, args.tasks, args.seed, name=wl.name)
     backend = SimBackend(get_profile(DEFAULT_PROFILE))
-    watch, timed = QueueWatch(), CpuTimed(make_policy(policy))
+    pol = make_policy(policy)
+    if policy == "topas" and args.param:
+        pol.set_params(**param_flags(tuple(args.param)))  # type: ignore[attr-defined]
+    watch, timed = QueueWatch(), CpuTimed(pol)
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     result = Run(trace, timed, backend, sink=watch).execute()  # type: ignore[arg-type]
@@ -88,6 +101,52 @@ def replay(policy: str, args: argparse.Namespace) -> dict[str, Any]:
             "cpu_p99_ms": float(np.percentile(cpu_ms, 99)),
             "most_waiting": watch.most_waiting, "tasks": len(result.jct),
             "mean_jct_s": float(np.mean(list(result.jct.values())))}
+
+
+def daemon_replay(policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The same arrivals fed by `topasd start`'s workload driver at `--speed
+    max`: the daemon's own loop, store and API around the policy. Polls
+    /v1/state (twice a second) for the longest waiting queue until every task
+    finished; decision times from the store's `wall_ms`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        proc, url = start_daemon(Path(tmp), "--speed", "max", "--policy", policy,
+                                 "--workload", args.workload, "--rate", str(args.rate),
+                                 "--tasks", str(args.tasks), "--seed", str(args.seed))
+        most = 0
+        with httpx.Client(base_url=url, timeout=120) as http:
+            while True:
+                counts = http.get("/v1/state", params={"limit": 1}).json()["counts"]
+                most = max(most, counts["requests_waiting"])
+                if counts["tasks_finished"] >= args.tasks:
+                    break
+                time.sleep(0.5)
+        wall = time.perf_counter() - t0
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        with sqlite3.connect(Path(tmp) / "bench.db") as db:
+            ms = np.array([r[0] for r in db.execute("SELECT wall_ms FROM decisions")])
+    return {"policy": policy, "wall_s": wall, "decisions": len(ms),
+            "median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
+            "most_waiting": most}
+
+
+def render_daemon(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    fcfs, topas = rows
+    lines = ["### In the daemon", "",
+             f"`python bench/overload.py --daemon --workload {args.workload} --rate "
+             f"{args.rate:g} --tasks {args.tasks} --seed {args.seed} --write`: the same "
+             "arrivals fed by `topasd start`'s driver at `--speed max` (the daemon's loop, "
+             "store and API around the policy); wall time from start until every task "
+             f"finished; load average {os.getloadavg()[0]:.2f}.", "",
+             "| policy | wall s | decisions | median ms | p99 ms | most requests waiting |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['policy']} | {r['wall_s']:.1f} | {r['decisions']} | {r['median_ms']:.2f} "
+              f"| {r['p99_ms']:.2f} | {r['most_waiting']} |" for r in rows]
+    lines += ["", f"TOPAS's wall time is {topas['wall_s'] / fcfs['wall_s']:.1f}x FCFS's; its "
+              f"p99 decision {topas['p99_ms']:.1f} ms with up to {topas['most_waiting']} "
+              "requests waiting."]
+    return "\n".join(lines) + "\n"
 
 
 def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
@@ -121,14 +180,19 @@ def main() -> None:
     ap.add_argument("--tasks", type=at_least(1), default=1000)
     ap.add_argument("--seed", type=at_least(0), default=1)
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a TOPAS parameter (repeatable; not with --daemon)")
+    ap.add_argument("--daemon", action="store_true",
+                    help="run the policies inside `topasd start` (section overload-daemon)")
     args = ap.parse_args()
     if not args.rate > 0:
         ap.error("--rate: use a positive number of task/s")
-    rows = [replay(p, args) for p in ("fcfs", "topas")]
-    text = render(rows, args)
+    run, draw, section = ((daemon_replay, render_daemon, "overload-daemon") if args.daemon
+                          else (replay, render, "overload"))
+    text = draw([run(p, args) for p in ("fcfs", "topas")], args)
     print(text)
     if args.write:
-        print(f"wrote {update_section('overload', text)}")
+        print(f"wrote {update_section(section, text)}")
 
 
 if __name__ == "__main__":
