@@ -3,16 +3,19 @@
 One daemon serves the module (the engine's start-up is 20-40 s): the
 built-in workload driver, POST /v1/tasks, OpenAI calls from the `openai`
 client, /v1/state (200 at any moment, the simulator's fields), /v1/events,
-/metrics, PATCH /v1/params, `topasd status`, and, last, SIGTERM draining.
+/metrics, PATCH /v1/params, `topasd status`, the console (live, driven with
+Pilot), and, last, SIGTERM draining.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from console.app import ConsoleApp
+from console.sources import Target
+from console.widgets.residency import Residency
 from store import queries as q
 from tests.daemonkit import Daemon, clean_env, sse_events
 from tests.sglang_engine.conftest import cpu_engine_env
@@ -125,6 +131,43 @@ def test_topasd_status_reads_the_sglang_daemon(daemon: Daemon) -> None:
                           env=clean_env(), cwd=daemon.workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sglang backend" in done.stdout
+
+
+async def _until(pilot: Any, cond: Callable[[], Any], what: str, timeout: float = 120.0) -> None:
+    """Let the console run until `cond()` holds (bounded; fails naming `what`)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+def test_the_console_follows_the_sglang_daemon_live(daemon: Daemon) -> None:
+    """The console (HTTP API only) connects, shows SGLang's KV pool and the
+    decision feed, and a task posted while it watches arrives as new
+    decisions through the event stream and as the task's agents' residency."""
+    app = ConsoleApp(Target(daemon.url), poll_s=0.2, render_s=0.1)
+    budget = daemon.state(limit=1)["budget"]["tokens"]
+
+    async def scenario(pilot: Any) -> None:
+        await _until(pilot, lambda: app.connected and app.snapshot, "the connection")
+        res = app.dashboard.query_one(Residency)
+        await _until(pilot, lambda: res.snapshot is not None, "the residency panel")
+        assert res.snapshot is not None and res.snapshot.budget == budget
+        seen = app.counters["decisions"]
+        r = await asyncio.to_thread(daemon.http.post, "/v1/tasks", json={"workflow": "chain3"})
+        assert r.status_code == 201, r.text
+        tid = r.json()["id"]
+        await _until(pilot, lambda: app.counters["decisions"] > seen, "a new decision")
+        await _until(pilot, lambda: app.snapshot is not None and tid in {
+            t.id for t in app.snapshot.tasks}, f"task {tid} on the dashboard")
+        await _until(pilot, lambda: res.snapshot is not None and "A" in {
+            a.agent for a in res.snapshot.agents}, "agent A's prefix in the residency panel")
+
+    async def main() -> None:
+        async with app.run_test(size=(150, 45)) as pilot:
+            await scenario(pilot)
+
+    asyncio.run(main())
 
 
 def test_sigterm_drains_the_calls_in_flight_and_exits_0(daemon: Daemon) -> None:
