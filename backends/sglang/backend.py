@@ -60,6 +60,7 @@ from topasd.profiles import HardwareProfile
 
 POLL_S = 0.005
 ABORT_WAIT_S = 5.0  # how long an abort waits for SGLang to register its request
+FLUSH_RETRY_S = 0.05  # between flushes SGLang refused (a run's last request not yet let go)
 TOKEN_LOW, TOKEN_HIGH = 1000, 30000  # synthetic ids stay inside any common vocabulary
 
 
@@ -212,15 +213,7 @@ class SGLangBackend:
             raise TopasError(f"sglang: cannot reset with {len(self._requests)} request(s) "
                              "unfinished; let the run end first")
         self._answer_unapplied()
-        flushed = asyncio.run_coroutine_threadsafe(
-            self.engine.tokenizer_manager.flush_cache(), self._loop)
-        deadline = time.monotonic() + ABORT_WAIT_S * 6
-        while not flushed.done() and time.monotonic() < deadline:
-            self._answer_asks()  # a leader may ask while the flush waits for it
-        reply = flushed.result(timeout=0)
-        if not getattr(reply, "success", True):
-            raise TopasError(f"sglang: SGLang refused to flush its cache "
-                             f"({getattr(reply, 'message', '')}); the engine is not idle")
+        self._flush(time.monotonic() + ABORT_WAIT_S * 6)
         self._answer_asks()
         self._events.clear()
         self.replies = {}
@@ -229,6 +222,23 @@ class SGLangBackend:
         self._answered.clear()
         self.stats = SGLangStats()
         self.restart_clock()
+
+    def _flush(self, deadline: float) -> None:
+        """Flush SGLang's cache. The last reply of a run can reach the daemon
+        before SGLang's scheduler has let its request go, and SGLang refuses a
+        flush while it holds a request: ask again until `deadline`."""
+        while True:
+            flushed = asyncio.run_coroutine_threadsafe(
+                self.engine.tokenizer_manager.flush_cache(), self._loop)
+            while not flushed.done() and time.monotonic() < deadline:
+                self._answer_asks()  # a leader may ask while the flush waits for it
+            reply = flushed.result(timeout=0)
+            if getattr(reply, "success", True):
+                return
+            if time.monotonic() >= deadline:
+                raise TopasError(f"sglang: SGLang refused to flush its cache "
+                                 f"({getattr(reply, 'message', '')}); the engine is not idle")
+            self._collect(FLUSH_RETRY_S)
 
     def _answer_asks(self) -> None:
         """Let every waiting leader go on without a decision (between runs)."""

@@ -152,3 +152,32 @@ def test_a_decision_the_leader_stopped_waiting_for_is_logged_as_dropped() -> Non
     finally:
         leader.close()
         backend.close()
+
+
+class BusyFlushEngine(RecordingEngine):
+    """Refuses the first `busy` flushes, as SGLang does while its scheduler
+    still holds a request whose reply the daemon already has."""
+
+    def __init__(self, busy: int) -> None:
+        super().__init__()
+        self.flushes = 0
+        self.busy = busy
+        self.tokenizer_manager = self
+
+    async def flush_cache(self) -> Any:
+        from types import SimpleNamespace
+
+        self.flushes += 1
+        return SimpleNamespace(success=self.flushes > self.busy, message="")
+
+
+def test_reset_asks_again_while_sglang_is_letting_the_last_request_go() -> None:
+    engine = BusyFlushEngine(busy=2)
+    backend = SGLangBackend(SGLangOptions("dummy"), get_profile("small"),
+                            endpoint=f"ipc:///tmp/topasd-link-flush-{os.getpid()}.sock",
+                            engine_factory=lambda o: engine, require_plugin=False)
+    try:
+        backend.reset()
+    finally:
+        backend.close()
+    assert engine.flushes == 3

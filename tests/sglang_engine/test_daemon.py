@@ -1,18 +1,23 @@
 """`topasd start --backend sglang` with SGLang's real engine on this CPU.
 
-One daemon serves the module (the engine's start-up is 20-40 s): the
+One daemon serves the module (the engine's start-up is 20-60 s), with two
+SGLang replicas (`--dp-size 2`, each deciding with its own TOPAS state): the
 built-in workload driver, POST /v1/tasks, OpenAI calls from the `openai`
 client, /v1/state (200 at any moment, the simulator's fields), /v1/events,
-/metrics, PATCH /v1/params, `topasd status`, and, last, SIGTERM draining.
+/metrics, PATCH /v1/params, `topasd status`, the console (live, driven with
+Pilot), and, last, SIGTERM draining.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +26,12 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from console.app import ConsoleApp
+from console.sources import Target
+from console.widgets.residency import Residency
 from store import queries as q
 from tests.daemonkit import Daemon, clean_env, sse_events
-from tests.sglang_engine.conftest import cpu_engine_env
+from tests.sglang_engine.conftest import cpu_engine_env, tiered_env
 
 TASKS = 3  # driven by the built-in workload driver
 START_S = 240.0  # the engine's start-up on a loaded 2-core box, with room
@@ -32,9 +40,10 @@ START_S = 240.0  # the engine's start-up on a loaded 2-core box, with room
 @pytest.fixture(scope="module")
 def daemon(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     work = tmp_path_factory.mktemp("daemon")
-    d = Daemon(work, "--backend", "sglang", "--model-path", str(tiny_model),
+    d = Daemon(work, "--backend", "sglang", "--model-path", str(tiny_model), "--dp-size", "2",
                "--workload", "chain3", "--rate", "4", "--tasks", str(TASKS), "--grace", "120",
-               speed="1", env=clean_env(**cpu_engine_env()), start_timeout=START_S)
+               speed="1", env=clean_env(**cpu_engine_env(), **tiered_env()),
+               start_timeout=START_S)
     with d:
         yield d
 
@@ -66,6 +75,22 @@ def test_state_answers_200_at_any_moment_with_the_simulators_fields(
             break
     assert seen_running  # the state showed SGLang's running batch, not an empty pool
     assert st["policy"] == "topas" and st["counts"]["driver_rejected"] == 0
+
+
+def test_the_daemon_decides_for_both_replicas(daemon: Daemon) -> None:
+    """The driver's tasks went to replicas 0 and 1 (task % 2); every
+    admitting decision admits one replica's requests (each replica's
+    scheduler asked on its own), and both replicas were decided."""
+    daemon.wait_for(lambda s: s["counts"]["tasks_finished"] >= TASKS, timeout=120)
+    with daemon.store() as store:
+        run = q.get_run(store.db)
+        task_of = dict(store.db.execute("SELECT request_id, task_id FROM requests "
+                                        "WHERE run_id = ?", [run.id]).fetchall())
+        admits = [json.loads(a) for (a,) in store.db.execute(
+            "SELECT admit FROM decisions WHERE run_id = ? AND n_admit > 0", [run.id])]
+    replicas = [{task_of[r] % 2 for r in admit} for admit in admits]
+    assert all(len(r) == 1 for r in replicas), replicas
+    assert set().union(*replicas) == {0, 1}
 
 
 def test_a_task_posted_to_the_api_runs_to_done(daemon: Daemon) -> None:
@@ -125,6 +150,43 @@ def test_topasd_status_reads_the_sglang_daemon(daemon: Daemon) -> None:
                           env=clean_env(), cwd=daemon.workdir)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sglang backend" in done.stdout
+
+
+async def _until(pilot: Any, cond: Callable[[], Any], what: str, timeout: float = 120.0) -> None:
+    """Let the console run until `cond()` holds (bounded; fails naming `what`)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+def test_the_console_follows_the_sglang_daemon_live(daemon: Daemon) -> None:
+    """The console (HTTP API only) connects, shows SGLang's KV pool and the
+    decision feed, and a task posted while it watches arrives as new
+    decisions through the event stream and as the task's agents' residency."""
+    app = ConsoleApp(Target(daemon.url), poll_s=0.2, render_s=0.1)
+    budget = daemon.state(limit=1)["budget"]["tokens"]
+
+    async def scenario(pilot: Any) -> None:
+        await _until(pilot, lambda: app.connected and app.snapshot, "the connection")
+        res = app.dashboard.query_one(Residency)
+        await _until(pilot, lambda: res.snapshot is not None, "the residency panel")
+        assert res.snapshot is not None and res.snapshot.budget == budget
+        seen = app.counters["decisions"]
+        r = await asyncio.to_thread(daemon.http.post, "/v1/tasks", json={"workflow": "chain3"})
+        assert r.status_code == 201, r.text
+        tid = r.json()["id"]
+        await _until(pilot, lambda: app.counters["decisions"] > seen, "a new decision")
+        await _until(pilot, lambda: app.snapshot is not None and tid in {
+            t.id for t in app.snapshot.tasks}, f"task {tid} on the dashboard")
+        await _until(pilot, lambda: res.snapshot is not None and "A" in {
+            a.agent for a in res.snapshot.agents}, "agent A's prefix in the residency panel")
+
+    async def main() -> None:
+        async with app.run_test(size=(150, 45)) as pilot:
+            await scenario(pilot)
+
+    asyncio.run(main())
 
 
 def test_sigterm_drains_the_calls_in_flight_and_exits_0(daemon: Daemon) -> None:
