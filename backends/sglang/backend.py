@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from backends.base import EngineLimits, InfeasibleDecision
+from backends.base import EngineLimits, InfeasibleDecision, prefix_work
 from backends.sglang import SGLangOptions
 from backends.sglang.adapter import EngineSnapshot, merge_snapshots
 from backends.sglang.channel import (
@@ -338,7 +338,9 @@ class SGLangBackend:
         self.channel.answer(ident, ask.seq, decision)
         self._answered[(ask.replica, ask.seq)] = decision.seq
         self.stats.decisions += 1
-        self.stats.prefix_loads += len(decision.load)  # a load-back or a prefill recompute
+        prefixes = ask.snapshot.prefixes  # a load-back or a prefill recompute, if any KV
+        self.stats.prefix_loads += sum(prefix_work(prefixes[a].tokens if a in prefixes else 1)
+                                       for a in decision.load)
 
     def withdraw(self, request_id: int, why: str) -> bool:
         """Abort an unfinished request, waiting or running (SGLang frees its KV).
