@@ -1,7 +1,8 @@
 """The `topasd` command line (click). Commands by concern: `daemon` (start,
-status, stop), `replay` (runs in virtual time and their table), `trace`
-(trace gen), `views` (console, gantt), `tools` (model tiny, native); shared
-options in `options`."""
+status, stop), `replay` (runs in virtual time and their table), `tune`
+(sweep, tune: many replays on a process pool or Ray), `trace` (trace gen),
+`views` (console, gantt), `tools` (model tiny, native); shared options in
+`options`."""
 
 from __future__ import annotations
 
@@ -37,9 +38,9 @@ def main() -> None:
     """
 
 
-from topasd.cli import daemon, replay, tools, trace, views  # noqa: E402  (they register)
+from topasd.cli import daemon, replay, tools, trace, tune, views  # noqa: E402  (they register)
 
-for _module in (trace, replay, tools, daemon, views):
+for _module in (trace, replay, tune, tools, daemon, views):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 
