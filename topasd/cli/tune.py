@@ -333,7 +333,8 @@ def _tune_setup(policy: str, params: tuple[str, ...], search: str | None, trials
 
 
 def _apply_token(url: str | None, token_file: str | None) -> str | None:
-    """The bearer token --apply sends (read before the search, so a bad file fails fast)."""
+    """The bearer token --apply sends, checked on the daemon before the search (a
+    daemon that is not there, or refuses the token, fails fast)."""
     if url is None:
         if token_file is not None:
             raise TopasError("--token-file is for --apply URL; add --apply or drop it")
@@ -341,8 +342,11 @@ def _apply_token(url: str | None, token_file: str | None) -> str | None:
     if not url.startswith(("http://", "https://")):
         raise TopasError(f"--apply {url}: give the daemon's URL, e.g. http://127.0.0.1:8470")
     from topasd.config import client_token
+    from topasd.tuning.report import check_daemon
 
-    return client_token(token_file)
+    token = client_token(token_file)
+    check_daemon(url, token)
+    return token
 
 
 def _write_outputs(result: Any, name: str, toml_out: Path, patch_out: Path) -> None:

@@ -135,24 +135,37 @@ def toml_fragment(result: TuneResult, trace_name: str) -> str:
 
 def apply(url: str, body: Mapping[str, Any], token: str | None) -> dict[str, Any]:
     """Send `body` to the daemon at `url` (PATCH /v1/params); its answer."""
+    answer: dict[str, Any] = _params_call("PATCH", url, token, body).json()
+    return answer
+
+
+def check_daemon(url: str, token: str | None) -> None:
+    """TopasError unless the daemon at `url` answers GET /v1/params with this
+    token (before a search whose result --apply would fail to send)."""
+    _params_call("GET", url, token)
+
+
+def _params_call(method: str, url: str, token: str | None,
+                 body: Mapping[str, Any] | None = None) -> Any:
     import httpx
 
     target = url.rstrip("/").removesuffix("/v1/params") + "/v1/params"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        resp = httpx.patch(target, json=dict(body), headers=headers, timeout=30.0)
+        resp = httpx.request(method, target, json=None if body is None else dict(body),
+                             headers=headers, timeout=30.0)
     except httpx.HTTPError as exc:
         raise TopasError(f"--apply {url}: cannot reach the daemon ({exc}); is it running "
                          "(topasd status)?") from None
     if resp.status_code >= 400:
-        raise TopasError(f"--apply {url}: the daemon refused the parameters (HTTP "
-                         f"{resp.status_code}): {_message(resp)}")
-    answer: dict[str, Any] = resp.json()
-    return answer
+        what = "refused the parameters" if body is not None else "refused GET /v1/params"
+        raise TopasError(f"--apply {url}: the daemon {what} (HTTP {resp.status_code}): "
+                         f"{_message(resp)}")
+    return resp
 
 
 def _message(resp: Any) -> str:
     try:
         return str(resp.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return resp.text[:200]
+        return str(resp.text[:200])
