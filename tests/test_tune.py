@@ -22,7 +22,8 @@ from topasd.scheduler.param_specs import SPEC_BY_NAME
 from topasd.scheduler.params import PAPER, TopasParams
 from topasd.tuning.pools import InlinePool, LocalPool
 from topasd.tuning.replays import ReplayJob, run_replay, split_by_arrival
-from topasd.tuning.search import HELD_OUT, TRAIN, Objective, TuneSetup, tune
+from topasd.tuning.report import gains, verdict
+from topasd.tuning.search import HELD_OUT, TRAIN, Objective, Trial, TuneResult, TuneSetup, tune
 from topasd.tuning.space import SEARCHED, search_names, search_space
 from topasd.tuning.sweep import sweep_cases
 from workflows.builtin import load_workload
@@ -83,7 +84,8 @@ def test_what_is_searched_leaves_out_what_is_fixed() -> None:
     for text, policy, fixed, says in (("nope", "topas", [], "'nope' is not a TOPAS parameter"),
                                       ("beta", "topas", ["beta"], "--param fixes it"),
                                       ("srpt", "topas-paper", [], "topas-paper fixes it"),
-                                      (",", "topas", [], "name at least one")):
+                                      (",", "topas", [], "name at least one"),
+                                      ("mu", "topas", [], "mu is the hardware's")):
         with pytest.raises(TopasError, match=says):
             search_names(text, policy, fixed)
 
@@ -123,6 +125,23 @@ def test_the_objective_weighs_mean_and_p99() -> None:
         "mean JCT", "0.75 x mean + 0.25 x p99 JCT", "p99 JCT"]
     with pytest.raises(TopasError, match=r"--p99-weight must be in \[0, 1\]"):
         Objective(1.5)
+
+
+@pytest.mark.parametrize(("train", "held", "says"), [
+    (90.0, 90.0, "the gain holds on the held-out tasks"),
+    (99.5, 90.0, "more chance than fit"),
+    (90.0, 99.5, "does not hold on the held-out tasks"),
+    (100.0, 100.0, "nothing better than the defaults"),
+])
+def test_the_verdict_needs_a_gain_on_both_parts(train: float, held: float, says: str) -> None:
+    def row(mean: float) -> dict[str, Any]:
+        return {"mean_jct_s": mean, "p99_jct_s": 2 * mean, "tasks": 5}
+
+    best = Trial(3, {"beta": 5.0}, train, row(train))
+    result = TuneResult(TuneSetup("topas", ("beta",)), (), (best,), best,
+                        {"defaults": row(100.0)}, {"tuned": row(held), "defaults": row(100.0)})
+    assert says in verdict(result)
+    assert gains(result)["held_out_vs_defaults"] == pytest.approx(1 - held / 100)
 
 
 def test_tune_reports_writes_and_repeats_itself(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from topasd.scheduler.params import VARIANTS, TopasParams
 # The paper's parameters (Eq. 11-12, Algorithm 1), then every extension
 SEARCHED: tuple[str, ...] = ("beta", "rho", "h_age", "m", "k",
                              *(s.name for s in PARAM_SPECS if s.extension))
+HARDWARE = "the backend's"  # the spec's `unset` of a hardware fact (b_swap, mu): never searched
 SECONDS = ("h_age", "hol_age")  # times, whose scale is the trace's when unset by default
 WINDOW = 10.0
 FIGURES = 3  # significant figures of a searched real number (what is run is what is shown)
@@ -65,6 +66,9 @@ def search_names(text: str | None, policy: str, fixed: Iterable[str]) -> tuple[s
         if name not in SPEC_BY_NAME:
             raise TopasError(f"--search {text}: {name!r} is not a TOPAS parameter; "
                              f"choose from {', '.join(SPEC_BY_NAME)}")
+        if SPEC_BY_NAME[name].unset == HARDWARE:
+            raise TopasError(f"--search {text}: {name} is the hardware's (unset: the "
+                             "backend's), not a preference; set it with --param if it is wrong")
         if name in held:
             why = "--param fixes it" if name not in VARIANTS[policy] else \
                 f"{policy} fixes it (choose another policy)"
