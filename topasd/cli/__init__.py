@@ -35,6 +35,8 @@ def main() -> None:
       topasd replay --workload chain3 --rate 0.2 --policy all
       topasd trace gen --workload dag4 --rate 0.12 --tasks 200 -o dag4.jsonl
       topasd replay dag4.jsonl --policy lpm --policy spf --json
+      topasd sweep -w dag4 --rates 0.1:0.3:5 --seeds 2
+      topasd tune dag4.jsonl --trials 30
     """
 
 
