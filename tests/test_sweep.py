@@ -200,6 +200,14 @@ def test_sweep_usage_errors(tmp_path: Path, args: list[str], says: str) -> None:
     assert res.exit_code == 2 and res.output.startswith("error: ") and says in res.output
 
 
+def test_a_ray_address_where_nothing_answers_fails_fast(tmp_path: Path) -> None:
+    pytest.importorskip("ray", reason="ray is not installed (pip install 'topasd[tune]')")
+    res = run("sweep", *TINY, "--rates", "0.2", "--ray", "127.0.0.1:9", "--html",
+              str(tmp_path / "s.html"))
+    assert res.exit_code == 2
+    assert res.output.startswith("error: --ray 127.0.0.1:9: nothing answers at 127.0.0.1:9")
+
+
 def test_sweep_without_ray_says_what_to_install(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "ray", None)

@@ -264,6 +264,7 @@ def test_sweep_and_tune_on_ray_equal_the_process_pool(tmp_path: Path) -> None:
                  str(tmp_path / "t.json")]
     local = [run(*a, "--workers", "2") for a in (sweep_args, tune_args)]  # before Ray's threads
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+             _node_ip_address="127.0.0.1",  # the instance stays on loopback
              runtime_env={"env_vars": {"PYTHONPATH": ":".join(sys.path)}})
     try:
         on_ray = [run(*a, "--ray", "auto") for a in (sweep_args, tune_args)]

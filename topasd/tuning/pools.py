@@ -13,6 +13,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType, TracebackType
@@ -137,6 +138,21 @@ def _ray_replay(job: ReplayJob, trace: Trace) -> Row:
     return run_replay(job, trace)
 
 
+def _check_answers(address: str, timeout: float = 5.0) -> None:
+    """TopasError unless something accepts a connection at `address`'s
+    HOST:PORT (`ray://HOST:PORT` too; `auto` is Ray's to find), so that a
+    wrong address fails in seconds, not after Ray's minutes of retries."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise TopasError(f"--ray {address}: nothing answers at {host}:{port} "
+                         f"({exc.strerror or exc}); is the cluster's head running there "
+                         "(`ray status` on it)?") from None
+
+
 class RayPool(ReplayPool):
     """Ray tasks on the cluster at `address` ("auto": the one this machine is
     part of), or on the Ray instance this process already started. Every node
@@ -153,6 +169,7 @@ class RayPool(ReplayPool):
         self._task = self.ray.remote(num_cpus=1)(_ray_replay)
 
     def _connect(self, address: str) -> None:
+        _check_answers(address)
         try:
             self.ray.init(address=address, logging_level=logging.WARNING,
                           configure_logging=False)
