@@ -25,6 +25,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -78,6 +79,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     times: dict[str, list[float]] = {"sweep": [], "serial": [], "loop": []}
     cpu: dict[str, list[float]] = {k: [] for k in times}
     checks = []
+    load_start = os.getloadavg()[0]
     for i in range(args.repeats):
         took, used, out = topasd(*sweep_args(args))
         times["sweep"].append(took)
@@ -97,7 +99,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "medians": {k: median(v) for k, v in times.items()},
             "cpu": {k: median(v) for k, v in cpu.items()}, "all": times,
             "replays": len(runs), "invocations": len(cases), "same": all(checks),
-            "cores": len(os.sched_getaffinity(0)), "load": os.getloadavg()[0]}
+            "cores": len(os.sched_getaffinity(0)), "load": os.getloadavg()[0],
+            "load_start": load_start, "autogroup": autogroup()}
+
+
+def autogroup() -> bool:
+    """Whether the kernel shares CPU time between sessions (sched_autogroup)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
 
 
 def render(m: dict[str, Any], args: argparse.Namespace) -> str:
@@ -128,6 +139,12 @@ def render(m: dict[str, Any], args: argparse.Namespace) -> str:
               "the parallel efficiency (process start, the trace shipped to each worker, "
               "the last replays running alone). CPU is the process's and its workers' user "
               "and system time: what the pool adds to the work itself.",
+              *([] if not m["autogroup"] else [
+                  "", "This kernel shares the CPU between sessions (sched_autogroup): while "
+                  "other sessions keep the cores busy, a session's processes share its one "
+                  "slice however many they are, so a pool's wall time gains only from cores "
+                  "the other sessions leave idle. The load average says how busy they were "
+                  f"({m['load_start']:.1f} at the start)."]),
               "", "All runs (s): " + "; ".join(
                   f"{k} {', '.join(f'{v:.1f}' for v in vs)}" for k, vs in m["all"].items())]
     return "\n".join(lines)
