@@ -1,7 +1,8 @@
 """The `topasd` command line (click). Commands by concern: `daemon` (start,
-status, stop), `replay` (runs in virtual time and their table), `trace`
-(trace gen), `views` (console, gantt), `tools` (model tiny, native); shared
-options in `options`."""
+status, stop), `replay` (runs in virtual time and their table), `tune`
+(sweep, tune: many replays on a process pool or Ray), `trace` (trace gen),
+`views` (console, gantt), `tools` (model tiny, native); shared options in
+`options`."""
 
 from __future__ import annotations
 
@@ -34,12 +35,14 @@ def main() -> None:
       topasd replay --workload chain3 --rate 0.2 --policy all
       topasd trace gen --workload dag4 --rate 0.12 --tasks 200 -o dag4.jsonl
       topasd replay dag4.jsonl --policy lpm --policy spf --json
+      topasd sweep -w dag4 --rates 0.1:0.3:5 --seeds 2
+      topasd tune dag4.jsonl --trials 30
     """
 
 
-from topasd.cli import daemon, replay, tools, trace, views  # noqa: E402  (they register)
+from topasd.cli import daemon, replay, tools, trace, tune, views  # noqa: E402  (they register)
 
-for _module in (trace, replay, tools, daemon, views):
+for _module in (trace, replay, tune, tools, daemon, views):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 
