@@ -20,9 +20,13 @@ from topasd.model import TopasError
 from topasd.scheduler.param_specs import PARAM_SPECS, SPEC_BY_NAME, ParamSpec, canonical_param
 from topasd.scheduler.params import VARIANTS, TopasParams
 
-# The paper's parameters (Eq. 11-12, Algorithm 1), then every extension
+# Bounds on a decision's cost (the candidate window): a JCT objective never sees the
+# decision time they bound, so they are searched only when `--search` names them
+COST_BOUNDS = ("window", "window_cap")
+# The paper's parameters (Eq. 11-12, Algorithm 1), then every other extension
 SEARCHED: tuple[str, ...] = ("beta", "rho", "h_age", "m", "k",
-                             *(s.name for s in PARAM_SPECS if s.extension))
+                             *(s.name for s in PARAM_SPECS
+                               if s.extension and s.name not in COST_BOUNDS))
 HARDWARE = "the backend's"  # the spec's `unset` of a hardware fact (b_swap, mu): never searched
 SECONDS = ("h_age", "hol_age")  # times, whose scale is the trace's when unset by default
 WINDOW = 10.0
