@@ -125,17 +125,20 @@ class CheckedTopas(TopasPolicy):
        st.sampled_from([0.0, 1.0, 20.0]), st.sampled_from([0.0, 2.0]),
        st.sampled_from([(True, None, 0.0), (False, None, 0.0), (True, 0.0, 0.0),
                         (False, 1.0, 0.0), (True, None, 1.0)]),
-       st.sampled_from(["ratio", "arrival"]), st.booleans(), st.sampled_from([0, 3, 64]))
+       st.sampled_from(["ratio", "arrival"]), st.booleans(),
+       st.sampled_from([(0, 256), (3, 2), (64, 256)]))
 def test_topas_decisions_keep_the_papers_constraints(
         case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
         extensions: tuple[bool, float | None, float], pack_order: str,
-        later_extensions: bool, window_cap: int) -> None:
+        later_extensions: bool, bounds: tuple[int, int]) -> None:
     trace, budget = case
     preempt, hol_age, preempt_margin = extensions
     # keep_idle, preempt_exchange, swap_only, overdue, linear aging, srpt and the
-    # candidate window (at every decision, past 3 waiting, or the default's 64):
-    # as by default, or all off as in the paper
-    later = {"window_cap": window_cap} if later_extensions else {
+    # candidate window (at every decision, past 3 waiting, or the default's 64) with
+    # the search budget (the default's 256 fills, or 2): as by default, or all off
+    # as in the paper
+    window_cap, search_budget = bounds
+    later = {"window_cap": window_cap, "search_budget": search_budget} if later_extensions else {
         k: v for k, v in PAPER.items() if k not in ("start_gate", "preempt_margin", "pack_order")}
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
                          preempt=preempt, hol_age=hol_age, pack_order=pack_order,

@@ -116,3 +116,54 @@ def test_a_window_that_holds_every_fill_leaves_the_decision_unchanged() -> None:
     every = TopasPolicy(_params(window=None)).decide(v)
     assert windowed.admit == every.admit == tuple(range(1, 46))
     assert windowed.load == every.load == ("A",)
+
+
+# ------------------------------------------------------------ search_budget
+
+
+def _wide_view() -> EngineView:
+    """Ten agents (stages a-j of a fork), two tasks waiting at every one."""
+    from tests.topas_views import workflow
+    wide = workflow("wide", {"s": (), **{v: ("s",) for v in "abcdefghij"}})
+    tasks = [task(i, wide, float(i), s="done", **{v: "active" for v in "abcdefghij"})
+             for i in range(1, 3)]
+    reqs = [request(10 * i + k, i, wide, v, arrival=float(i))
+            for i in range(1, 3) for k, v in enumerate("abcdefghij")]
+    return view(wide, tasks, [], reqs, budget=10_000)
+
+
+def test_the_search_budget_bounds_the_fills_and_the_enumeration() -> None:
+    """M=16 would enumerate 2^10 prefix sets; the default budget (256 fills)
+    sends the search to the greedy additions instead. The greedy additions
+    fill many sets; a budget of 3 fills stops them after three (128 samples:
+    each fill counts 2, so two), keeping the best state found so far: the
+    budget stops a search only once it found a state that admits."""
+    import topasd.scheduler.topas as topas
+    v = _wide_view()
+    enumerated: list[int] = []
+    steps: list[float] = []
+    run, evaluate = topas._Search.run, topas._Search._evaluate
+
+    def counted(self: topas._Search) -> list[topas._State]:  # type: ignore[name-defined]
+        out = run(self)
+        steps.append(self.steps)
+        return out
+
+    def listed(self: topas._Search, sets: list[frozenset[str]], *args: object) -> None:  # type: ignore[name-defined]
+        enumerated.append(len(sets))
+        evaluate(self, sets, *args)  # type: ignore[arg-type]
+
+    topas._Search.run, topas._Search._evaluate = counted, listed  # type: ignore[method-assign]
+    try:
+        TopasPolicy(_params(m=16, search_budget=0)).decide(v)
+        assert max(enumerated) == 2 ** 10
+        enumerated.clear()
+        TopasPolicy(_params(m=16)).decide(v)
+        assert max(enumerated, default=0) < 2 ** 10  # greedy: repairs only
+        greedy = TopasPolicy(_params(search_budget=0)).decide(v)
+        tight = TopasPolicy(_params(search_budget=3)).decide(v)
+        per_sample = TopasPolicy(_params(search_budget=3, samples=128)).decide(v)
+    finally:
+        topas._Search.run, topas._Search._evaluate = run, evaluate  # type: ignore[method-assign]
+    assert steps[-3] > 3 and steps[-2] == 3 and steps[-1] == 4
+    assert greedy.admit and tight.admit and per_sample.admit  # the best found, never none

@@ -93,6 +93,8 @@ _WORDS: tuple[ParamSpec, ...] = (
           "the free KV reaches (extension; empty: all)", unset="all", extension=True),
     _spec("window_cap", "a decision weighs at most this many waiting requests, oldest tasks "
           "first (extension; 0: the window always, no cap)", extension=True),
+    _spec("search_budget", "GreedyPack fills per decision (x samples/64), then the best "
+          "found; enumerate only while 2^|A_t| fits (extension; 0: none)", extension=True),
 )
 
 

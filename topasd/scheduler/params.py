@@ -67,6 +67,9 @@ class TopasParams:
     # requests of them in task order (scheduler/window.py); None: every request
     window: float | None = 1.0
     window_cap: int = 64  # 0: the window at every decision, with no cap
+    # at most this many GreedyPack fills per decision (each weighted by samples / 64),
+    # and full enumeration only while 2^|A_t| fits it; then the best state found; 0: none
+    search_budget: int = 256
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in PARAM_RANGES.items():
@@ -91,7 +94,7 @@ class TopasParams:
             raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
         if self.age_curve not in AGE_CURVES:
             raise TopasError("TOPAS parameter age_curve must be 'log' or 'linear'")
-        for name in ("m", "k", "samples", "seed", "window_cap"):
+        for name in ("m", "k", "samples", "seed", "window_cap", "search_budget"):
             value = getattr(self, name)
             if not float(value).is_integer():
                 lo, hi = PARAM_RANGES[name]
@@ -122,13 +125,14 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "overdue": (0.1, 1000.0),
     "window": (0.1, 1000.0),
     "window_cap": (0, 1_000_000),
+    "search_budget": (0, 1_000_000),
     "seed": (0, 2**31 - 1),
 }
 # Section IV as the paper gives it: every default beyond it turned off
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
-                         "window": None}
+                         "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,

@@ -346,6 +346,8 @@ class _Search(SearchBounds):
         self._reuse_terms()
         self.g = self._aging()
         self.packs: dict[frozenset[str], list[_State]] = {}
+        self.steps = 0.0  # GreedyPack work so far (`search_budget`)
+        self.step_cost = max(1.0, p.samples / 64)
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
@@ -444,7 +446,8 @@ class _Search(SearchBounds):
         incumbent = self._incumbent()
         if not incumbent.is_empty:
             self.best_total = incumbent.total
-        if len(active) <= self.params.m:
+        budget = self.params.search_budget
+        if len(active) <= self.params.m and not (budget and 2 ** len(active) > budget):
             sets = [frozenset(c) for n in range(len(active) + 1)
                     for c in itertools.combinations(active, n)]
             self._evaluate(sets)
@@ -574,6 +577,15 @@ class _Search(SearchBounds):
         exact = np.array([self.bound(x) for x in drops])
         return drops + swaps, np.concatenate([exact, *coarse]), None  # type: ignore[list-item]
 
+    def over_budget(self) -> bool:
+        """Whether another GreedyPack would pass `search_budget` once a
+        non-empty state was found (so a decision that can admit does): steps
+        are fills, each weighted by samples / 64 (a DAG's E[LP] pass costs in
+        proportion), so the bound is on work, not time."""
+        budget = self.params.search_budget
+        return (bool(budget) and self.best_total > -math.inf
+                and self.steps + self.step_cost > budget)
+
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
         return max((s.total for s in self.pack(r)), default=-math.inf)
@@ -606,7 +618,10 @@ class _Search(SearchBounds):
     def pack(self, resident: frozenset[str]) -> list[_State]:
         """GreedyPack(R): every feasible allocation on the way to a full pack."""
         hit = self.packs.get(resident)
+        if hit is None and self.over_budget():
+            hit = self.packs[resident] = []  # `search_budget` spent: the best so far stands
         if hit is None:
+            self.steps += self.step_cost
             hit = self.packs[resident] = self._earns_preemption(self._greedy_pack(resident))
             for st in hit:
                 if st.total > self.best_total and not st.is_empty:

@@ -22,7 +22,7 @@ from topasd.scheduler.params import VARIANTS, TopasParams
 
 # Bounds on a decision's cost (the candidate window): a JCT objective never sees the
 # decision time they bound, so they are searched only when `--search` names them
-COST_BOUNDS = ("window", "window_cap")
+COST_BOUNDS = ("window", "window_cap", "search_budget")
 # The paper's parameters (Eq. 11-12, Algorithm 1), then every other extension
 SEARCHED: tuple[str, ...] = ("beta", "rho", "h_age", "m", "k",
                              *(s.name for s in PARAM_SPECS
