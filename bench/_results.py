@@ -37,6 +37,25 @@ def update_section(name: str, body: str, path: Path = RESULTS) -> Path:
     return path
 
 
+def trace_parser(doc: str, rate: float, tasks: int) -> argparse.ArgumentParser:
+    """A bench's parser with the trace it replays (--workload, --rate, --tasks,
+    --seed) and --write; `parse_trace_args` checks the rate."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--workload", default="dag10wide")
+    ap.add_argument("--rate", type=float, default=rate, help=f"task/s ({rate:g})")
+    ap.add_argument("--tasks", type=at_least(1), default=tasks)
+    ap.add_argument("--seed", type=at_least(0), default=1)
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
+    return ap
+
+
+def parse_trace_args(ap: argparse.ArgumentParser) -> argparse.Namespace:
+    args = ap.parse_args()
+    if not args.rate > 0:
+        ap.error("--rate: use a positive number of task/s")
+    return args
+
+
 def at_least(lo: int) -> Callable[[str], int]:
     """An argparse `type`: an integer >= `lo` (counts >= 1, seeds >= 0), so a
     bad value is one usage line instead of a traceback or an empty table."""

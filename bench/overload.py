@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 from _daemon import start_daemon  # bench/_daemon.py
-from _results import at_least, update_section  # bench/_results.py
+from _results import parse_trace_args, trace_parser, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.cli.options import param_flags
@@ -174,19 +174,14 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default="dag10wide")
-    ap.add_argument("--rate", type=float, default=1.0, help="task/s (1.0)")
-    ap.add_argument("--tasks", type=at_least(1), default=1000)
-    ap.add_argument("--seed", type=at_least(0), default=1)
-    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
+    ap = trace_parser(__doc__, rate=1.0, tasks=1000)
     ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                     help="a TOPAS parameter (repeatable; not with --daemon)")
     ap.add_argument("--daemon", action="store_true",
                     help="run the policies inside `topasd start` (section overload-daemon)")
-    args = ap.parse_args()
-    if not args.rate > 0:
-        ap.error("--rate: use a positive number of task/s")
+    args = parse_trace_args(ap)
+    if args.daemon and args.param:
+        ap.error("--param is for the replay in this process; the daemon runs its defaults")
     run, draw, section = ((daemon_replay, render_daemon, "overload-daemon") if args.daemon
                           else (replay, render, "overload"))
     text = draw([run(p, args) for p in ("fcfs", "topas")], args)

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import numpy as np
-from _results import at_least, update_section  # bench/_results.py
+from _results import parse_trace_args, trace_parser, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.profiles import DEFAULT_PROFILE, get_profile
@@ -64,15 +64,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workload", default="dag10wide")
-    ap.add_argument("--rate", type=float, default=0.16, help="task/s (0.16)")
-    ap.add_argument("--tasks", type=at_least(1), default=60)
-    ap.add_argument("--seed", type=at_least(0), default=1)
-    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
-    args = ap.parse_args()
-    if not args.rate > 0:
-        ap.error("--rate: use a positive number of task/s")
+    ap = trace_parser(__doc__, rate=0.16, tasks=60)
+    args = parse_trace_args(ap)
     text = render([replay(b, args) for b in (TopasParams().search_budget, 0)], args)
     print(text)
     if args.write:
