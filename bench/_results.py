@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from collections.abc import Callable, Sequence
 from multiprocessing import Pool
 from pathlib import Path
@@ -35,6 +36,32 @@ def update_section(name: str, body: str, path: Path = RESULTS) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+class Enough(Exception):
+    """Raised by `TimedPolicy.decide` once `max_decisions` were timed."""
+
+
+class TimedPolicy:
+    """A policy as given, with every decide() timed by `clock` (ms in `times`):
+    wrapped, since a compiled policy's methods cannot be replaced. With
+    `max_decisions`, raises `Enough` after that many."""
+
+    def __init__(self, policy: Any, clock: Callable[[], float] = time.perf_counter,
+                 max_decisions: int | None = None) -> None:
+        self.policy, self.clock, self.max_decisions = policy, clock, max_decisions
+        self.times: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+    def decide(self, view: Any) -> Any:
+        t0 = self.clock()
+        decision = self.policy.decide(view)
+        self.times.append((self.clock() - t0) * 1e3)
+        if self.max_decisions is not None and len(self.times) >= self.max_decisions:
+            raise Enough
+        return decision
 
 
 def trace_parser(doc: str, rate: float, tasks: int) -> argparse.ArgumentParser:

@@ -19,12 +19,11 @@ import gc
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from _results import at_least, update_section  # bench/_results.py
+from _results import Enough, TimedPolicy, at_least, update_section  # bench/_results.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import Agent, Stage, StageProfile, Workflow
@@ -54,33 +53,12 @@ def stress_trace(n_agents: int = 100, n_requests: int = 2000) -> Trace:
     return Trace(wfs, tasks, {"workload": "stress", "tasks": n_requests})
 
 
-class _Timed:
-    """TOPAS with every decide() timed (wrapped: a compiled policy's methods
-    cannot be replaced)."""
-
-    def __init__(self, max_decisions: int | None) -> None:
-        self.inner = make_policy("topas")
-        self.name = self.inner.name
-        self.times: list[float] = []
-        self.max_decisions = max_decisions
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.inner, attr)
-
-    def decide(self, view: Any) -> Any:
-        t0 = time.perf_counter()
-        d = self.inner.decide(view)
-        self.times.append((time.perf_counter() - t0) * 1e3)
-        if self.max_decisions is not None and len(self.times) >= self.max_decisions:
-            raise _Enough
-        return d
-
-
 def measure(trace: Trace, label: str, max_decisions: int | None = None) -> dict[str, Any]:
     gc.collect()  # each case starts without the garbage of the one before (as in its own
-    policy = _Timed(max_decisions)  # process): its decisions pay for their own collections
+    # process): its decisions pay for their own collections
+    policy = TimedPolicy(make_policy("topas"), max_decisions=max_decisions)
     backend = SimBackend(get_profile(DEFAULT_PROFILE))
-    with contextlib.suppress(_Enough):
+    with contextlib.suppress(Enough):
         Run(trace, policy, backend).execute()  # type: ignore[arg-type]
     ms = np.array(policy.times)
     sim_s = backend.t
@@ -93,10 +71,6 @@ def measure(trace: Trace, label: str, max_decisions: int | None = None) -> dict[
         "max_ms": float(ms.max()),
         "decision_share_of_sim_time": float(ms.sum() / 1e3 / sim_s) if sim_s else 0.0,
     }
-
-
-class _Enough(Exception):
-    pass
 
 
 def median_run(run: Callable[[], dict[str, Any]], repeat: int) -> dict[str, Any]:

@@ -30,7 +30,12 @@ from typing import Any
 import httpx
 import numpy as np
 from _daemon import start_daemon  # bench/_daemon.py
-from _results import parse_trace_args, trace_parser, update_section  # bench/_results.py
+from _results import (  # bench/_results.py
+    TimedPolicy,
+    parse_trace_args,
+    trace_parser,
+    update_section,
+)
 
 from backends.sim.engine import SimBackend
 from topasd.cli.options import param_flags
@@ -63,24 +68,6 @@ class QueueWatch:
             self.waiting -= 1
 
 
-class CpuTimed:
-    """A policy as given, with each decision's CPU time (`time.process_time`:
-    what a loaded machine's other processes do not add) kept in `cpu_ms`."""
-
-    def __init__(self, policy: Any) -> None:
-        self.policy = policy
-        self.cpu_ms: list[float] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.policy, name)
-
-    def decide(self, view: Any) -> Decision:
-        c0 = time.process_time()
-        decision = self.policy.decide(view)
-        self.cpu_ms.append((time.process_time() - c0) * 1e3)
-        return decision
-
-
 def replay(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     wl = load_workload(args.workload)
     trace = generate_trace(wl.workflows, args.rate, args.tasks, args.seed, name=wl.name)
@@ -88,13 +75,13 @@ def replay(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     pol = make_policy(policy)
     if policy == "topas" and args.param:
         pol.set_params(**param_flags(tuple(args.param)))  # type: ignore[attr-defined]
-    watch, timed = QueueWatch(), CpuTimed(pol)
+    watch, timed = QueueWatch(), TimedPolicy(pol, clock=time.process_time)  # CPU time
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     result = Run(trace, timed, backend, sink=watch).execute()  # type: ignore[arg-type]
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     ms = np.array(result.decision_ms) if result.decision_ms else np.zeros(1)
-    cpu_ms = np.array(timed.cpu_ms) if timed.cpu_ms else np.zeros(1)
+    cpu_ms = np.array(timed.times) if timed.times else np.zeros(1)
     return {"policy": policy, "wall_s": wall, "cpu_s": cpu, "decisions": len(result.decision_ms),
             "median_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99)),
             "cpu_median_ms": float(np.median(cpu_ms)),

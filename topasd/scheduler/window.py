@@ -77,14 +77,14 @@ def candidate_window(view: EngineView, params: TopasParams,
     keep.update((agent, tids[0]) for agent, tids in reached.items())
     rest = sorted(((order[tid], agent, len(by_agent[agent][tid]))
                    for agent, tids in reached.items() for tid in tids[1:]))
-    room = cap - sum(len(by_agent[a][tid]) for a, tid in keep)
+    slots = cap - sum(len(by_agent[a][tid]) for a, tid in keep)  # requests the cap leaves
     for (_, _, tid), agent, n in rest:
         if (agent, tid) in keep:
             continue
-        if room < n:
+        if slots < n:
             break
         keep.add((agent, tid))
-        room -= n
+        slots -= n
     if len(keep) == sum(len(tasks) for tasks in by_agent.values()):
         return view
     return dataclasses.replace(
