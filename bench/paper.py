@@ -162,7 +162,7 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
                 f"| {p['topas']:.1f} s | {-p['reduction_pct']:+.1f}% | -{pp}% | {_vs(p)} |")
         lines.append("")
     lines += ["(Change = TOPAS vs the best baseline: negative means TOPAS is lower, as in "
-              "the paper's column. `topas` runs nine extensions beyond the paper by "
+              "the paper's column. `topas` runs ten extensions beyond the paper by "
               "default (docs/topas.md, \"Extensions\"); `topas-paper` is section IV as "
               "given, shown with its change against the same best baseline. The ablation "
               "variants keep every extension and turn off only what names them.)",
