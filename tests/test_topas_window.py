@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 
 from tests.topas_views import CHAIN, request, task, view
-from topasd.model import EngineView, Request
+from topasd.model import EngineView, Request, StageProgress, StageStatus, TaskView
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import TopasParams
 from topasd.scheduler.topas import TopasPolicy
-from topasd.scheduler.window import admission_room, candidate_window
+from topasd.scheduler.window import admission_room, candidate_window, oldest_by_workflow
 
 
 def _params(**changes: object) -> TopasParams:
@@ -167,3 +167,27 @@ def test_the_search_budget_bounds_the_fills_and_the_enumeration() -> None:
         topas._Search.run, topas._Search._evaluate = run, evaluate  # type: ignore[method-assign]
     assert steps[-3] > 3 and steps[-2] == 3 and steps[-1] == 4
     assert greedy.admit and tight.admit and per_sample.admit  # the best found, never none
+
+
+def test_a_task_view_knows_whether_it_progressed() -> None:
+    """`TaskView.progressed` (read by `start_gate` and the window) follows its
+    stages: a finished round or a done stage, and nothing else."""
+    def with_a(a: StageProgress) -> TaskView:
+        return TaskView(1, "w", 0.0, {"a": a, "b": StageProgress()})
+
+    assert not with_a(StageProgress()).progressed
+    assert not with_a(StageProgress(StageStatus.ACTIVE)).progressed
+    assert with_a(StageProgress(rounds_done=1)).progressed
+    assert with_a(StageProgress(StageStatus.DONE)).progressed
+    started = with_a(StageProgress(rounds_done=1))
+    assert not replace(started, stages={"a": StageProgress()}).progressed
+
+
+def test_each_workflow_oldest_request_is_the_lowest_arrival_then_id() -> None:
+    """`oldest_by_workflow` (the `overdue` and head-of-line candidates): per
+    workflow, the least (task arrival, id), whatever the queue's order."""
+    at = {5: 3.0, 9: 1.0, 2: 1.0, 4: 2.0}
+    reqs = [replace(request(rid, rid, CHAIN, "a", arrival=at[rid]), workflow=wf)
+            for rid, wf in ((5, "w"), (9, "w"), (2, "w"), (4, "v"))]
+    for queue in (reqs, reqs[::-1]):
+        assert {wf: r.id for wf, r in oldest_by_workflow(queue).items()} == {"w": 2, "v": 4}

@@ -474,6 +474,12 @@ class TaskView:
     arrival: float
     stages: Mapping[str, StageProgress]
     finished_at: float | None = None
+    # a round finished or a stage is done (set from `stages` at construction)
+    progressed: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "progressed", any(
+            st.rounds_done or st.status is StageStatus.DONE for st in self.stages.values()))
 
     @property
     def service_s(self) -> float:

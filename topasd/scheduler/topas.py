@@ -42,7 +42,7 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
-from topasd.scheduler.window import candidate_window, is_fresh
+from topasd.scheduler.window import candidate_window, is_fresh, oldest_by_workflow
 from topasd.score import score_total
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
@@ -106,13 +106,13 @@ class TopasPolicy:
         kappa = self.params.overdue
         if kappa is None or not view.waiting:
             return None
-        names = {r.workflow for r in view.waiting}
-        refs = {name: sum(jcts) / len(jcts) for name in names if (jcts := self._jcts.get(name))}
-        if len(refs) < len(names):  # before any finished: the expected fresh path
+        oldest = oldest_by_workflow(view.waiting)  # each workflow's largest age
+        refs = {name: sum(jcts) / len(jcts) for name in oldest if (jcts := self._jcts.get(name))}
+        if len(refs) < len(oldest):  # before any finished: the expected fresh path
             refs = {**self.fresh_paths(view, paths), **refs}
         best: tuple[float, float, int] | None = None
         worst: Request | None = None
-        for r in view.waiting:
+        for r in oldest.values():
             key = (-(view.t - r.task_arrival) / refs[r.workflow], r.task_arrival, r.id)
             if best is None or key < best:
                 best, worst = key, r

@@ -17,11 +17,12 @@ the head of line).
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from topasd.model import EngineView, Request, Reservation, StageStatus, TaskView
+from topasd.model import EngineView, Request, Reservation, TaskView
 from topasd.scheduler.params import TopasParams
 
 
@@ -45,9 +46,42 @@ def admission_room(view: EngineView, preempt: bool, swap_only: bool) -> float:
 def is_fresh(task: TaskView | None, running_tasks: frozenset[int]) -> bool:
     """A task that has not started: none of its requests runs, no round has
     finished and no stage is done (`start_gate` fills such tasks last)."""
-    return (task is not None and task.id not in running_tasks and all(
-        st.rounds_done == 0 and st.status is not StageStatus.DONE
-        for st in task.stages.values()))
+    return task is not None and not task.progressed and task.id not in running_tasks
+
+
+@dataclasses.dataclass(slots=True)
+class _Queue:
+    """The waiting queue by agent and task: each request's d_r, each agent's
+    least d_r, each task's arrival."""
+
+    by_agent: dict[str, dict[int, list[float]]] = dataclasses.field(default_factory=dict)
+    least: dict[str, float] = dataclasses.field(default_factory=dict)
+    arrival: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, r: Request, d: float) -> None:
+        tid, tasks = r.task_id, self.by_agent.get(r.agent)
+        if tasks is None:
+            self.by_agent[r.agent], self.least[r.agent] = {tid: [d]}, d
+        else:
+            ds = tasks.get(tid)
+            if ds is None:
+                tasks[tid] = [d]
+            else:
+                ds.append(d)
+            if d < self.least[r.agent]:
+                self.least[r.agent] = d
+        self.arrival[tid] = r.task_arrival
+
+
+def oldest_by_workflow(waiting: Iterable[Request]) -> dict[str, Request]:
+    """Each workflow's waiting request of its oldest task (then lowest id)."""
+    oldest: dict[str, Request] = {}
+    for r in waiting:
+        o = oldest.get(r.workflow)
+        if o is None or r.task_arrival < o.task_arrival or (
+                r.task_arrival == o.task_arrival and r.id < o.id):
+            oldest[r.workflow] = r
+    return oldest
 
 
 def candidate_window(view: EngineView, params: TopasParams,
@@ -62,16 +96,12 @@ def candidate_window(view: EngineView, params: TopasParams,
     if params.window is None or not view.waiting or len(view.waiting) <= params.window_cap:
         return view
     limit = params.window * admission_room(view, params.preempt, params.swap_only)
-    ratio, reservation = view.new_request_ratio, Reservation(params.reservation)
-    by_agent: dict[str, dict[int, list[float]]] = defaultdict(dict)  # d_r by agent, task
-    least: dict[str, float] = {}
+    reservation, ratio, queue = Reservation(params.reservation), view.new_request_ratio, _Queue()
     for r in view.waiting:
-        d = r.admit_demand(reservation, ratio)
-        by_agent[r.agent].setdefault(r.task_id, []).append(d)
-        if d < least.get(r.agent, math.inf):
-            least[r.agent] = d
-    order = _task_order(view, params.start_gate)
-    reached = {agent: _reach(tasks, order, limit, least[agent])
+        queue.add(r, r.admit_demand(reservation, ratio))
+    by_agent = queue.by_agent
+    order = _task_order(view, queue.arrival, params.start_gate)
+    reached = {agent: _reach(tasks, order, limit, queue.least[agent])
                for agent, tasks in by_agent.items()}
     keep = {(r.agent, r.task_id) for r in forced if r is not None}
     keep.update((agent, tids[0]) for agent, tids in reached.items())
@@ -87,8 +117,11 @@ def candidate_window(view: EngineView, params: TopasParams,
         slots -= n
     if len(keep) == sum(len(tasks) for tasks in by_agent.values()):
         return view
+    kept: dict[str, set[int]] = defaultdict(set)
+    for agent, tid in keep:
+        kept[agent].add(tid)
     return dataclasses.replace(
-        view, waiting=tuple(r for r in view.waiting if (r.agent, r.task_id) in keep))
+        view, waiting=tuple(r for r in view.waiting if r.task_id in kept[r.agent]))
 
 
 def _reach(tasks: Mapping[int, list[float]], order: Mapping[int, tuple[bool, float, int]],
@@ -99,7 +132,10 @@ def _reach(tasks: Mapping[int, list[float]], order: Mapping[int, tuple[bool, flo
     request that fits what is left takes its d_r; one that does not is
     skipped (its task stays, as the fill would refuse it)."""
     left, reached = limit, []
-    for tid in sorted(tasks, key=order.__getitem__):
+    heap = [order[tid] for tid in tasks]  # (started, arrival, id): popped in order
+    heapq.heapify(heap)
+    while heap:
+        tid = heapq.heappop(heap)[2]
         reached.append(tid)
         for d in tasks[tid]:
             if d <= left:
@@ -109,10 +145,10 @@ def _reach(tasks: Mapping[int, list[float]], order: Mapping[int, tuple[bool, flo
     return reached
 
 
-def _task_order(view: EngineView, started_first: bool) -> Mapping[int, tuple[bool, float, int]]:
+def _task_order(view: EngineView, arrival: Mapping[int, float],
+                started_first: bool) -> Mapping[int, tuple[bool, float, int]]:
     """GreedyPack's task order: (not started, arrival, id) with `started_first`."""
     running_tasks = frozenset(r.task_id for r in view.running)
-    arrival = {r.task_id: r.task_arrival for r in view.waiting}
     if not started_first:
         return {tid: (False, at, tid) for tid, at in arrival.items()}
     return {tid: (is_fresh(view.tasks.get(tid), running_tasks), at, tid)
