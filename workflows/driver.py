@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from topasd.model import Request, TopasError, Workflow
+from topasd.model import Request, Segment, TopasError, Workflow, segment_keys
 from workflows.trace import TaskRecord
 
 
@@ -116,9 +116,16 @@ class TaskDriver:
             ready_at=ready_at,
             task_arrival=record.arrival,
             prefix_tokens=wf.agents[agent].prefix_tokens,
+            shared=_segments(record, agent, spec.shared),
         )
         self._requests[req.id] = (req, branch)
         return req
+
+
+def _segments(record: TaskRecord, agent: str, names: tuple[str, ...]) -> tuple[Segment, ...]:
+    """The shared segments a round's input starts with, as copies (`segment_keys`)."""
+    keys = segment_keys(agent, record.id, names)
+    return tuple(Segment(k, record.context[n]) for k, n in zip(keys, names, strict=True))
 
 
 def _after(t: float, wait: float) -> float:

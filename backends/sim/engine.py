@@ -35,6 +35,7 @@ from backends.base import (
 )
 from topasd.model import (
     KEPT_NOTE,
+    ContextState,
     Decision,
     EngineEvent,
     EngineView,
@@ -44,8 +45,10 @@ from topasd.model import (
     Request,
     RequestState,
     Reservation,
+    Segment,
     TaskView,
     Workflow,
+    shared_kv,
 )
 from topasd.profiles import HardwareProfile
 
@@ -72,8 +75,23 @@ class _Prefix:
         self.kept = False  # evicted, its KV kept in free memory (`keep_evicted`)
 
 
+class _Context(_Prefix):
+    """A copy of shared task context: a prefix-like piece of KV (GPU or none, no
+    host tier) locked by its `holders`, cached in free KV (`kept`) without."""
+
+    __slots__ = ("holders", "owner", "task_id")
+
+    def __init__(self, key: str, tokens: int, owner: str, task_id: int) -> None:
+        super().__init__(key, tokens, Location.NONE)
+        self.owner = owner
+        self.task_id = task_id
+        self.holders = 0
+
+
 class _Live:
-    """A running request's mutable progress."""
+    """A running request's mutable progress. Its prefill covers its own input
+    (and recomputed output); its shared segments are computed once, by their
+    copies (`_Context`), and read as context."""
 
     __slots__ = ("admitted_at", "generated", "prefill_left", "prefilled", "req", "reservation",
                  "started_at")
@@ -81,7 +99,7 @@ class _Live:
     def __init__(self, req: Request, t: float, reservation: Reservation) -> None:
         self.req = req
         self.generated = req.generated
-        self.prefill_left = req.input_tokens + req.generated
+        self.prefill_left = req.own_input + req.generated
         self.prefilled = 0
         self.admitted_at = t
         self.started_at: float | None = None
@@ -89,7 +107,13 @@ class _Live:
 
     @property
     def kv(self) -> int:
+        """Its context beyond the agent prefix: whole input and generated tokens."""
         return self.req.input_tokens + self.generated
+
+    @property
+    def held(self) -> int:
+        """KV it holds alone: `kv` without its shared segments."""
+        return self.req.own_input + self.generated
 
     @property
     def in_prefill(self) -> bool:
@@ -129,6 +153,9 @@ class SimStats:
     preemptions: int = 0
     retractions: int = 0
     recomputed_tokens: int = 0
+    context_hits: int = 0  # shared segments an admitted request found on the GPU
+    context_hit_tokens: int = 0
+    context_computes: int = 0  # ... and those it had to compute
     withdrawn: int = 0  # requests whose caller went away (the daemon's API)
     busy_s: float = 0.0
 
@@ -152,7 +179,8 @@ class SimBackend(EventBuffer):
         self.ratio = profile.init_new_token_ratio
         self.batch_is_full = False
         self._prefixes: dict[str, _Prefix] = {}
-        self._kept: dict[str, None] = {}  # kept prefixes, oldest eviction first
+        self._contexts: dict[str, _Context] = {}  # shared task context by key
+        self._kept: dict[str, None] = {}  # kept prefixes and unheld contexts, oldest first
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
         self._timed: list[tuple[float, int, int, Any]] = []  # payload: by kind
@@ -190,6 +218,7 @@ class SimBackend(EventBuffer):
             if live.in_prefill:
                 self._prefill.remove(request_id)
             req, generated = live.req, live.generated
+            self._release(req)
         elif request_id in self._waiting:
             req = self._waiting.pop(request_id)
             generated = req.generated
@@ -243,6 +272,7 @@ class SimBackend(EventBuffer):
             chunk_tokens=self.profile.chunk_tokens,
             max_prefill_tokens=self.profile.max_prefill_tokens,
             seq=self._seq,
+            contexts=self._context_states(),
         )
 
     def limits(self) -> EngineLimits:
@@ -313,10 +343,13 @@ class SimBackend(EventBuffer):
         for lv in kept:
             rem = lv.req.output_tokens - lv.generated
             if lv.reservation is Reservation.FULL:
-                total += lv.req.input_tokens + lv.req.output_tokens
+                total += lv.req.own_input + lv.req.output_tokens
             else:
-                total += lv.kv + self.ratio * min(rem, clip)
-        return total + sum(r.admit_demand(reservation, NEW_REQUEST_RATIO, clip) for r in admitted)
+                total += lv.held + self.ratio * min(rem, clip)
+        total += sum(r.admit_demand(reservation, NEW_REQUEST_RATIO, clip) for r in admitted)
+        if self._contexts:  # each held copy once
+            total += sum(shared_kv([*(lv.req for lv in kept), *admitted]).values())
+        return total
 
     # ------------------------------------------------------- state changes
 
@@ -334,6 +367,8 @@ class SimBackend(EventBuffer):
     def _admit(self, req: Request, reservation: Reservation) -> None:
         live = _Live(req, self._t, reservation)
         self._running[req.id] = live
+        for seg in req.shared:
+            self._hold(seg, req)
         self._prefill.append(req.id)
         self._emit(self._t, EventKind.REQUEST_ADMIT, req, tokens=live.prefill_left)
 
@@ -344,6 +379,7 @@ class SimBackend(EventBuffer):
         self._waiting[rid] = req
         if live.in_prefill:
             self._prefill.remove(rid)
+        self._release(req)
         self.stats.preemptions += 1
         self.stats.recomputed_tokens += live.prefilled
         self._emit(self._t, kind, req, tokens=live.generated)
@@ -370,20 +406,69 @@ class SimBackend(EventBuffer):
                        note=KEPT_NOTE)
         self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note=why)
 
+    def _piece(self, key: str) -> _Prefix:
+        """The agent prefix or shared context copy `key` names."""
+        return self._contexts.get(key) or self._prefixes[key]
+
     def _room_beside(self, tokens: int) -> float:
         """Free KV, kept copies counted free, once `tokens` more are taken."""
-        kept = sum(self._prefixes[a].tokens for a in self._kept)
+        kept = sum(self._piece(a).tokens for a in self._kept)
         return self.profile.budget_tokens - self._used_tokens() + kept - tokens
 
     def _drop_kept(self, room: float) -> None:
-        """Kept prefixes give up their KV, oldest first, until the rest fit `room`."""
-        for agent in kept_to_drop(self._kept, lambda a: self._prefixes[a].tokens, room):
-            p = self._prefixes[agent]
-            del self._kept[agent]
+        """Kept prefixes and unheld context copies give up their KV, oldest
+        first, until the rest fit `room`."""
+        for key in kept_to_drop(self._kept, lambda a: self._piece(a).tokens, room):
+            p = self._piece(key)
+            del self._kept[key]
             p.kept, p.location = False, Location.NONE
             self._prefix_view = None
-            self._emit(self._t, EventKind.PREFIX_DROP, agent=agent, tokens=p.tokens,
-                       note="its room was needed")
+            if isinstance(p, _Context):
+                p.ready = False
+                self._emit(self._t, EventKind.CONTEXT_DROP, agent=p.owner, tokens=p.tokens,
+                           note=key)
+            else:
+                self._emit(self._t, EventKind.PREFIX_DROP, agent=key, tokens=p.tokens,
+                           note="its room was needed")
+
+    def _hold(self, seg: Segment, req: Request) -> None:
+        """An admitted request holds a shared segment: a hit on its copy, or
+        the copy is computed (ahead of the request in the prefill FIFO)."""
+        c = self._contexts.get(seg.key)
+        if c is None:
+            c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
+        if c.location is Location.NONE:
+            c.location, c.ready, c.compute_left = Location.GPU, False, c.tokens
+            self._prefill.append(seg.key)
+            self.stats.context_computes += 1
+            self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
+                       note=seg.key)
+        else:
+            if c.kept:
+                del self._kept[seg.key]
+                c.kept = False
+            self.stats.context_hits += 1
+            self.stats.context_hit_tokens += c.tokens
+            self._emit(self._t, EventKind.CONTEXT_HIT, req, tokens=c.tokens, note=seg.key)
+        c.holders += 1
+
+    def _release(self, req: Request) -> None:
+        """A request leaves the batch: a copy it was the last holder of stays
+        cached in free KV, or, not yet computed, is dropped."""
+        for seg in req.shared:
+            c = self._contexts[seg.key]
+            c.holders -= 1
+            c.last_used = self._t
+            if c.holders:
+                continue
+            if c.ready:
+                c.kept = True
+                self._kept[seg.key] = None
+            else:
+                self._prefill.remove(seg.key)
+                c.compute_left, c.location = 0, Location.NONE
+                self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                           note=seg.key)
 
     def _load(self, agent: str) -> None:
         p = self._prefixes[agent]
@@ -414,6 +499,10 @@ class SimBackend(EventBuffer):
         p.ready = True
         p.ready_at = self._t
         self._prefix_view = None
+        if isinstance(p, _Context):  # no host tier: nothing to back up
+            self._emit(self._t, EventKind.CONTEXT_COMPUTE_END, agent=p.owner, tokens=p.tokens,
+                       note=p.agent)
+            return
         self._emit(self._t, kind, agent=p.agent, tokens=p.tokens)
         if self.profile.host_cache and not p.host_copy and not p.backup_pending:
             p.backup_pending = True  # HiCache write-through: back the prefix up to host
@@ -437,6 +526,7 @@ class SimBackend(EventBuffer):
         self.batch_is_full = False
         started = live.started_at if live.started_at is not None else live.admitted_at
         self._prefixes[req.agent].last_used = self._t
+        self._release(req)
         self._emit(self._t, EventKind.REQUEST_FINISH, req, tokens=live.generated,
                    value=self._t - started)
         self._need_schedule = True
@@ -500,13 +590,19 @@ class SimBackend(EventBuffer):
 
     def _decoding(self) -> list[_Live]:
         return [lv for lv in self._running.values()
-                if not lv.in_prefill and self._prefixes[lv.req.agent].ready]
+                if not lv.in_prefill and self._resident(lv.req)]
+
+    def _resident(self, req: Request) -> bool:
+        """Its agent prefix and every shared segment it holds are ready."""
+        if not self._prefixes[req.agent].ready:
+            return False
+        return all(self._contexts[s.key].ready for s in req.shared) if req.shared else True
 
     # ----------------------------------------------------------- prefill
 
     def _prefill_runnable(self) -> bool:
         for item in self._prefill:
-            if isinstance(item, str) or self._prefixes[self._running[item].req.agent].ready:
+            if isinstance(item, str) or self._resident(self._running[item].req):
                 return True
         return False
 
@@ -549,7 +645,7 @@ class SimBackend(EventBuffer):
             if budget <= 0:
                 break
             if isinstance(item, str):
-                p = self._prefixes[item]
+                p = self._piece(item)
                 n = min(p.compute_left, budget)
                 c = p.tokens - p.compute_left
                 p.compute_left -= n
@@ -559,11 +655,12 @@ class SimBackend(EventBuffer):
                     computed.append(p)
             else:
                 live = self._running[item]
-                p = self._prefixes[live.req.agent]
-                if not p.ready:
+                if not self._resident(live.req):
                     continue
                 n = min(live.prefill_left, budget)
-                c = p.tokens + live.prefilled
+                c = self._prefixes[live.req.agent].tokens + live.prefilled
+                if live.req.shared:
+                    c += live.req.input_tokens - live.req.own_input
                 if live.started_at is None:
                     live.started_at = self._t
                     self._emit(self._t, EventKind.REQUEST_START, live.req)
@@ -581,7 +678,7 @@ class SimBackend(EventBuffer):
     def _mixed_decoders(self) -> list[tuple[_Live, int]]:
         return [(lv, self._prefixes[lv.req.agent].tokens) for lv in self._running.values()
                 if not lv.prefill_left and lv.started_at is not None
-                and self._prefixes[lv.req.agent].ready]
+                and self._resident(lv.req)]
 
     # ------------------------------------------------------------ decode
 
@@ -653,7 +750,9 @@ class SimBackend(EventBuffer):
     def _used_tokens(self) -> int:
         used = sum(p.tokens for p in self._prefixes.values()
                    if p.location is Location.GPU or p.kept)
-        return used + sum(lv.kv for lv in self._running.values())
+        if self._contexts:
+            used += sum(c.tokens for c in self._contexts.values() if c.location is Location.GPU)
+        return used + sum(lv.held for lv in self._running.values())
 
     def _make_room(self, batch: int) -> bool:
         """Decode is out of KV: evict idle prefixes (LRU), then retract (SGLang)."""
@@ -677,8 +776,7 @@ class SimBackend(EventBuffer):
         order = sorted(self._running.values(),
                        key=lambda lv: (lv.generated, -lv.req.input_tokens), reverse=True)
         first = True
-        while len(order) > 1 and (first or self.profile.budget_tokens - self._used_tokens()
-                                  < len(order)):
+        while len(order) > 1 and (first or self._room_beside(len(order)) < 0):
             first = False
             live = order.pop()
             self.stats.retractions += 1
@@ -698,7 +796,7 @@ class SimBackend(EventBuffer):
         return Request(r.id, r.task_id, r.workflow, r.stage, r.agent, r.round, r.input_tokens,
                        r.output_tokens, r.ready_at, r.task_arrival, r.prefix_tokens, r.queued_at,
                        live.generated, RequestState.RUNNING, live.admitted_at, live.started_at,
-                       live.reservation, r.preemptions)
+                       live.reservation, r.preemptions, r.shared)
 
     def _prefix_states(self) -> dict[str, PrefixState]:
         if self._prefix_view is None:
@@ -708,6 +806,12 @@ class SimBackend(EventBuffer):
                 for a, p in self._prefixes.items()
             }
         return self._prefix_view
+
+    def _context_states(self) -> dict[str, ContextState]:
+        return {k: ContextState(k, c.owner, c.task_id, c.tokens, c.location, c.ready,
+                                c.holders, c.last_used)
+                for k, c in self._contexts.items()}
+
 
 def _next_timed(timed: list[tuple[float, int, int, object]]) -> float:
     """When the next timed event fires (inf: none)."""
