@@ -77,15 +77,20 @@ class _Prefix:
 
 class _Context(_Prefix):
     """A copy of shared task context: a prefix-like piece of KV (GPU or none, no
-    host tier) locked by its `holders`, cached in free KV (`kept`) without."""
+    host tier) locked by its `holders`, cached in free KV (`kept`) without.
+    One holder computes it in its own prefill (`computer`; done once that
+    prefill passes `end`), as a radix or prefix cache fills it; the others
+    wait for it, and share it from the next step."""
 
-    __slots__ = ("holders", "owner", "task_id")
+    __slots__ = ("computer", "end", "holders", "owner", "task_id")
 
     def __init__(self, key: str, tokens: int, owner: str, task_id: int) -> None:
         super().__init__(key, tokens, Location.NONE)
         self.owner = owner
         self.task_id = task_id
         self.holders = 0
+        self.computer: int | None = None
+        self.end = 0
 
 
 class _Live:
@@ -93,11 +98,12 @@ class _Live:
     (and recomputed output); its shared segments are computed once, by their
     copies (`_Context`), and read as context."""
 
-    __slots__ = ("admitted_at", "generated", "prefill_left", "prefilled", "req", "reservation",
-                 "started_at")
+    __slots__ = ("admitted_at", "computes", "generated", "prefill_left", "prefilled", "req",
+                 "reservation", "started_at")
 
     def __init__(self, req: Request, t: float, reservation: Reservation) -> None:
         self.req = req
+        self.computes: list[_Context] = []  # shared copies its prefill computes first
         self.generated = req.generated
         self.prefill_left = req.own_input + req.generated
         self.prefilled = 0
@@ -368,7 +374,7 @@ class SimBackend(EventBuffer):
         live = _Live(req, self._t, reservation)
         self._running[req.id] = live
         for seg in req.shared:
-            self._hold(seg, req)
+            self._hold(seg, live)
         self._prefill.append(req.id)
         self._emit(self._t, EventKind.REQUEST_ADMIT, req, tokens=live.prefill_left)
 
@@ -431,15 +437,16 @@ class SimBackend(EventBuffer):
                 self._emit(self._t, EventKind.PREFIX_DROP, agent=key, tokens=p.tokens,
                            note="its room was needed")
 
-    def _hold(self, seg: Segment, req: Request) -> None:
+    def _hold(self, seg: Segment, live: _Live) -> None:
         """An admitted request holds a shared segment: a hit on its copy, or
-        the copy is computed (ahead of the request in the prefill FIFO)."""
+        it computes the copy in its prefill."""
+        req = live.req
         c = self._contexts.get(seg.key)
         if c is None:
             c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
         if c.location is Location.NONE:
-            c.location, c.ready, c.compute_left = Location.GPU, False, c.tokens
-            self._prefill.append(seg.key)
+            c.location, c.ready = Location.GPU, False
+            self._compute_by(c, live)
             self.stats.context_computes += 1
             self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
                        note=seg.key)
@@ -452,23 +459,37 @@ class SimBackend(EventBuffer):
             self._emit(self._t, EventKind.CONTEXT_HIT, req, tokens=c.tokens, note=seg.key)
         c.holders += 1
 
+    def _compute_by(self, c: _Context, live: _Live) -> None:
+        """`live` computes copy `c` in its prefill, after the copies it already
+        computes and before its own input."""
+        c.computer = live.req.id
+        c.end = live.prefilled + sum(x.tokens for x in live.computes if not x.ready) + c.tokens
+        live.computes.append(c)
+        live.prefill_left += c.tokens
+
     def _release(self, req: Request) -> None:
         """A request leaves the batch: a copy it was the last holder of stays
-        cached in free KV, or, not yet computed, is dropped."""
+        cached in free KV; one it was computing passes to the next holder in
+        the prefill FIFO (none left: the copy is dropped)."""
         for seg in req.shared:
             c = self._contexts[seg.key]
             c.holders -= 1
             c.last_used = self._t
-            if c.holders:
-                continue
             if c.ready:
-                c.kept = True
-                self._kept[seg.key] = None
-            else:
-                self._prefill.remove(seg.key)
-                c.compute_left, c.location = 0, Location.NONE
-                self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
-                           note=seg.key)
+                if not c.holders:
+                    c.kept = True
+                    self._kept[seg.key] = None
+                continue
+            if c.computer != req.id:
+                continue
+            heir = next((self._running[i] for i in self._prefill if isinstance(i, int)
+                         and any(s.key == seg.key for s in self._running[i].req.shared)), None)
+            if heir is not None:
+                self._compute_by(c, heir)
+                continue
+            c.computer, c.location = None, Location.NONE
+            self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                       note=seg.key)
 
     def _load(self, agent: str) -> None:
         p = self._prefixes[agent]
@@ -593,10 +614,12 @@ class SimBackend(EventBuffer):
                 if not lv.in_prefill and self._resident(lv.req)]
 
     def _resident(self, req: Request) -> bool:
-        """Its agent prefix and every shared segment it holds are ready."""
+        """Its agent prefix is ready, and every shared copy it holds is ready or
+        computed by its own prefill."""
         if not self._prefixes[req.agent].ready:
             return False
-        return all(self._contexts[s.key].ready for s in req.shared) if req.shared else True
+        return all(c.ready or c.computer == req.id for c in map(
+            self._contexts.__getitem__, (s.key for s in req.shared))) if req.shared else True
 
     # ----------------------------------------------------------- prefill
 
@@ -624,6 +647,8 @@ class SimBackend(EventBuffer):
         for p in computed:
             p.ready = False
             self._prefix_ready(p, EventKind.PREFIX_COMPUTE_END)
+            if isinstance(p, _Context):
+                p.computer = None
         if decoding:
             self._count_decode(len(decoding), 1)
         for live in done:  # its prefill made its first token
@@ -645,7 +670,7 @@ class SimBackend(EventBuffer):
             if budget <= 0:
                 break
             if isinstance(item, str):
-                p = self._piece(item)
+                p = self._prefixes[item]
                 n = min(p.compute_left, budget)
                 c = p.tokens - p.compute_left
                 p.compute_left -= n
@@ -657,15 +682,7 @@ class SimBackend(EventBuffer):
                 live = self._running[item]
                 if not self._resident(live.req):
                     continue
-                n = min(live.prefill_left, budget)
-                c = self._prefixes[live.req.agent].tokens + live.prefilled
-                if live.req.shared:
-                    c += live.req.input_tokens - live.req.own_input
-                if live.started_at is None:
-                    live.started_at = self._t
-                    self._emit(self._t, EventKind.REQUEST_START, live.req)
-                live.prefilled += n
-                live.prefill_left -= n
+                n, c = self._request_piece(live, budget, computed)
                 if not live.prefill_left:
                     self._prefill.remove(item)
                     done.append(live)
@@ -674,6 +691,24 @@ class SimBackend(EventBuffer):
             pairs += n * c + n * n / 2.0
             ctx += c + n
         return n_total, pairs, ctx, done, computed
+
+    def _request_piece(self, live: _Live, budget: int,
+                       computed: list[_Prefix]) -> tuple[int, int]:
+        """A request's prefill piece of at most `budget` tokens: (tokens, context
+        before them: its prefix, the shared copies it reads and its prefill so
+        far). Copies it computes that the piece completes join `computed`."""
+        n = min(live.prefill_left, budget)
+        c = self._prefixes[live.req.agent].tokens + live.prefilled
+        if live.req.shared:
+            c += sum(s.tokens for s in live.req.shared) - sum(x.tokens for x in live.computes)
+        if live.started_at is None:
+            live.started_at = self._t
+            self._emit(self._t, EventKind.REQUEST_START, live.req)
+        live.prefilled += n
+        live.prefill_left -= n
+        computed += [x for x in live.computes
+                     if not x.ready and x.computer == live.req.id and live.prefilled >= x.end]
+        return n, c
 
     def _mixed_decoders(self) -> list[tuple[_Live, int]]:
         return [(lv, self._prefixes[lv.req.agent].tokens) for lv in self._running.values()
