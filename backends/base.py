@@ -61,13 +61,15 @@ def kept_to_drop(kept: Iterable[str], tokens: Callable[[str], float],
 def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mapping[int, Request],
                       resident: Collection[str], known: Collection[str],
                       demand: Callable[[set[str], list[int], list[Request]], float],
-                      budget: float, unit: str = "KV tokens") -> list[str]:
+                      budget: float, unit: str = "KV tokens",
+                      droppable: Collection[str] = ()) -> list[str]:
     """The rules every backend checks before carrying out a decision: ids exist
     and appear once, evicted prefixes are resident and idle after preemptions,
     loaded ones known and not resident, admitted requests' prefixes resident
     afterwards, and the state within the budget (Eq. 2). `running` maps running
     request ids to agents; `demand(resident_after, kept_ids, admitted)` prices
-    the target state in the backend's own accounting."""
+    the target state in the backend's own accounting. `evict` may also name a
+    shared context copy in `droppable` (cached, no holder): it is dropped."""
     problems = []
     pre, adm = set(d.preempt), set(d.admit)
     if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
@@ -79,6 +81,8 @@ def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mappi
     after = set(resident)
     kept = [rid for rid in running if rid not in pre]
     for agent in d.evict:
+        if agent in droppable:
+            continue
         if agent not in resident:
             problems.append(f"evict {agent!r}: its prefix is not resident")
         elif any(running[rid] == agent for rid in kept):

@@ -4,6 +4,7 @@ check that a built-in workload file ships."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.base import Policy
 from workflows.spec import workflow_from_dict
-from workflows.trace import RoundSpec, TaskRecord, Trace
+from workflows.trace import RoundSpec, TaskRecord, Trace, name_rounds
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
 
@@ -159,19 +160,28 @@ def scenarios(draw):
         min_size=n_tasks, max_size=n_tasks)))
     tasks = []
     shared = draw(st.booleans())  # shared task context: rounds starting with `doc`
+    converse = draw(st.booleans())  # ReAct rounds carrying their conversation
     for i, t in enumerate(arrivals):
         wf = workflows[i % len(workflows)]
         stages = {}
         doc = draw(st.integers(1, 200)) if shared else 0
+        context = {"doc": doc} if doc else {}
         for v in wf.stages:
             n_rounds = draw(st.integers(1, 3))
             sizes = [draw(st.integers(0, 300)) for _ in range(n_rounds)]
-            stages[v] = tuple(
+            rounds = [
                 RoundSpec(n, draw(st.integers(1, 80)),
                           draw(st.sampled_from([0.0, 0.0, 0.05, 0.4])),
                           shared=("doc",) if doc and n >= doc and draw(st.booleans()) else ())
-                for n in sizes)
-        tasks.append(TaskRecord(i, wf.name, t, stages, context={"doc": doc} if doc else {}))
+                for n in sizes]
+            if converse and draw(st.booleans()):  # a ReAct conversation kept across waits
+                for k in range(1, n_rounds):
+                    grown = rounds[k - 1].input_tokens + rounds[k - 1].output_tokens
+                    rounds[k] = replace(rounds[k], input_tokens=grown + sizes[k] % 40,
+                                        shared=rounds[0].shared)
+                rounds = name_rounds(rounds, f"{v}.c", context)
+            stages[v] = tuple(rounds)
+        tasks.append(TaskRecord(i, wf.name, t, stages, context=context))
     trace = Trace({wf.name: wf for wf in workflows}, tuple(tasks), {"workload": "random"})
     need = max(wf.prefix_tokens(v) + r.input_tokens + r.output_tokens
                for task in tasks for v, rounds in task.stages.items()

@@ -216,6 +216,9 @@ class StageProfile:
     after the stage is (its predecessors finished, or the task arrived). With
     `share_history`, the carried upstream history is shared task context: one
     segment every round of every branch starts with, held once (`Segment`).
+    With `share_rounds` (and `carry_rounds`), a round's carried conversation
+    is too: each finished round's own input and output stay as a segment its
+    next round starts with, kept (or not) through the tool wait between them.
     """
 
     rounds: Dist = field(default_factory=lambda: Dist.fixed(1))
@@ -229,6 +232,7 @@ class StageProfile:
     branches: Dist = field(default_factory=lambda: Dist.fixed(1))
     summary_tokens: Dist | None = None  # None: upstream outputs carried whole
     share_history: bool = False
+    share_rounds: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +433,9 @@ class Request:
     reservation: Reservation = Reservation.FULL
     preemptions: int = 0
     shared: tuple[Segment, ...] = ()  # shared task context, in prompt order
+    # the copy its finished sequence (own input and output) becomes: the conversation
+    # its next ReAct round starts with, kept through the tool wait between them
+    keeps: Segment | None = None
 
     @property
     def remaining(self) -> int:
@@ -527,7 +534,8 @@ class ContextState:
     location: Location
     ready: bool = False
     holders: int = 0
-    last_used: float = 0.0
+    last_used: float = 0.0  # when its last holder left (a tool wait's start)
+    next_use: float | None = None  # when a request holding it is next ready (the wait's end)
 
 
 class StageStatus(StrEnum):
@@ -722,6 +730,11 @@ class EventKind(StrEnum):
     CONTEXT_COMPUTE_START = "context_compute_start"  # ... did not: it is prefilled
     CONTEXT_COMPUTE_END = "context_compute_end"
     CONTEXT_DROP = "context_drop"  # an unheld copy gave up its room (or its compute)
+    CONTEXT_KEEP = "context_keep"  # a finished round's sequence kept as its next round's
+    # a ReAct round's tool call, between its request's finish and the next round's
+    # readiness (`request_id`: the finished request; `value`: the wait)
+    TOOL_CALL_START = "tool_call_start"
+    TOOL_CALL_END = "tool_call_end"
     STAGE_FINISH = "stage_finish"
     TASK_FINISH = "task_finish"
     TASK_ABANDON = "task_abandon"  # an application's task that will see no more calls (`note`)

@@ -19,6 +19,7 @@
         branches: 1            # parallel copies per task, a map (trace version 2)
         summary_tokens: ...    # each carried upstream output summarized (version 2)
         share_history: false   # the carried history is shared task context (version 2)
+        share_rounds: false    # each round's conversation so far is kept as context (v2)
     operating_points: [0.1, 0.15, 0.2]   # arrival rates (task/s) for benchmarks
 
 A number is a fixed value; a distribution is one of
@@ -181,6 +182,7 @@ class StageSpec(BaseModel):
     branches: Any = 1
     summary_tokens: Any = None
     share_history: bool = False
+    share_rounds: bool = False
 
     @field_validator("history")
     @classmethod
@@ -247,6 +249,7 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
             summary_tokens=None if s.summary_tokens is None else parse_dist(
                 s.summary_tokens, f"{at}, summary_tokens", (0, MAX_TOKENS), whole=True),
             share_history=s.share_history,
+            share_rounds=s.share_rounds,
         )
         stages[s.name] = Stage(s.name, s.agent, tuple(s.after), profile)
     agents = {name: Agent(name, a.prefix_tokens) for name, a in spec.agents.items()}
@@ -352,6 +355,7 @@ def _stage_dict(s: Stage) -> dict[str, Any]:
         "carry_rounds": p.carry_rounds,
         **{key: dist_to_spec(d) for key, d in newer_profile_fields(p).items()},
         **({"share_history": True} if p.share_history else {}),
+        **({"share_rounds": True} if p.share_rounds else {}),
     }
 
 
@@ -373,7 +377,8 @@ def newer_features(wf: Workflow) -> list[str]:
     for s in wf.stages.values():
         p = s.profile
         found += [f"stage {s.name!r}: {k}" for k in newer_profile_fields(p)]
-        found += [f"stage {s.name!r}: share_history"] if p.share_history else []
+        found += [f"stage {s.name!r}: {k}" for k in ("share_history", "share_rounds")
+                  if getattr(p, k)]
         found += [f"stage {s.name!r}, {k}: exponential" for k in DIST_FIELDS
                   if getattr(p, k).kind == "exponential"]
     return found

@@ -7,6 +7,7 @@ tokens, tool wait after the round).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -131,19 +132,23 @@ def sample_task(wf: Workflow, task_id: int, arrival: float,
     waits: dict[str, float] = {}
     context: dict[str, int] = {}
     ancestors = {v: _ancestors(wf, v) for v in wf.stages}
-    for v in wf.topo_order:
+    for i, v in enumerate(wf.topo_order):
         p = wf.stages[v].profile
         wait = round(max(0.0, p.wait_before_s.sample(rng)), 6)
         if wait:
             waits[v] = wait
         upstream = {"parents": wf.preds[v], "ancestors": ancestors[v]}.get(p.history, ())
         carried = sum(_carried(outputs[u], p, rng) for u in upstream)
-        shared = (f"{v}.history",) if p.share_history and carried else ()
+        name = v if re.fullmatch(r"[A-Za-z0-9_.:-]{1,150}", v) else f"stage{i}"
+        shared = (f"{name}.history",) if p.share_history and carried else ()
         if shared:
             context[shared[0]] = carried
         n_branches = max(1, round(p.branches.sample(rng)))
-        stages[v] = tuple(r for b in range(n_branches)
-                          for r in _sample_branch(p, b, carried, rng, shared))
+        branches = [_sample_branch(p, b, carried, rng, shared) for b in range(n_branches)]
+        if p.share_rounds and p.carry_rounds:
+            branches = [name_rounds(rounds, f"{name}.{b}", context)
+                        for b, rounds in enumerate(branches)]
+        stages[v] = tuple(r for rounds in branches for r in rounds)
         outputs[v] = sum(r.output_tokens for r in stages[v])
     return TaskRecord(task_id, wf.name, arrival, stages, waits=waits, context=context)
 
@@ -172,6 +177,21 @@ def _sample_branch(p: StageProfile, branch: int, upstream: int, rng: np.random.G
         if p.carry_rounds:
             carried += out + max(0, round(p.observation_tokens.sample(rng)))
     return rounds
+
+
+def name_rounds(rounds: list[RoundSpec], name: str,
+                 context: dict[str, int]) -> list[RoundSpec]:
+    """A branch's rounds with the conversation named (`share_rounds`): round k
+    starts with the segments `NAME.1` ... `NAME.k`, segment j being round
+    j-1's own input and output (added to `context`). Draws nothing."""
+    out = [rounds[0]]
+    for k in range(1, len(rounds)):
+        prev = out[-1]
+        seg = f"{name}.{k}"
+        context[seg] = prev.input_tokens - sum(context[n] for n in prev.shared) \
+            + prev.output_tokens
+        out.append(dataclasses.replace(rounds[k], shared=(*prev.shared, seg)))
+    return out
 
 
 def _ancestors(wf: Workflow, v: str) -> tuple[str, ...]:

@@ -186,6 +186,7 @@ class SimBackend(EventBuffer):
         self.batch_is_full = False
         self._prefixes: dict[str, _Prefix] = {}
         self._contexts: dict[str, _Context] = {}  # shared task context by key
+        self._next_use: dict[str, float] = {}  # copy -> when a submitted holder is ready
         self._kept: dict[str, None] = {}  # kept prefixes and unheld contexts, oldest first
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
@@ -213,6 +214,9 @@ class SimBackend(EventBuffer):
         self._ensure_prefix(request.agent, request.prefix_tokens)
         if request.ready_at > self._t:
             self._push(request.ready_at, _READY, request)
+            for seg in request.shared:  # a tool wait (or a wait before a stage) ends then
+                self._next_use[seg.key] = min(self._next_use.get(seg.key, math.inf),
+                                              request.ready_at)
         else:
             self._enqueue(request, max(request.ready_at, 0.0))
 
@@ -298,7 +302,10 @@ class SimBackend(EventBuffer):
         for rid in decision.preempt:
             self._preempt(rid, EventKind.PREEMPT)
         for agent in decision.evict:
-            self._evict(agent, "policy")
+            if agent in self._contexts:  # a cached copy the policy drops (a tool wait's)
+                self._drop_copy(self._contexts[agent])
+            else:
+                self._evict(agent, "policy")
         for agent in decision.load:
             self._load(agent)
         for rid in decision.admit:
@@ -337,7 +344,8 @@ class SimBackend(EventBuffer):
             waiting=self._waiting, resident=gpu, known=self._prefixes,
             demand=lambda after, kept, admitted: self._demand(
                 after, [self._running[r] for r in kept], admitted, d.reservation),
-            budget=self.profile.budget_tokens)
+            budget=self.profile.budget_tokens,
+            droppable=[k for k in self._kept if k in self._contexts])
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))
@@ -366,6 +374,9 @@ class SimBackend(EventBuffer):
             self._prefix_view = None
 
     def _enqueue(self, req: Request, t: float) -> None:
+        for seg in req.shared:
+            if self._next_use.get(seg.key, math.inf) <= t:
+                del self._next_use[seg.key]
         self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
         self._emit(t, EventKind.REQUEST_READY, req, tokens=req.input_tokens)
         self._need_schedule = True
@@ -427,15 +438,33 @@ class SimBackend(EventBuffer):
         for key in kept_to_drop(self._kept, lambda a: self._piece(a).tokens, room):
             p = self._piece(key)
             del self._kept[key]
-            p.kept, p.location = False, Location.NONE
-            self._prefix_view = None
             if isinstance(p, _Context):
-                p.ready = False
-                self._emit(self._t, EventKind.CONTEXT_DROP, agent=p.owner, tokens=p.tokens,
-                           note=key)
+                self._drop_copy(p)
             else:
+                p.kept, p.location = False, Location.NONE
+                self._prefix_view = None
                 self._emit(self._t, EventKind.PREFIX_DROP, agent=key, tokens=p.tokens,
                            note="its room was needed")
+
+    def _drop_copy(self, c: _Context) -> None:
+        """An unheld copy gives up its KV (its next holder computes it again)."""
+        self._kept.pop(c.agent, None)
+        c.kept, c.location, c.ready = False, Location.NONE, False
+        self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                   note=c.agent)
+
+    def _keep_sequence(self, req: Request, seg: Segment) -> None:
+        """A finished round's own input and output stay as the copy `seg` its
+        next round starts with: cached in free KV through the tool wait."""
+        c = self._contexts.get(seg.key)
+        if c is None:
+            c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
+        if c.location is Location.GPU:
+            return
+        c.location, c.ready, c.ready_at, c.last_used = Location.GPU, True, self._t, self._t
+        c.kept = True
+        self._kept[seg.key] = None
+        self._emit(self._t, EventKind.CONTEXT_KEEP, req, tokens=c.tokens, note=seg.key)
 
     def _hold(self, seg: Segment, live: _Live) -> None:
         """An admitted request holds a shared segment: a hit on its copy, or
@@ -548,6 +577,8 @@ class SimBackend(EventBuffer):
         started = live.started_at if live.started_at is not None else live.admitted_at
         self._prefixes[req.agent].last_used = self._t
         self._release(req)
+        if req.keeps is not None:
+            self._keep_sequence(req, req.keeps)
         self._emit(self._t, EventKind.REQUEST_FINISH, req, tokens=live.generated,
                    value=self._t - started)
         self._need_schedule = True
@@ -844,7 +875,7 @@ class SimBackend(EventBuffer):
 
     def _context_states(self) -> dict[str, ContextState]:
         return {k: ContextState(k, c.owner, c.task_id, c.tokens, c.location, c.ready,
-                                c.holders, c.last_used)
+                                c.holders, c.last_used, self._next_use.get(k))
                 for k, c in self._contexts.items()}
 
 

@@ -1,0 +1,129 @@
+"""A task's own conversation across tool waits (issue 29): a ReAct round's
+history is the previous rounds' sequences, kept as context copies through the
+tool wait (or dropped, a scheduling decision), seen in the engine view with the
+wait's start and expected end; tool calls are events in the log and the Gantt."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from console.gantt import build_gantt
+from store import Store
+from tests.simkit import RecordingSink, run_checked
+from topasd.model import Decision, EngineView, EventKind, Location
+from topasd.scheduler import make_policy
+from workflows.spec import workflow_from_dict
+from workflows.trace import Trace, generate_trace
+
+WAIT, OBS = 2.0, 20
+
+
+def react(share_rounds: bool = True, tasks: int = 1) -> Trace:
+    spec = {"name": "react", "agents": {"A": {"prefix_tokens": 200}},
+            "stages": [{"name": "r", "agent": "A", "rounds": 4, "input_tokens": 100,
+                        "output_tokens": 40, "tool_wait_s": WAIT, "observation_tokens": OBS,
+                        "share_rounds": share_rounds}]}
+    return generate_trace([workflow_from_dict(spec)], 0.01, tasks, 0)
+
+
+class Dropping:
+    """FCFS that drops every conversation copy waiting out a tool call."""
+
+    name = "drop-waits"
+
+    def __init__(self) -> None:
+        self.inner = make_policy("fcfs")
+        self.views: list[EngineView] = []
+
+    def decide(self, view: EngineView) -> Decision:
+        self.views.append(view)
+        d = self.inner.decide(view)
+        waiting = tuple(k for k, c in view.contexts.items()
+                        if c.location is Location.GPU and not c.holders and c.next_use)
+        return Decision(d.t, self.name, d.admit, d.preempt, d.load, d.evict + waiting,
+                        d.reservation, d.blocked, d.retry)
+
+    def observe(self, ev) -> None:
+        self.inner.observe(ev)
+
+
+def admitted_tokens(sink: RecordingSink) -> list[int]:
+    return [ev.tokens for ev in sink.events if ev.kind is EventKind.REQUEST_ADMIT]
+
+
+def test_a_conversation_kept_through_its_tool_waits_re_prefills_none_of_its_history() -> None:
+    trace = react()
+    rounds = trace.tasks[0].stages["r"]
+    _, sink, backend = run_checked(trace, "fcfs", {"budget_tokens": 4096}, False, True)
+    # round k prefills only what round k-1 did not hold: the tool's observation
+    assert admitted_tokens(sink) == [rounds[0].input_tokens] + [OBS] * 3
+    history = [rounds[k - 1].input_tokens + rounds[k - 1].output_tokens for k in (1, 2, 3)]
+    hits = [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_HIT]
+    assert sum(ev.tokens for ev in hits) == sum(history)
+    assert backend.stats.context_computes == 0
+    kept = [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_KEEP]
+    assert [ev.tokens for ev in kept] == [history[0]] + [
+        h - p for p, h in itertools.pairwise(history)]
+
+
+def test_a_conversation_dropped_in_its_tool_waits_re_prefills_all_of_it() -> None:
+    trace = react()
+    rounds = trace.tasks[0].stages["r"]
+    policy = Dropping()
+    _, sink, backend = run_checked(trace, policy, {"budget_tokens": 4096}, False, True)
+    assert admitted_tokens(sink) == [r.input_tokens for r in rounds]
+    assert not [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_HIT]
+    drops = [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_DROP]
+    # each wait drops every copy of the conversation so far: round k computes k copies
+    assert len(drops) == backend.stats.context_computes == 1 + 2 + 3
+    # the policy saw each copy in its tool wait: kept since the round's finish, until
+    # the next round is ready
+    finish = [ev.t for ev in sink.events if ev.kind is EventKind.REQUEST_FINISH]
+    seen = [(c.last_used, c.next_use) for v in policy.views for c in v.contexts.values()
+            if not c.holders and c.location is Location.GPU and c.next_use is not None]
+    assert len(seen) == 6 and all(end == pytest.approx(start + WAIT) for start, end in seen)
+    assert {start for start, _ in seen} <= set(finish)
+
+
+def test_the_invariants_hold_with_kept_and_dropped_conversations() -> None:
+    trace = react(tasks=6)
+    for policy in ["fcfs", "lpm", "spf", "topas", Dropping()]:
+        for budget in (700, 1500):  # tight: kept copies give up their room
+            result, _, _ = run_checked(trace, policy, {"budget_tokens": budget}, False, True)
+            assert result.requests_finished == 6 * 4
+
+
+def test_without_share_rounds_nothing_is_kept() -> None:
+    trace = react(share_rounds=False)
+    _, sink, backend = run_checked(trace, "fcfs", {"budget_tokens": 4096}, False, True)
+    rounds = trace.tasks[0].stages["r"]
+    assert admitted_tokens(sink) == [r.input_tokens for r in rounds]
+    assert backend.stats.context_hits == 0
+
+
+def test_tool_calls_are_events_in_the_log_and_bars_in_the_gantt(tmp_path: Path) -> None:
+    trace = react()
+    db = tmp_path / "run.db"
+    with Store(db) as store:
+        sink = store.sink("all")
+        run_checked(trace, "fcfs", {"budget_tokens": 4096}, False, True, sink=sink)
+    with Store(db) as store:
+        rows = list(store.db.query(
+            "SELECT kind, t, value, request_id FROM engine_events WHERE kind LIKE 'tool_%' "
+            "ORDER BY id"))
+        finishes = {r["request_id"]: r["t"] for r in store.db.query(
+            "SELECT request_id, t FROM engine_events WHERE kind = 'request_finish'")}
+        g = build_gantt(store, view="tasks")
+        agents = build_gantt(store, view="agents")
+    assert [r["kind"] for r in rows] == ["tool_call_start", "tool_call_end"] * 3
+    for start, end in zip(rows[::2], rows[1::2], strict=True):
+        assert start["t"] == finishes[start["request_id"]]
+        assert start["value"] == pytest.approx(WAIT) and end["value"] == pytest.approx(WAIT)
+        assert end["t"] == pytest.approx(start["t"] + WAIT)
+    for chart in (g, agents):
+        tools = [tr for tr in chart.figure.data if tr.type == "bar" and tr.meta == "tool"]
+        spans = sorted((b, b + x) for tr in tools for b, x in zip(tr.base, tr.x, strict=True))
+        assert spans == pytest.approx([(r["t"], r["t"] + WAIT) for r in rows[::2]])
