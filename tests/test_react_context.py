@@ -16,7 +16,7 @@ from tests.simkit import RecordingSink, run_checked
 from topasd.model import Decision, EngineView, EventKind, Location
 from topasd.scheduler import make_policy
 from workflows.spec import workflow_from_dict
-from workflows.trace import Trace, generate_trace
+from workflows.trace import Trace, generate_trace, name_rounds
 
 WAIT, OBS = 2.0, 20
 
@@ -127,3 +127,34 @@ def test_tool_calls_are_events_in_the_log_and_bars_in_the_gantt(tmp_path: Path) 
         tools = [tr for tr in chart.figure.data if tr.type == "bar" and tr.meta == "tool"]
         spans = sorted((b, b + x) for tr in tools for b, x in zip(tr.base, tr.x, strict=True))
         assert spans == pytest.approx([(r["t"], r["t"] + WAIT) for r in rows[::2]])
+
+
+def test_topas_drops_the_conversation_whose_tool_wait_ends_last() -> None:
+    """Two conversations wait out tool calls (A's ends at ~5 s, B's at ~60 s)
+    when another agent's request needs the room of one copy: the engine's own
+    rule (FCFS) drops the oldest copy, A's, which A's next round computes again
+    within seconds; TOPAS drops B's, whose next use is last, and A hits its copy."""
+    wf = workflow_from_dict({"name": "two", "agents": {"R": {"prefix_tokens": 0},
+                                                       "Z": {"prefix_tokens": 0}},
+                             "stages": [{"name": "r", "agent": "R"}]})
+    wf_z = workflow_from_dict({"name": "z", "agents": {"Z": {"prefix_tokens": 0}},
+                               "stages": [{"name": "z", "agent": "Z"}]})
+    from workflows.trace import RoundSpec, TaskRecord
+
+    def conversation(task: int, out: int, wait: float) -> TaskRecord:
+        rounds = [RoundSpec(50, out, wait), RoundSpec(50 + out + 10, 20)]
+        context: dict[str, int] = {}
+        return TaskRecord(task, "two", 0.0, {"r": tuple(name_rounds(rounds, "r", context))},
+                          context=context)
+
+    tasks = (conversation(0, 50, 5.0), conversation(1, 150, 60.0),
+             TaskRecord(2, "z", 3.0, {"z": (RoundSpec(100, 50),)}))
+    trace = Trace({"two": wf, "z": wf_z}, tasks, {"workload": "two"})
+    dropped = {}
+    for policy in ("fcfs", "topas"):
+        _, sink, _ = run_checked(trace, policy, {"budget_tokens": 400}, False, True)
+        dropped[policy] = [ev.note for ev in sink.events if ev.kind is EventKind.CONTEXT_DROP]
+        computed = [ev.note for ev in sink.events
+                    if ev.kind is EventKind.CONTEXT_COMPUTE_START]
+        assert computed == dropped[policy]  # the dropped copy, by its next round
+    assert dropped == {"fcfs": ["R/0/r.1"], "topas": ["R/1/r.1"]}

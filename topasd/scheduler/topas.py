@@ -131,13 +131,14 @@ class TopasPolicy:
             self.credits[rid] = credit
         resident = chosen.resident
         gpu = search.gpu
+        evict = search.evictions(chosen)
         return Decision(
             t=view.t,
             policy=self.name,
             admit=chosen.admit,
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
-            evict=search.evictions(chosen),
+            evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
             reservation=Reservation(self.params.reservation),
             candidates=CandidateLog(states),
             chosen=best,
@@ -619,6 +620,28 @@ class _Search(SearchBounds):
                 used += self.ell[a]
                 keep.append(a)
         return tuple(sorted(out - set(keep)))
+
+    def context_drops(self, chosen: _State, evict: tuple[str, ...]) -> tuple[str, ...]:
+        """Cached context copies (no holder: a conversation in its tool wait, a
+        document between stages) the chosen state's room cannot keep: those
+        whose next holder is ready last go first (none known: first), where the
+        engine would drop the oldest. Kept copies cost nothing while free KV
+        holds them; a dropped one is prefilled again by its next holder."""
+        admitted = {s.key for rid in chosen.admit for s in self.requests[rid].shared}
+        cached = [(k, c) for k, c in self.view.contexts.items() if c.location is Location.GPU
+                  and c.ready and not c.holders and k not in admitted]
+        resident = (self.gpu - set(evict)) | chosen.resident
+        used = sum((self.hold[a] for a in sorted(resident)), 0.0)
+        used += sum((self.d[rid] for rid in chosen.admit), 0.0)
+        held = sum(c.tokens for _, c in cached)
+        out: list[str] = []
+        for key, c in sorted(cached, key=lambda kc: (
+                kc[1].next_use is not None, -(kc[1].next_use or 0.0), kc[0])):
+            if held <= self.budget - used:
+                break
+            held -= c.tokens
+            out.append(key)
+        return tuple(sorted(out))
 
     def _incumbent(self) -> _State:
         """S_t: keep every running request, admit nothing (idle prefixes leave)."""
