@@ -11,6 +11,7 @@ from topasd.model import (
     EngineEvent,
     EngineView,
     EventKind,
+    Location,
     Request,
     TaskView,
     TopasError,
@@ -41,6 +42,52 @@ class EventBuffer:
     def _drain(self) -> Iterator[EngineEvent]:
         events, self._events = self._events, []
         yield from events
+
+
+class ContextCopies(EventBuffer):
+    """The rules of shared task context copies both engines keep (mixin): a
+    copy (`agent`: its key) is held by running requests, computed by one of
+    them (`computer`), cached in free KV (`kept`, in `_kept`) with no holder."""
+
+    _kept: dict[str, None]
+    _t: float
+    stats: Any
+
+    def _hold_copy(self, c: Any, req: Request, compute: Callable[[], None]) -> None:
+        """`req` is admitted holding copy `c`: a hit, or (gone) `compute` makes
+        `req` compute it in its prefill."""
+        if c.location is Location.NONE:
+            c.location, c.ready = Location.GPU, False
+            compute()
+            self.stats.context_computes += 1
+            self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
+                       note=c.agent)
+        else:
+            if c.kept:
+                del self._kept[c.agent]
+                c.kept = False
+            self.stats.context_hits += 1
+            self.stats.context_hit_tokens += c.tokens
+            self._emit(self._t, EventKind.CONTEXT_HIT, req, tokens=c.tokens, note=c.agent)
+        c.holders += 1
+
+    def _let_go(self, c: Any, req: Request) -> bool:
+        """`req` leaves the batch holding `c`: a computed copy it was the last
+        holder of stays cached in free KV. True when `c`, not computed yet,
+        lost its computer (the caller hands it on or `_drop_uncomputed`s it)."""
+        c.holders -= 1
+        c.last_used = self._t
+        if c.ready:
+            if not c.holders:
+                c.kept = True
+                self._kept[c.agent] = None
+            return False
+        return bool(c.computer == req.id)
+
+    def _drop_uncomputed(self, c: Any) -> None:
+        c.computer, c.location = None, Location.NONE
+        self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                   note=c.agent)
 
 
 def kept_to_drop(kept: Iterable[str], tokens: Callable[[str], float],

@@ -167,20 +167,7 @@ def scenarios(draw):
         doc = draw(st.integers(1, 200)) if shared else 0
         context = {"doc": doc} if doc else {}
         for v in wf.stages:
-            n_rounds = draw(st.integers(1, 3))
-            sizes = [draw(st.integers(0, 300)) for _ in range(n_rounds)]
-            rounds = [
-                RoundSpec(n, draw(st.integers(1, 80)),
-                          draw(st.sampled_from([0.0, 0.0, 0.05, 0.4])),
-                          shared=("doc",) if doc and n >= doc and draw(st.booleans()) else ())
-                for n in sizes]
-            if converse and draw(st.booleans()):  # a ReAct conversation kept across waits
-                for k in range(1, n_rounds):
-                    grown = rounds[k - 1].input_tokens + rounds[k - 1].output_tokens
-                    rounds[k] = replace(rounds[k], input_tokens=grown + sizes[k] % 40,
-                                        shared=rounds[0].shared)
-                rounds = name_rounds(rounds, f"{v}.c", context)
-            stages[v] = tuple(rounds)
+            stages[v] = draw(stage_rounds(v, doc, converse, context))
         tasks.append(TaskRecord(i, wf.name, t, stages, context=context))
     trace = Trace({wf.name: wf for wf in workflows}, tuple(tasks), {"workload": "random"})
     need = max(wf.prefix_tokens(v) + r.input_tokens + r.output_tokens
@@ -198,6 +185,27 @@ def scenarios(draw):
     warm = draw(st.booleans())
     closed_form = draw(st.booleans())
     return trace, knobs, warm, closed_form
+
+
+@st.composite
+def stage_rounds(draw, stage: str, doc: int, converse: bool,
+                 context: dict[str, int]) -> tuple[RoundSpec, ...]:
+    """1-3 rounds of a stage, some starting with the task's `doc` segment; with
+    `converse`, maybe a ReAct conversation kept across its waits (its
+    segments added to `context`)."""
+    n_rounds = draw(st.integers(1, 3))
+    sizes = [draw(st.integers(0, 300)) for _ in range(n_rounds)]
+    rounds = [RoundSpec(n, draw(st.integers(1, 80)),
+                        draw(st.sampled_from([0.0, 0.0, 0.05, 0.4])),
+                        shared=("doc",) if doc and n >= doc and draw(st.booleans()) else ())
+              for n in sizes]
+    if converse and draw(st.booleans()):
+        for k in range(1, n_rounds):
+            grown = rounds[k - 1].input_tokens + rounds[k - 1].output_tokens
+            rounds[k] = replace(rounds[k], input_tokens=grown + sizes[k] % 40,
+                                shared=rounds[0].shared)
+        rounds = name_rounds(rounds, f"{stage}.c", context)
+    return tuple(rounds)
 
 
 def run_checked(trace: Trace, policy: str | Policy, knobs: dict, warm: bool,

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from backends.base import (
+    ContextCopies,
     EngineLimits,
-    EventBuffer,
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
@@ -170,7 +170,7 @@ class SimStats:
         return self.batch_token_steps / self.decode_steps if self.decode_steps else 0.0
 
 
-class SimBackend(EventBuffer):
+class SimBackend(ContextCopies):
     """The simulator backend (virtual time)."""
 
     name = "sim"
@@ -473,20 +473,7 @@ class SimBackend(EventBuffer):
         c = self._contexts.get(seg.key)
         if c is None:
             c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
-        if c.location is Location.NONE:
-            c.location, c.ready = Location.GPU, False
-            self._compute_by(c, live)
-            self.stats.context_computes += 1
-            self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
-                       note=seg.key)
-        else:
-            if c.kept:
-                del self._kept[seg.key]
-                c.kept = False
-            self.stats.context_hits += 1
-            self.stats.context_hit_tokens += c.tokens
-            self._emit(self._t, EventKind.CONTEXT_HIT, req, tokens=c.tokens, note=seg.key)
-        c.holders += 1
+        self._hold_copy(c, req, lambda: self._compute_by(c, live))
 
     def _compute_by(self, c: _Context, live: _Live) -> None:
         """`live` computes copy `c` in its prefill, after the copies it already
@@ -502,23 +489,14 @@ class SimBackend(EventBuffer):
         the prefill FIFO (none left: the copy is dropped)."""
         for seg in req.shared:
             c = self._contexts[seg.key]
-            c.holders -= 1
-            c.last_used = self._t
-            if c.ready:
-                if not c.holders:
-                    c.kept = True
-                    self._kept[seg.key] = None
-                continue
-            if c.computer != req.id:
+            if not self._let_go(c, req):
                 continue
             heir = next((self._running[i] for i in self._prefill if isinstance(i, int)
                          and any(s.key == seg.key for s in self._running[i].req.shared)), None)
             if heir is not None:
                 self._compute_by(c, heir)
-                continue
-            c.computer, c.location = None, Location.NONE
-            self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
-                       note=seg.key)
+            else:
+                self._drop_uncomputed(c)
 
     def _load(self, agent: str) -> None:
         p = self._prefixes[agent]

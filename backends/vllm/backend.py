@@ -38,8 +38,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from backends.base import (
+    ContextCopies,
     EngineLimits,
-    EventBuffer,
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
@@ -184,7 +184,7 @@ class _Pending:
     preempt: list[int] = field(default_factory=list)
 
 
-class VllmBackend(EventBuffer):
+class VllmBackend(ContextCopies):
     """topasd's Backend over vLLM v1 with `PolicyScheduler` (or, `native=True`,
     vLLM's default scheduler deciding alone: no SCHEDULE events)."""
 
@@ -204,11 +204,8 @@ class VllmBackend(EventBuffer):
         if budget_tokens < 2 * block_size:
             raise TopasError(f"the KV budget must hold at least two blocks "
                              f"({2 * block_size} tokens), got {budget_tokens}")
-        self.model = str(model)
-        self.block_size = block_size
-        self.chunk_tokens = chunk_tokens
-        self.clock = clock
-        self.native = native
+        self.model, self.block_size, self.chunk_tokens = str(model), block_size, chunk_tokens
+        self.clock, self.native = clock, native
         self.audit_enabled = audit
         # keep every step's sample and every finished request's output length
         # (benchmarks, tests); a long-running daemon keeps neither
@@ -498,20 +495,12 @@ class VllmBackend(EventBuffer):
         c = self._copies.get(seg.key)
         if c is None:
             c = self._copies[seg.key] = _Copy(seg.key, seg.tokens, req.agent, req.task_id)
-        if c.location is Location.NONE:
-            c.location, c.ready, c.computer = Location.GPU, False, req.id
+
+        def compute() -> None:
+            c.computer = req.id
             plan.residency.append(("keep", seg.key))
-            self.stats.context_computes += 1
-            self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
-                       note=seg.key)
-        else:
-            if c.kept:
-                del self._kept[seg.key]
-                c.kept = False
-            self.stats.context_hits += 1
-            self.stats.context_hit_tokens += c.tokens
-            self._emit(self._t, EventKind.CONTEXT_HIT, req, tokens=c.tokens, note=seg.key)
-        c.holders += 1
+
+        self._hold_copy(c, req, compute)
 
     def _release(self, req: Request, evict: Callable[[tuple[str, str]], None]) -> None:
         """A request leaves the batch (as the simulator's `_release`): a copy it
@@ -520,24 +509,15 @@ class VllmBackend(EventBuffer):
         or with none left is dropped (`evict`)."""
         for seg in req.shared:
             c = self._copies[seg.key]
-            c.holders -= 1
-            c.last_used = self._t
-            if c.ready:
-                if not c.holders:
-                    c.kept = True
-                    self._kept[seg.key] = None
-                continue
-            if c.computer != req.id:
+            if not self._let_go(c, req):
                 continue
             heir = next((lv for rid, lv in self._running.items() if rid != req.id
                          and any(s.key == seg.key for s in lv.req.shared)), None)
             if heir is not None:
                 c.computer = heir.req.id
-                continue
-            c.computer, c.location = None, Location.NONE
-            evict(("evict", seg.key))
-            self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
-                       note=seg.key)
+            else:
+                evict(("evict", seg.key))
+                self._drop_uncomputed(c)
 
     # ----------------------------------------------------------- validation
 
