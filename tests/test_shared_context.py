@@ -234,3 +234,17 @@ def test_a_request_own_input_excludes_its_segments() -> None:
     assert [r.shared for r in reqs] == [(Segment("A/0/doc", S),)] * 2
     assert [r.own_input for r in reqs] == list(OWN)
     assert [r.admit_demand() for r in reqs] == [OWN[0] + OUT[0], OWN[1] + OUT[1]]
+
+
+def test_sglang_prompts_share_the_ids_of_a_shared_copy() -> None:
+    """SGLang's radix cache shares what the prompts have in common: the agent
+    prefix and the copies of shared context, not the holders' own input."""
+    from backends.sglang.backend import prompt_ids
+    from workflows.driver import TaskDriver
+
+    a, b = TaskDriver(fan_trace(True).workflows).start(fan_trace(True).tasks[0], 0.0)
+    ids_a, ids_b = prompt_ids(a, 50_000), prompt_ids(b, 50_000)
+    assert (len(ids_a), len(ids_b)) == (P + S + OWN[0], P + S + OWN[1])
+    assert ids_a[:P + S] == ids_b[:P + S] and ids_a[P + S] != ids_b[P + S]
+    plain = TaskDriver(fan_trace(False).workflows).start(fan_trace(False).tasks[0], 0.0)
+    assert prompt_ids(plain[0], 50_000)[P:P + S] != prompt_ids(plain[1], 50_000)[P:P + S]
