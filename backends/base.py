@@ -53,15 +53,18 @@ class ContextCopies(EventBuffer):
     _t: float
     stats: Any
 
-    def _hold_copy(self, c: Any, req: Request, compute: Callable[[], None]) -> None:
-        """`req` is admitted holding copy `c`: a hit, or (gone) `compute` makes
-        `req` compute it in its prefill."""
+    def _hold_copy(self, c: Any, req: Request, compute: Callable[[], None],
+                   load: Callable[[], None] | None = None) -> None:
+        """`req` is admitted holding copy `c`: a hit, a load back from the host
+        (`load`), or (gone) `compute` makes `req` compute it in its prefill."""
         if c.location is Location.NONE:
             c.location, c.ready = Location.GPU, False
             compute()
             self.stats.context_computes += 1
             self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
                        note=c.agent)
+        elif c.location is Location.HOST and load is not None:
+            load()
         else:
             if c.kept:
                 del self._kept[c.agent]
@@ -83,6 +86,13 @@ class ContextCopies(EventBuffer):
                 self._kept[c.agent] = None
             return False
         return bool(c.computer == req.id)
+
+    def _drop_copy(self, c: Any) -> None:
+        """An unheld copy gives up its KV (its next holder computes it again)."""
+        self._kept.pop(c.agent, None)
+        c.kept, c.location, c.ready = False, Location.NONE, False
+        self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                   note=c.agent)
 
     def _drop_uncomputed(self, c: Any) -> None:
         c.computer, c.location = None, Location.NONE

@@ -63,7 +63,7 @@ class CheckedSim(SimBackend):
         contexts = {k: c.tokens for k, c in self._contexts.items()
                     if c.location is Location.GPU}
         assert held.keys() <= contexts.keys()
-        assert all(k in held or k in self._kept for k in contexts)
+        assert all(k in held or k in self._kept for k in contexts), "a copy nobody holds"
         requests = sum(lv.req.input_tokens - sum(s.tokens for s in lv.req.shared)
                        + lv.generated for lv in self._running.values())
         assert prefixes + sum(contexts.values()) + requests == used

@@ -73,7 +73,8 @@ def test_a_conversation_dropped_in_its_tool_waits_re_prefills_all_of_it() -> Non
     trace = react()
     rounds = trace.tasks[0].stages["r"]
     policy = Dropping()
-    _, sink, backend = run_checked(trace, policy, {"budget_tokens": 4096}, False, True)
+    _, sink, backend = run_checked(trace, policy, {"budget_tokens": 4096, "host_cache": False},
+                                   False, True)
     assert admitted_tokens(sink) == [r.input_tokens for r in rounds]
     assert not [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_HIT]
     drops = [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_DROP]
@@ -88,12 +89,33 @@ def test_a_conversation_dropped_in_its_tool_waits_re_prefills_all_of_it() -> Non
     assert {start for start, _ in seen} <= set(finish)
 
 
+def test_a_conversation_offloaded_in_its_tool_waits_comes_back_from_the_host() -> None:
+    """With a host tier the policy's eviction offloads the copy; the next round
+    loads it back over the link (no recompute) and prefills the observation."""
+    trace = react()
+    rounds = trace.tasks[0].stages["r"]
+    _, sink, backend = run_checked(trace, Dropping(), {"budget_tokens": 4096,
+                                                       "host_cache": True}, False, True)
+    assert admitted_tokens(sink) == [rounds[0].input_tokens] + [OBS] * 3
+    kinds = [ev.kind for ev in sink.events if ev.kind.value.startswith("context_")]
+    assert kinds.count(EventKind.CONTEXT_OFFLOAD) == 1 + 2 + 3
+    assert kinds.count(EventKind.CONTEXT_LOAD_START) == kinds.count(
+        EventKind.CONTEXT_LOAD_END) == backend.stats.context_loads == 1 + 2 + 3
+    assert backend.stats.context_computes == 0
+    starts = {ev.request_id: ev for ev in sink.events if ev.kind is EventKind.REQUEST_START}
+    loads = [ev for ev in sink.events if ev.kind is EventKind.CONTEXT_LOAD_START]
+    for ev in loads:  # its request starts once the copy is back
+        assert starts[ev.request_id].t >= ev.t + ev.value - 1e-9
+
+
 def test_the_invariants_hold_with_kept_and_dropped_conversations() -> None:
     trace = react(tasks=6)
     for policy in ["fcfs", "lpm", "spf", "topas", Dropping()]:
         for budget in (700, 1500):  # tight: kept copies give up their room
-            result, _, _ = run_checked(trace, policy, {"budget_tokens": budget}, False, True)
-            assert result.requests_finished == 6 * 4
+            for host in (False, True):
+                result, _, _ = run_checked(trace, policy, {"budget_tokens": budget,
+                                                           "host_cache": host}, False, True)
+                assert result.requests_finished == 6 * 4
 
 
 def test_without_share_rounds_nothing_is_kept() -> None:
@@ -152,7 +174,8 @@ def test_topas_drops_the_conversation_whose_tool_wait_ends_last() -> None:
     trace = Trace({"two": wf, "z": wf_z}, tasks, {"workload": "two"})
     dropped = {}
     for policy in ("fcfs", "topas"):
-        _, sink, _ = run_checked(trace, policy, {"budget_tokens": 400}, False, True)
+        _, sink, _ = run_checked(trace, policy, {"budget_tokens": 400, "host_cache": False},
+                                 False, True)
         dropped[policy] = [ev.note for ev in sink.events if ev.kind is EventKind.CONTEXT_DROP]
         computed = [ev.note for ev in sink.events
                     if ev.kind is EventKind.CONTEXT_COMPUTE_START]

@@ -522,7 +522,9 @@ class PrefixState:
 @dataclass(frozen=True, slots=True)
 class ContextState:
     """A copy of shared task context (`Segment`) on the engine: on the GPU
-    (`ready` once computed) or gone (NONE: recomputed by its next holder).
+    (`ready` once computed or loaded), on the host (offloaded by a policy's
+    eviction where the engine has a host tier: loaded back by its next
+    holder) or gone (NONE: recomputed by its next holder).
     `holders`: running requests that hold it (locked); with none it stays
     cached in free KV, given up when the room is needed (a radix cache's
     evictable node)."""
@@ -731,6 +733,9 @@ class EventKind(StrEnum):
     CONTEXT_COMPUTE_END = "context_compute_end"
     CONTEXT_DROP = "context_drop"  # an unheld copy gave up its room (or its compute)
     CONTEXT_KEEP = "context_keep"  # a finished round's sequence kept as its next round's
+    CONTEXT_OFFLOAD = "context_offload"  # an unheld copy to host (`value`: the transfer)
+    CONTEXT_LOAD_START = "context_load_start"  # a holder admitted: its copy back from host
+    CONTEXT_LOAD_END = "context_load_end"
     # a ReAct round's tool call, between its request's finish and the next round's
     # readiness (`request_id`: the finished request; `value`: the wait)
     TOOL_CALL_START = "tool_call_start"

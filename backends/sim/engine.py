@@ -162,6 +162,7 @@ class SimStats:
     context_hits: int = 0  # shared segments an admitted request found on the GPU
     context_hit_tokens: int = 0
     context_computes: int = 0  # ... and those it had to compute
+    context_loads: int = 0  # ... or load back from the host
     withdrawn: int = 0  # requests whose caller went away (the daemon's API)
     busy_s: float = 0.0
 
@@ -302,8 +303,12 @@ class SimBackend(ContextCopies):
         for rid in decision.preempt:
             self._preempt(rid, EventKind.PREEMPT)
         for agent in decision.evict:
-            if agent in self._contexts:  # a cached copy the policy drops (a tool wait's)
-                self._drop_copy(self._contexts[agent])
+            if agent in self._contexts:  # a cached copy the policy moves out (a tool wait's)
+                c = self._contexts[agent]
+                if self.profile.host_cache:
+                    self._offload_copy(c)
+                else:
+                    self._drop_copy(c)
             else:
                 self._evict(agent, "policy")
         for agent in decision.load:
@@ -446,13 +451,6 @@ class SimBackend(ContextCopies):
                 self._emit(self._t, EventKind.PREFIX_DROP, agent=key, tokens=p.tokens,
                            note="its room was needed")
 
-    def _drop_copy(self, c: _Context) -> None:
-        """An unheld copy gives up its KV (its next holder computes it again)."""
-        self._kept.pop(c.agent, None)
-        c.kept, c.location, c.ready = False, Location.NONE, False
-        self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
-                   note=c.agent)
-
     def _keep_sequence(self, req: Request, seg: Segment) -> None:
         """A finished round's own input and output stay as the copy `seg` its
         next round starts with: cached in free KV through the tool wait."""
@@ -473,7 +471,28 @@ class SimBackend(ContextCopies):
         c = self._contexts.get(seg.key)
         if c is None:
             c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
-        self._hold_copy(c, req, lambda: self._compute_by(c, live))
+        self._hold_copy(c, req, lambda: self._compute_by(c, live), lambda: self._load_copy(c, req))
+
+    def _offload_copy(self, c: _Context) -> None:
+        """A policy's eviction of an unheld copy where there is a host tier: it
+        goes to the host over the link (its GPU room free at once)."""
+        self._kept.pop(c.agent, None)
+        c.kept, c.location, c.ready = False, Location.HOST, False
+        start = max(self._t, self._link_free_at)
+        self._link_free_at = start + self.profile.t_swap(c.tokens)
+        self._emit(self._t, EventKind.CONTEXT_OFFLOAD, agent=c.owner, tokens=c.tokens,
+                   value=self._link_free_at - self._t, note=c.agent)
+
+    def _load_copy(self, c: _Context, req: Request) -> None:
+        """A holder is admitted while its copy is on the host: loaded back over
+        the link (after whatever is on it), the holders waiting."""
+        c.location, c.ready = Location.GPU, False
+        start = max(self._t, self._link_free_at)
+        self._link_free_at = c.ready_at = start + self.profile.t_swap(c.tokens)
+        self._push(c.ready_at, _LOAD_END, (c.agent, c.cancelled))
+        self.stats.context_loads += 1
+        self._emit(self._t, EventKind.CONTEXT_LOAD_START, req, tokens=c.tokens,
+                   value=c.ready_at - self._t, note=c.agent)
 
     def _compute_by(self, c: _Context, live: _Live) -> None:
         """`live` computes copy `c` in its prefill, after the copies it already
@@ -490,6 +509,9 @@ class SimBackend(ContextCopies):
         for seg in req.shared:
             c = self._contexts[seg.key]
             if not self._let_go(c, req):
+                if not (c.ready or c.holders or c.computer is not None):
+                    c.cancelled += 1  # a load back no holder waits for: it stays on host
+                    c.location = Location.HOST
                 continue
             heir = next((self._running[i] for i in self._prefill if isinstance(i, int)
                          and any(s.key == seg.key for s in self._running[i].req.shared)), None)
@@ -527,8 +549,10 @@ class SimBackend(ContextCopies):
         p.ready = True
         p.ready_at = self._t
         self._prefix_view = None
-        if isinstance(p, _Context):  # no host tier: nothing to back up
-            self._emit(self._t, EventKind.CONTEXT_COMPUTE_END, agent=p.owner, tokens=p.tokens,
+        if isinstance(p, _Context):  # computed or loaded: no backup to host
+            loaded = kind is EventKind.PREFIX_LOAD_END
+            self._emit(self._t, EventKind.CONTEXT_LOAD_END if loaded else
+                       EventKind.CONTEXT_COMPUTE_END, agent=p.owner, tokens=p.tokens,
                        note=p.agent)
             return
         self._emit(self._t, kind, agent=p.agent, tokens=p.tokens)
@@ -576,7 +600,7 @@ class SimBackend(ContextCopies):
                 self._enqueue(payload, t_ev)
             elif kind == _LOAD_END:
                 agent, gen = payload
-                p = self._prefixes[agent]
+                p = self._piece(agent)
                 if gen == p.cancelled and p.location is Location.GPU:
                     self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
                     self._need_schedule = True

@@ -405,7 +405,11 @@ class VllmBackend(ContextCopies):
             self.stats.preemptions += 1
             self._emit(t, EventKind.PREEMPT, lv.req, tokens=lv.generated, note="policy")
         for agent in decision.evict:
-            self._evict(agent, plan)
+            if agent in self._copies:  # a kept copy the policy drops (no host tier here)
+                self._drop_copy(self._copies[agent])
+                plan.residency.append(("evict", agent))
+            else:
+                self._evict(agent, plan)
         for agent in decision.load:
             p = self._prefixes[agent]
             if p.kept:  # its blocks are still pinned: resident at once
@@ -468,16 +472,14 @@ class VllmBackend(ContextCopies):
         room = self.budget_tokens - used
         for name in kept_to_drop(self._kept, lambda a: self._piece(a).tokens, room):
             p = self._piece(name)
-            del self._kept[name]
-            p.kept, p.location = False, Location.NONE
             plan.residency.append(("evict", name))
             if isinstance(p, _Copy):
-                p.ready = False
-                self._emit(self._t, EventKind.CONTEXT_DROP, agent=p.owner, tokens=p.tokens,
-                           note=name)
-            else:
-                self._emit(self._t, EventKind.PREFIX_DROP, agent=name, tokens=p.tokens,
-                           note="its room was needed")
+                self._drop_copy(p)
+                continue
+            del self._kept[name]
+            p.kept, p.location = False, Location.NONE
+            self._emit(self._t, EventKind.PREFIX_DROP, agent=name, tokens=p.tokens,
+                       note="its room was needed")
 
     def _piece(self, name: str) -> _Prefix:
         """The agent prefix or shared context copy `name` names."""
@@ -535,7 +537,8 @@ class VllmBackend(ContextCopies):
         problems = decision_problems(
             d, running={rid: lv.req.agent for rid, lv in self._running.items()},
             waiting=self._waiting, resident=resident, known=self._prefixes, demand=demand,
-            budget=self.budget_tokens, unit="KV tokens in whole blocks")
+            budget=self.budget_tokens, unit="KV tokens in whole blocks",
+            droppable=[k for k in self._kept if k in self._copies])
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))
