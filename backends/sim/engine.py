@@ -14,6 +14,15 @@ With `keep_evicted` (no host tier), a ready prefix the policy evicts keeps its
 KV in free memory (location HOST, loaded back at once) until the state after a
 decision (counted as `_validate` counts it), or a prefill or decode step's new
 tokens, need the room: then the oldest go (`PREFIX_DROP`).
+
+Shared task context (`Request.shared`): each copy is held once while a
+running request holds it, computed in its first holder's prefill (the others
+wait for it), and with no holder stays cached in free KV like a kept prefix
+(given up, oldest first, when the room is needed: `CONTEXT_DROP`). A finished
+ReAct round's own input and output stay as the copy its next round starts
+with (`Request.keeps`, `CONTEXT_KEEP`); a policy's eviction of a cached copy
+offloads it to the host (with `host_cache`; loaded back over the link by its
+next holder) or drops it.
 """
 
 from __future__ import annotations
