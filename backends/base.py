@@ -11,6 +11,7 @@ from topasd.model import (
     EngineEvent,
     EngineView,
     EventKind,
+    Location,
     Request,
     TaskView,
     TopasError,
@@ -43,6 +44,62 @@ class EventBuffer:
         yield from events
 
 
+class ContextCopies(EventBuffer):
+    """The rules of shared task context copies both engines keep (mixin): a
+    copy (`agent`: its key) is held by running requests, computed by one of
+    them (`computer`), cached in free KV (`kept`, in `_kept`) with no holder."""
+
+    _kept: dict[str, None]
+    _t: float
+    stats: Any
+
+    def _hold_copy(self, c: Any, req: Request, compute: Callable[[], None],
+                   load: Callable[[], None] | None = None) -> None:
+        """`req` is admitted holding copy `c`: a hit, a load back from the host
+        (`load`), or (gone) `compute` makes `req` compute it in its prefill."""
+        if c.location is Location.NONE:
+            c.location, c.ready = Location.GPU, False
+            compute()
+            self.stats.context_computes += 1
+            self._emit(self._t, EventKind.CONTEXT_COMPUTE_START, req, tokens=c.tokens,
+                       note=c.agent)
+        elif c.location is Location.HOST and load is not None:
+            load()
+        else:
+            if c.kept:
+                del self._kept[c.agent]
+                c.kept = False
+            self.stats.context_hits += 1
+            self.stats.context_hit_tokens += c.tokens
+            self._emit(self._t, EventKind.CONTEXT_HIT, req, tokens=c.tokens, note=c.agent)
+        c.holders += 1
+
+    def _let_go(self, c: Any, req: Request) -> bool:
+        """`req` leaves the batch holding `c`: a computed copy it was the last
+        holder of stays cached in free KV. True when `c`, not computed yet,
+        lost its computer (the caller hands it on or `_drop_uncomputed`s it)."""
+        c.holders -= 1
+        c.last_used = self._t
+        if c.ready:
+            if not c.holders:
+                c.kept = True
+                self._kept[c.agent] = None
+            return False
+        return bool(c.computer == req.id)
+
+    def _drop_copy(self, c: Any) -> None:
+        """An unheld copy gives up its KV (its next holder computes it again)."""
+        self._kept.pop(c.agent, None)
+        c.kept, c.location, c.ready = False, Location.NONE, False
+        self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                   note=c.agent)
+
+    def _drop_uncomputed(self, c: Any) -> None:
+        c.computer, c.location = None, Location.NONE
+        self._emit(self._t, EventKind.CONTEXT_DROP, agent=c.owner, tokens=c.tokens,
+                   note=c.agent)
+
+
 def kept_to_drop(kept: Iterable[str], tokens: Callable[[str], float],
                  room: float) -> list[str]:
     """Kept prefixes (`keep_evicted`, oldest eviction first) that give up their KV
@@ -61,13 +118,15 @@ def kept_to_drop(kept: Iterable[str], tokens: Callable[[str], float],
 def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mapping[int, Request],
                       resident: Collection[str], known: Collection[str],
                       demand: Callable[[set[str], list[int], list[Request]], float],
-                      budget: float, unit: str = "KV tokens") -> list[str]:
+                      budget: float, unit: str = "KV tokens",
+                      droppable: Collection[str] = ()) -> list[str]:
     """The rules every backend checks before carrying out a decision: ids exist
     and appear once, evicted prefixes are resident and idle after preemptions,
     loaded ones known and not resident, admitted requests' prefixes resident
     afterwards, and the state within the budget (Eq. 2). `running` maps running
     request ids to agents; `demand(resident_after, kept_ids, admitted)` prices
-    the target state in the backend's own accounting."""
+    the target state in the backend's own accounting. `evict` may also name a
+    shared context copy in `droppable` (cached, no holder): it is dropped."""
     problems = []
     pre, adm = set(d.preempt), set(d.admit)
     if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
@@ -79,6 +138,8 @@ def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mappi
     after = set(resident)
     kept = [rid for rid in running if rid not in pre]
     for agent in d.evict:
+        if agent in droppable:
+            continue
         if agent not in resident:
             problems.append(f"evict {agent!r}: its prefix is not resident")
         elif any(running[rid] == agent for rid in kept):

@@ -79,6 +79,7 @@ STYLE = {  # legend name, colour, pattern
     "load": ("host → GPU load", "#1f77b4", ""),
     "offload": ("GPU → host backup", "#9467bd", ""),
     "task": ("task (arrival → completion)", "#e6e6e6", ""),
+    "tool": ("tool call (between ReAct rounds)", "#e377c2", "-"),
 }
 # Bands of a lane [0, 1): (top, height)
 RESIDENT_BAND = (0.04, 0.13)
@@ -368,8 +369,23 @@ def _agents_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list
             (s.task_id or 0) % len(TASK_COLOURS)])
         bars += got_bars
         marks += got_marks
-    agg = prefix_bars + _busy_spans(by_agent, row)
-    return [_esc(a) for a in agents], bars, marks, agg
+    tools = _tool_bars(db, run_id, lambda c: row.get(c.agent or ""), TRANSFER_BAND)
+    agg = prefix_bars + tools + _busy_spans(by_agent, row)
+    return [_esc(a) for a in agents], bars + tools, marks, agg
+
+
+def _tool_bars(db: Any, run_id: int, lane: Any, band: tuple[float, float]) -> list[_Bar]:
+    """Tool calls (`store.queries.tool_calls`) as bars in `band` of the lane
+    `lane(call)` gives (None: not shown)."""
+    out = []
+    for c in q.tool_calls(db, run_id):
+        y = lane(c)
+        if y is not None:
+            out.append(_Bar("tool", y + band[0], band[1], c.start, c.end,
+                            f"<b>tool call</b> after request {c.request_id} ({_esc(c.note)})"
+                            f"<br>task {c.task_id}, stage {_esc(c.stage)}, agent "
+                            f"{_esc(c.agent)}<br>{_span(c.start, c.end)}"))
+    return out
 
 
 def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[_Mark],
@@ -404,7 +420,8 @@ def _tasks_view(store: Store, run_id: int) -> tuple[list[str], list[_Bar], list[
         marks += got_marks
     agg = [_Bar("task", b.y, TASK_BAND[1] + TASK_REQUEST_BAND[1], b.start, b.end, b.hover)
            for b in task_bars]
-    return lanes, bars, marks, agg
+    tools = _tool_bars(db, run_id, lambda c: row.get(c.task_id), (TASK_BAND[0] + 0.04, 0.08))
+    return lanes, bars + tools, marks, agg + tools
 
 
 def _lanes_used(lanes: list[str], bars: list[_Bar], marks: list[_Mark], agg: list[_Bar]

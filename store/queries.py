@@ -384,6 +384,29 @@ class PrefixSpan:
     note: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A ReAct round's tool call: from its request's finish (`request_id`) to
+    when the next round is ready (the end the log records, else the planned)."""
+
+    request_id: int
+    task_id: int | None
+    stage: str | None
+    agent: str | None
+    start: float
+    end: float
+    note: str
+
+
+def tool_calls(db: Database, run_id: int) -> list[ToolCall]:
+    """Every tool call of a run, by start (TOOL_CALL_START / TOOL_CALL_END)."""
+    rows = db.execute(
+        "SELECT request_id, task_id, stage, agent, t, value, note FROM engine_events "
+        "WHERE run_id = ? AND kind = 'tool_call_start' ORDER BY t, id", [run_id])
+    return [ToolCall(rid, task, stage, agent, t, t + value, note or "")
+            for rid, task, stage, agent, t, value, note in rows]
+
+
 def prefix_spans(db: Database, run_id: int) -> list[PrefixSpan]:
     """Prefix residency, recomputation and host transfers of a run, by start:
     the changes `topasd.lifecycle.prefix_after` makes to each prefix, as

@@ -4,6 +4,7 @@ check that a built-in workload file ships."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.base import Policy
 from workflows.spec import workflow_from_dict
-from workflows.trace import RoundSpec, TaskRecord, Trace
+from workflows.trace import RoundSpec, TaskRecord, Trace, name_rounds
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
 
@@ -56,29 +57,41 @@ class CheckedSim(SimBackend):
         # the same sum, from first principles
         prefixes = sum(p.tokens for p in self._prefixes.values()
                        if p.location is Location.GPU or p.kept)  # a kept copy holds KV too
-        requests = sum(lv.req.input_tokens + lv.generated for lv in self._running.values())
-        assert prefixes + requests == used
+        # shared task context: every copy a running request holds is on the GPU,
+        # counted once; an unheld copy is on the GPU only cached (in `_kept`)
+        held = {s.key: s.tokens for lv in self._running.values() for s in lv.req.shared}
+        contexts = {k: c.tokens for k, c in self._contexts.items()
+                    if c.location is Location.GPU}
+        assert held.keys() <= contexts.keys()
+        assert all(k in held or k in self._kept for k in contexts), "a copy nobody holds"
+        requests = sum(lv.req.input_tokens - sum(s.tokens for s in lv.req.shared)
+                       + lv.generated for lv in self._running.values())
+        assert prefixes + sum(contexts.values()) + requests == used
         CheckedSim.checks += 1
 
-    def _snapshot_running(self) -> list[tuple[object, int, bool, bool]]:
+    def _snapshot_running(self) -> list[tuple[object, int, bool, set[str]]]:
         out = []
         for lv in self._running.values():
-            p = self._prefixes[lv.req.agent]
-            out.append((lv, lv.generated, p.location is Location.GPU, p.ready))
+            pieces = [self._prefixes[lv.req.agent],
+                      *(self._contexts[s.key] for s in lv.req.shared)]
+            out.append((lv, lv.generated, all(p.location is Location.GPU for p in pieces),
+                        {p.agent for p in pieces if not p.ready}))  # keys not ready
         return out
 
     def _assert_generated_on_ready_prefix(self, before, where: str, computed: set[str]) -> None:
-        for lv, gen, on_gpu_before, ready_before in before:
+        """A request generates only while its prefix and shared context are on the
+        GPU and ready (or became ready by prefill earlier in the same step)."""
+        for lv, gen, on_gpu_before, unready_before in before:
             if lv.generated == gen:
                 continue
-            agent = lv.req.agent
-            p = self._prefixes[agent]
-            assert on_gpu_before and p.location is Location.GPU, (
+            keys = [lv.req.agent, *(s.key for s in lv.req.shared)]
+            pieces = [self._prefixes[lv.req.agent], *(self._contexts[k] for k in keys[1:])]
+            assert on_gpu_before and all(p.location is Location.GPU for p in pieces), (
                 f"{where} at t={self._t}: request {lv.req.id} generated tokens while prefix "
-                f"{agent} was not on the GPU")
-            assert p.ready and (ready_before or agent in computed), (
+                f"or context {keys} was not on the GPU")
+            assert all(p.ready for p in pieces) and unready_before <= computed, (
                 f"{where} at t={self._t}: request {lv.req.id} generated tokens while prefix "
-                f"{agent} was not ready")
+                f"or context {keys} was not ready")
 
     def apply(self, decision: Decision) -> None:
         super().apply(decision)
@@ -90,6 +103,8 @@ class CheckedSim(SimBackend):
         super()._prefill_step()
         computed = {ev.agent for ev in self._events[n_events:]
                     if ev.kind is EventKind.PREFIX_COMPUTE_END}
+        computed |= {ev.note for ev in self._events[n_events:]
+                     if ev.kind is EventKind.CONTEXT_COMPUTE_END}
         self._assert_generated_on_ready_prefix(before, "prefill step", computed)
         self._assert_within_budget("prefill step")
 
@@ -144,16 +159,16 @@ def scenarios(draw):
         st.sampled_from([0.0, 0.5]) | st.floats(0, 4, allow_nan=False).map(lambda x: round(x, 3)),
         min_size=n_tasks, max_size=n_tasks)))
     tasks = []
+    shared = draw(st.booleans())  # shared task context: rounds starting with `doc`
+    converse = draw(st.booleans())  # ReAct rounds carrying their conversation
     for i, t in enumerate(arrivals):
         wf = workflows[i % len(workflows)]
         stages = {}
+        doc = draw(st.integers(1, 200)) if shared else 0
+        context = {"doc": doc} if doc else {}
         for v in wf.stages:
-            n_rounds = draw(st.integers(1, 3))
-            stages[v] = tuple(
-                RoundSpec(draw(st.integers(0, 300)), draw(st.integers(1, 80)),
-                          draw(st.sampled_from([0.0, 0.0, 0.05, 0.4])))
-                for _ in range(n_rounds))
-        tasks.append(TaskRecord(i, wf.name, t, stages))
+            stages[v] = draw(stage_rounds(v, doc, converse, context))
+        tasks.append(TaskRecord(i, wf.name, t, stages, context=context))
     trace = Trace({wf.name: wf for wf in workflows}, tuple(tasks), {"workload": "random"})
     need = max(wf.prefix_tokens(v) + r.input_tokens + r.output_tokens
                for task in tasks for v, rounds in task.stages.items()
@@ -170,6 +185,27 @@ def scenarios(draw):
     warm = draw(st.booleans())
     closed_form = draw(st.booleans())
     return trace, knobs, warm, closed_form
+
+
+@st.composite
+def stage_rounds(draw, stage: str, doc: int, converse: bool,
+                 context: dict[str, int]) -> tuple[RoundSpec, ...]:
+    """1-3 rounds of a stage, some starting with the task's `doc` segment; with
+    `converse`, maybe a ReAct conversation kept across its waits (its
+    segments added to `context`)."""
+    n_rounds = draw(st.integers(1, 3))
+    sizes = [draw(st.integers(0, 300)) for _ in range(n_rounds)]
+    rounds = [RoundSpec(n, draw(st.integers(1, 80)),
+                        draw(st.sampled_from([0.0, 0.0, 0.05, 0.4])),
+                        shared=("doc",) if doc and n >= doc and draw(st.booleans()) else ())
+              for n in sizes]
+    if converse and draw(st.booleans()):
+        for k in range(1, n_rounds):
+            grown = rounds[k - 1].input_tokens + rounds[k - 1].output_tokens
+            rounds[k] = replace(rounds[k], input_tokens=grown + sizes[k] % 40,
+                                shared=rounds[0].shared)
+        rounds = name_rounds(rounds, f"{stage}.c", context)
+    return tuple(rounds)
 
 
 def run_checked(trace: Trace, policy: str | Policy, knobs: dict, warm: bool,

@@ -282,7 +282,8 @@ def test_version_1_still_reads_and_other_versions_are_named() -> None:
     ({"branches": []}, ": branches must be a list of 1 to 10000 round lists, got []"),
     ({"branches": [[[1, 1, 0]], [[1, 0, 0]]]},
      ", branch 1, round 0: expected [input_tokens >= 0, output_tokens >= 1, tool_wait_s >= 0] "
-     "as integers and a finite number, got [1, 0, 0]"),
+     "as integers and a finite number (and, version 2, a list of shared segment names), got "
+     "[1, 0, 0]"),
 ])
 def test_a_malformed_stage_object_is_named(stage: dict, says: str) -> None:
     lines = v1_lines()

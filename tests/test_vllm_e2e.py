@@ -479,3 +479,60 @@ def test_a_withdrawn_request_leaves_vllm_and_the_rest_run(runs: Runs, native: bo
         assert backend.stats.withdrawn == len(expected_gone)
     finally:
         backend.close()
+
+
+def _shared_context_trace() -> Trace:
+    """Three tasks of a fan-out whose three workers (one agent, a 512-token
+    prefix) carry a 64-token document, then a stage reading it again; sizes in
+    whole 32-token blocks, so vLLM shares exactly what the simulator does."""
+    from workflows.spec import workflow_from_dict
+    from workflows.trace import RoundSpec, TaskRecord
+
+    wf = workflow_from_dict({"name": "fan", "agents": {"A": {"prefix_tokens": 512}},
+                             "stages": [{"name": "w", "agent": "A"},
+                                        {"name": "x", "agent": "A", "after": ["w"]}]})
+    tasks = tuple(TaskRecord(i, "fan", 0.4 * i, {
+        "w": tuple(RoundSpec(64 + 32, 32 + 32 * (b % 2), 0.0, b, ("doc",)) for b in range(3)),
+        "x": (RoundSpec(64 + 64, 32, 0.0, 0, ("doc",)),)}, context={"doc": 64})
+        for i in range(3))
+    return Trace({"fan": wf}, tasks, {"workload": "fan"})
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_vllm_and_the_simulator_share_the_same_task_context(runs: Runs, policy: str) -> None:
+    """Shared task context through vLLM's prefix cache: each task's document is
+    one copy whose blocks the holders share. Under the profile clock vLLM and
+    the simulator make the same decisions, hit the same copies for the same
+    requests at the same times, and vLLM's own prefix-cache hit of each
+    request is its prefix plus the copies the simulator says it hit."""
+    trace = _shared_context_trace()
+    backend = make_backend(str(runs.model), budget_tokens=DEFAULT_BUDGET, profile=runs.profile,
+                           clock="profile", record=True)
+    real_sink, sim_sink = RecordingSink(), RecordingSink()
+    try:
+        real = Run(trace, make_policy(policy), backend, sink=real_sink).execute()
+    finally:
+        backend.close()
+    sim = Run(trace, make_policy(policy), SimBackend(backend.profile), sink=sim_sink).execute()
+    assert [(d.admit, d.preempt, d.load, d.evict) for d in real_sink.decisions] == [
+        (d.admit, d.preempt, d.load, d.evict) for d in sim_sink.decisions]
+    assert real.jct == pytest.approx(sim.jct, rel=1e-9, abs=1e-9)
+
+    def hits(sink: RecordingSink) -> list[tuple[Any, ...]]:
+        kinds = (EventKind.CONTEXT_HIT, EventKind.CONTEXT_COMPUTE_START,
+                 EventKind.CONTEXT_COMPUTE_END, EventKind.CONTEXT_DROP)
+        return [(round(ev.t, 9), ev.kind, ev.request_id, ev.note, ev.tokens)
+                for ev in sink.events if ev.kind in kinds]
+
+    assert hits(real_sink) == hits(sim_sink)
+    got = hits(real_sink)
+    assert sum(1 for h in got if h[1] is EventKind.CONTEXT_HIT) == 3 * 3  # 2 workers, x
+    assert sum(1 for h in got if h[1] is EventKind.CONTEXT_COMPUTE_START) == 3
+    hit_tokens = {h[2]: h[4] for h in got if h[1] is EventKind.CONTEXT_HIT}
+    computed = {h[2] for h in got if h[1] is EventKind.CONTEXT_COMPUTE_START}
+    for rid, cached in backend.cached_tokens.items():
+        prefix = cached - hit_tokens.get(rid, 0)
+        assert prefix in (0, 512), (rid, cached)  # 0: it computed the agent's prefix
+        assert rid not in computed or cached == prefix
+    assert sum(backend.cached_tokens.values()) == 512 * (len(backend.cached_tokens) - 1) + \
+        64 * 9

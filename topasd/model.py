@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from functools import cached_property
@@ -213,7 +213,12 @@ class StageProfile:
     round's output plus `observation_tokens` (tool output) per earlier round.
     A stage runs `branches` copies in parallel (a map over items, the count drawn
     per task), each its own rounds; its first rounds are ready `wait_before_s`
-    after the stage is (its predecessors finished, or the task arrived).
+    after the stage is (its predecessors finished, or the task arrived). With
+    `share_history`, the carried upstream history is shared task context: one
+    segment every round of every branch starts with, held once (`Segment`).
+    With `share_rounds` (and `carry_rounds`), a round's carried conversation
+    is too: each finished round's own input and output stay as a segment its
+    next round starts with, kept (or not) through the tool wait between them.
     """
 
     rounds: Dist = field(default_factory=lambda: Dist.fixed(1))
@@ -226,6 +231,8 @@ class StageProfile:
     wait_before_s: Dist = field(default_factory=lambda: Dist.fixed(0.0))
     branches: Dist = field(default_factory=lambda: Dist.fixed(1))
     summary_tokens: Dist | None = None  # None: upstream outputs carried whole
+    share_history: bool = False
+    share_rounds: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,8 +391,28 @@ class Reservation(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Segment:
+    """Shared task context: a named piece of a request's input that requests of
+    the same task reuse from the KV cache, as a radix cache shares a common
+    prompt prefix. It sits after the agent prefix, so `key` names one copy by
+    its agent, its task and the segments before it in the prompt
+    (`segment_keys`); `tokens` is its size (part of `input_tokens`)."""
+
+    key: str
+    tokens: int
+
+
+def segment_keys(agent: str, task_id: int, names: Sequence[str]) -> tuple[str, ...]:
+    """The copy each of a prompt's shared segments is, in prompt order: the
+    i-th is `agent/task/name_0/.../name_i` (a radix path: a segment is shared
+    only after the same agent prefix and the same segments before it)."""
+    return tuple("/".join((agent, str(task_id), *names[:i + 1])) for i in range(len(names)))
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
-    """One LLM call of a stage round. Token counts exclude the agent prefix."""
+    """One LLM call of a stage round. Token counts exclude the agent prefix;
+    `input_tokens` includes the `shared` segments (held once, see `Segment`)."""
 
     id: int
     task_id: int
@@ -405,30 +432,74 @@ class Request:
     started_at: float | None = None
     reservation: Reservation = Reservation.FULL
     preemptions: int = 0
+    shared: tuple[Segment, ...] = ()  # shared task context, in prompt order
+    # the copy its finished sequence (own input and output) becomes: the conversation
+    # its next ReAct round starts with, kept through the tool wait between them
+    keeps: Segment | None = None
 
     @property
     def remaining(self) -> int:
         return self.output_tokens - self.generated
 
+    @property
+    def own_input(self) -> int:
+        """The dynamic input beyond its shared segments: KV it holds alone."""
+        return self.input_tokens - sum(s.tokens for s in self.shared) if self.shared \
+            else self.input_tokens
+
     def kv_tokens(self) -> int:
-        """KV the request holds now: its dynamic input and generated tokens."""
-        return self.input_tokens + self.generated
+        """KV the request holds alone now: its own input and generated tokens
+        (its shared segments are held once, by their copies)."""
+        return self.own_input + self.generated
 
     def demand(self, ratio: float, clip: int = 4096) -> float:
-        """d_r(t) of Eq. 2 for a running request: input + retained output + the
-        decode reservation of its admission mode (OPTIMISTIC: SGLang's
-        min(remaining, clip) x new_token_ratio)."""
+        """d_r(t) of Eq. 2 for a running request: own input + retained output +
+        the decode reservation of its admission mode (OPTIMISTIC: SGLang's
+        min(remaining, clip) x new_token_ratio). Shared segments are counted
+        once per copy (`shared_kv`), not here."""
         if self.reservation is Reservation.FULL:
-            return float(self.input_tokens + self.output_tokens)
-        return self.input_tokens + self.generated + ratio * min(self.remaining, clip)
+            return float(self.own_input + self.output_tokens)
+        return self.own_input + self.generated + ratio * min(self.remaining, clip)
 
     def admit_demand(self, reservation: Reservation = Reservation.FULL, ratio: float = 1.0,
                      clip: int = 4096) -> float:
-        """KV a request needs to be admitted: input + retained output + decode
-        reservation (all remaining tokens, or SGLang's ratio-scaled estimate)."""
+        """KV a request needs to be admitted beside its shared segments: own input
+        + retained output + decode reservation (all remaining tokens, or
+        SGLang's ratio-scaled estimate)."""
         if reservation is Reservation.FULL:
-            return float(self.input_tokens + self.output_tokens)
-        return self.input_tokens + self.generated + ratio * min(self.remaining, clip)
+            return float(self.own_input + self.output_tokens)
+        return self.own_input + self.generated + ratio * min(self.remaining, clip)
+
+
+def shared_kv(requests: Iterable[Request], held: Collection[str] = ()) -> dict[str, int]:
+    """The shared segments `requests` hold, each copy once (key -> tokens),
+    leaving out those in `held` (already counted)."""
+    out: dict[str, int] = {}
+    for r in requests:
+        for s in r.shared:
+            if s.key not in held:
+                out[s.key] = s.tokens
+    return out
+
+
+def missing_shared(r: Request, present: Collection[str]) -> int:
+    """Tokens of `r`'s shared segments whose copy is not in `present`."""
+    return sum(s.tokens for s in r.shared if s.key not in present)
+
+
+def held_demand(r: Request, held: Collection[str], reservation: Reservation = Reservation.FULL,
+                ratio: float = 1.0, clip: int = 4096) -> float:
+    """d_r of Eq. 2 for admitting a waiting request beside the shared segments
+    `held` (locked by running requests): `admit_demand` plus its segments
+    not yet held, each of which its admission locks."""
+    d = r.admit_demand(reservation, ratio, clip)
+    return d + missing_shared(r, held) if r.shared else d
+
+
+def redo_tokens(r: Request) -> int:
+    """Tokens a preempted request prefills again: its own input and output so
+    far (its shared segments stay cached while they fit)."""
+    return r.own_input + r.generated
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,6 +517,27 @@ class PrefixState:
     @property
     def on_gpu(self) -> bool:
         return self.location is Location.GPU
+
+
+@dataclass(frozen=True, slots=True)
+class ContextState:
+    """A copy of shared task context (`Segment`) on the engine: on the GPU
+    (`ready` once computed or loaded), on the host (offloaded by a policy's
+    eviction where the engine has a host tier: loaded back by its next
+    holder) or gone (NONE: recomputed by its next holder).
+    `holders`: running requests that hold it (locked); with none it stays
+    cached in free KV, given up when the room is needed (a radix cache's
+    evictable node)."""
+
+    key: str
+    agent: str
+    task_id: int
+    tokens: int
+    location: Location
+    ready: bool = False
+    holders: int = 0
+    last_used: float = 0.0  # when its last holder left (a tool wait's start)
+    next_use: float | None = None  # when a request holding it is next ready (the wait's end)
 
 
 class StageStatus(StrEnum):
@@ -546,12 +638,17 @@ class EngineView:
     chunk_tokens: int = 8192  # prefill tokens one engine round takes (chunked prefill)
     max_prefill_tokens: int = 16384  # input tokens one admission round takes
     seq: int = 0
+    contexts: Mapping[str, ContextState] = field(default_factory=dict)  # shared context
 
     def prefix_tokens(self, agent: str) -> int:
         return self.prefixes[agent].tokens
 
     def gpu_prefixes(self) -> tuple[str, ...]:
         return tuple(a for a, p in self.prefixes.items() if p.on_gpu)
+
+    def cached_contexts(self) -> frozenset[str]:
+        """Shared segments whose copy is on the GPU (computed or computing)."""
+        return frozenset(k for k, c in self.contexts.items() if c.location is Location.GPU)
 
 
 # --------------------------------------------------------------------------
@@ -636,6 +733,19 @@ class EventKind(StrEnum):
     PREFIX_OFFLOAD_END = "prefix_offload_end"
     PREFIX_EVICT = "prefix_evict"
     PREFIX_DROP = "prefix_drop"  # a kept copy (`keep_evicted`) gave up its room
+    # shared task context (`note`: the segment's key; `tokens`: its size)
+    CONTEXT_HIT = "context_hit"  # an admitted request found the copy on the GPU
+    CONTEXT_COMPUTE_START = "context_compute_start"  # ... did not: it is prefilled
+    CONTEXT_COMPUTE_END = "context_compute_end"
+    CONTEXT_DROP = "context_drop"  # an unheld copy gave up its room (or its compute)
+    CONTEXT_KEEP = "context_keep"  # a finished round's sequence kept as its next round's
+    CONTEXT_OFFLOAD = "context_offload"  # an unheld copy to host (`value`: the transfer)
+    CONTEXT_LOAD_START = "context_load_start"  # a holder admitted: its copy back from host
+    CONTEXT_LOAD_END = "context_load_end"
+    # a ReAct round's tool call, between its request's finish and the next round's
+    # readiness (`request_id`: the finished request; `value`: the wait)
+    TOOL_CALL_START = "tool_call_start"
+    TOOL_CALL_END = "tool_call_end"
     STAGE_FINISH = "stage_finish"
     TASK_FINISH = "task_finish"
     TASK_ABANDON = "task_abandon"  # an application's task that will see no more calls (`note`)

@@ -156,6 +156,7 @@ class EventLoop:
         self.decision_ms: list[float] = []
         self.on_task_done: Callable[[TaskView, float], None] | None = None
         self._preempted_by: dict[int, int] = {}  # request -> the decision preempting it
+        self._tool_calls: dict[int, float] = {}  # next round's request -> its tool call start
 
     def arrive(self, record: TaskRecord, t: float | None = None) -> None:
         """A trace task arrives (at `t`, default its recorded arrival): book it,
@@ -182,6 +183,10 @@ class EventLoop:
             if ev.kind is EventKind.SCHEDULE:
                 self.decide()
                 continue
+            if ev.kind is EventKind.REQUEST_READY and ev.request_id in self._tool_calls:
+                start = self._tool_calls.pop(ev.request_id)
+                self.record(replace(ev, kind=EventKind.TOOL_CALL_END, tokens=0,
+                                    value=ev.t - start))
             self.record(ev)
             if ev.kind is EventKind.REQUEST_FINISH:
                 self.finished(ev)
@@ -231,6 +236,11 @@ class EventLoop:
             if self.on_task_done is not None:
                 self.on_task_done(task, ev.t)
         for req in step.requests:
+            if req.round and req.ready_at > ev.t:  # the round before it called a tool
+                self._tool_calls[req.id] = ev.t
+                self.record(EngineEvent(ev.t, EventKind.TOOL_CALL_START, ev.request_id,
+                                        ev.task_id, req.agent, req.stage,
+                                        value=req.ready_at - ev.t, note=f"round {req.round - 1}"))
             self.backend.submit(req)
 
     def record(self, ev: EngineEvent) -> None:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from topasd.model import Request, TopasError, Workflow
-from workflows.trace import TaskRecord
+from topasd.model import Request, Segment, TopasError, Workflow, segment_keys
+from workflows.trace import RoundSpec, TaskRecord
 
 
 @dataclass(slots=True)
@@ -116,9 +116,31 @@ class TaskDriver:
             ready_at=ready_at,
             task_arrival=record.arrival,
             prefix_tokens=wf.agents[agent].prefix_tokens,
+            shared=_segments(record, agent, spec.shared),
+            keeps=_kept_as(record, agent, spec, run.branches[stage][branch][k + 1:k + 2]),
         )
         self._requests[req.id] = (req, branch)
         return req
+
+
+def _segments(record: TaskRecord, agent: str, names: tuple[str, ...]) -> tuple[Segment, ...]:
+    """The shared segments a round's input starts with, as copies (`segment_keys`)."""
+    keys = segment_keys(agent, record.id, names)
+    return tuple(Segment(k, record.context[n]) for k, n in zip(keys, names, strict=True))
+
+
+def _kept_as(record: TaskRecord, agent: str, spec: RoundSpec,
+             after: tuple[RoundSpec, ...]) -> Segment | None:
+    """The copy a round's finished sequence becomes: the last segment its next
+    round names, when that round starts with this round's segments and then
+    exactly this round's own input and output (the conversation so far)."""
+    if not after or not after[0].shared or after[0].shared[:-1] != spec.shared:
+        return None
+    name = after[0].shared[-1]
+    own = spec.input_tokens - sum(record.context[n] for n in spec.shared)
+    if record.context[name] != own + spec.output_tokens:
+        return None
+    return Segment(segment_keys(agent, record.id, after[0].shared)[-1], record.context[name])
 
 
 def _after(t: float, wait: float) -> float:

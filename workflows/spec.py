@@ -18,6 +18,8 @@
         wait_before_s: 0       # wait before the stage's first round (trace version 2)
         branches: 1            # parallel copies per task, a map (trace version 2)
         summary_tokens: ...    # each carried upstream output summarized (version 2)
+        share_history: false   # the carried history is shared task context (version 2)
+        share_rounds: false    # each round's conversation so far is kept as context (v2)
     operating_points: [0.1, 0.15, 0.2]   # arrival rates (task/s) for benchmarks
 
 A number is a fixed value; a distribution is one of
@@ -179,6 +181,8 @@ class StageSpec(BaseModel):
     wait_before_s: Any = 0
     branches: Any = 1
     summary_tokens: Any = None
+    share_history: bool = False
+    share_rounds: bool = False
 
     @field_validator("history")
     @classmethod
@@ -244,6 +248,8 @@ def workflow_from_dict(data: dict[str, Any], where: str = "") -> Workflow:
             branches=parse_dist(s.branches, f"{at}, branches", (1, MAX_BRANCHES), whole=True),
             summary_tokens=None if s.summary_tokens is None else parse_dist(
                 s.summary_tokens, f"{at}, summary_tokens", (0, MAX_TOKENS), whole=True),
+            share_history=s.share_history,
+            share_rounds=s.share_rounds,
         )
         stages[s.name] = Stage(s.name, s.agent, tuple(s.after), profile)
     agents = {name: Agent(name, a.prefix_tokens) for name, a in spec.agents.items()}
@@ -348,6 +354,8 @@ def _stage_dict(s: Stage) -> dict[str, Any]:
         "history": p.history,
         "carry_rounds": p.carry_rounds,
         **{key: dist_to_spec(d) for key, d in newer_profile_fields(p).items()},
+        **({"share_history": True} if p.share_history else {}),
+        **({"share_rounds": True} if p.share_rounds else {}),
     }
 
 
@@ -369,6 +377,8 @@ def newer_features(wf: Workflow) -> list[str]:
     for s in wf.stages.values():
         p = s.profile
         found += [f"stage {s.name!r}: {k}" for k in newer_profile_fields(p)]
+        found += [f"stage {s.name!r}: {k}" for k in ("share_history", "share_rounds")
+                  if getattr(p, k)]
         found += [f"stage {s.name!r}, {k}: exponential" for k in DIST_FIELDS
                   if getattr(p, k).kind == "exponential"]
     return found

@@ -7,6 +7,7 @@ tokens, tool wait after the round).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -48,12 +49,15 @@ class RoundSpec:
     output_tokens: int
     tool_wait_s: float = 0.0
     branch: int = 0
+    shared: tuple[str, ...] = ()  # the task's context segments its input starts with
 
 
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
     """One task: every stage's rounds (of all its branches, branch by branch in
-    order) and the waits before stages (`waits`: stage -> s; absent: none)."""
+    order), the waits before stages (`waits`: stage -> s; absent: none) and
+    its shared context (`context`: segment name -> tokens; rounds name the
+    segments their input starts with)."""
 
     id: int
     workflow: str
@@ -61,6 +65,7 @@ class TaskRecord:
     stages: Mapping[str, tuple[RoundSpec, ...]]
     line: int | None = field(default=None, compare=False)  # where a trace file had it
     waits: Mapping[str, float] = field(default_factory=dict)
+    context: Mapping[str, int] = field(default_factory=dict)
 
     def branches(self, stage: str) -> tuple[tuple[RoundSpec, ...], ...]:
         """The rounds of each of `stage`'s branches, in branch order."""
@@ -125,19 +130,27 @@ def sample_task(wf: Workflow, task_id: int, arrival: float,
     outputs: dict[str, int] = {}
     stages: dict[str, tuple[RoundSpec, ...]] = {}
     waits: dict[str, float] = {}
+    context: dict[str, int] = {}
     ancestors = {v: _ancestors(wf, v) for v in wf.stages}
-    for v in wf.topo_order:
+    for i, v in enumerate(wf.topo_order):
         p = wf.stages[v].profile
         wait = round(max(0.0, p.wait_before_s.sample(rng)), 6)
         if wait:
             waits[v] = wait
         upstream = {"parents": wf.preds[v], "ancestors": ancestors[v]}.get(p.history, ())
         carried = sum(_carried(outputs[u], p, rng) for u in upstream)
+        name = v if re.fullmatch(r"[A-Za-z0-9_.:-]{1,150}", v) else f"stage{i}"
+        shared = (f"{name}.history",) if p.share_history and carried else ()
+        if shared:
+            context[shared[0]] = carried
         n_branches = max(1, round(p.branches.sample(rng)))
-        stages[v] = tuple(r for b in range(n_branches)
-                          for r in _sample_branch(p, b, carried, rng))
+        branches = [_sample_branch(p, b, carried, rng, shared) for b in range(n_branches)]
+        if p.share_rounds and p.carry_rounds:
+            branches = [name_rounds(rounds, f"{name}.{b}", context)
+                        for b, rounds in enumerate(branches)]
+        stages[v] = tuple(r for rounds in branches for r in rounds)
         outputs[v] = sum(r.output_tokens for r in stages[v])
-    return TaskRecord(task_id, wf.name, arrival, stages, waits=waits)
+    return TaskRecord(task_id, wf.name, arrival, stages, waits=waits, context=context)
 
 
 def _carried(output: int, p: StageProfile, rng: np.random.Generator) -> int:
@@ -148,10 +161,11 @@ def _carried(output: int, p: StageProfile, rng: np.random.Generator) -> int:
     return min(output, max(0, round(p.summary_tokens.sample(rng))))
 
 
-def _sample_branch(p: StageProfile, branch: int, upstream: int,
-                   rng: np.random.Generator) -> list[RoundSpec]:
-    """One branch's rounds: a first input of its own plus the `upstream` history,
-    later rounds carrying the earlier ones (`carry_rounds`)."""
+def _sample_branch(p: StageProfile, branch: int, upstream: int, rng: np.random.Generator,
+                   shared: tuple[str, ...] = ()) -> list[RoundSpec]:
+    """One branch's rounds: the `upstream` history (the `shared` segment, if
+    named) plus a first input of its own, later rounds carrying the earlier
+    ones (`carry_rounds`)."""
     n_rounds = max(1, round(p.rounds.sample(rng)))
     base = max(1, round(p.input_tokens.sample(rng))) + upstream
     carried = 0
@@ -159,10 +173,25 @@ def _sample_branch(p: StageProfile, branch: int, upstream: int,
     for k in range(n_rounds):
         out = max(1, round(p.output_tokens.sample(rng)))
         wait = max(0.0, p.tool_wait_s.sample(rng)) if k < n_rounds - 1 else 0.0
-        rounds.append(RoundSpec(base + carried, out, round(wait, 6), branch))
+        rounds.append(RoundSpec(base + carried, out, round(wait, 6), branch, shared))
         if p.carry_rounds:
             carried += out + max(0, round(p.observation_tokens.sample(rng)))
     return rounds
+
+
+def name_rounds(rounds: list[RoundSpec], name: str,
+                 context: dict[str, int]) -> list[RoundSpec]:
+    """A branch's rounds with the conversation named (`share_rounds`): round k
+    starts with the segments `NAME.1` ... `NAME.k`, segment j being round
+    j-1's own input and output (added to `context`). Draws nothing."""
+    out = [rounds[0]]
+    for k in range(1, len(rounds)):
+        prev = out[-1]
+        seg = f"{name}.{k}"
+        context[seg] = prev.input_tokens - sum(context[n] for n in prev.shared) \
+            + prev.output_tokens
+        out.append(dataclasses.replace(rounds[k], shared=(*prev.shared, seg)))
+    return out
 
 
 def _ancestors(wf: Workflow, v: str) -> tuple[str, ...]:
@@ -239,7 +268,8 @@ def trace_version(trace: Trace) -> int:
     """The lowest version that can say `trace`: 2 if a workflow uses a
     version-2 spec feature or a task a wait before a stage or branches, else 1."""
     newer = any(newer_features(wf) for wf in trace.workflows.values()) or any(
-        task.waits or any(r.branch for rounds in task.stages.values() for r in rounds)
+        task.waits or task.context
+        or any(r.branch for rounds in task.stages.values() for r in rounds)
         for task in trace.tasks)
     return 2 if newer else 1
 
@@ -255,20 +285,26 @@ def write_trace(trace: Trace, out: TextIO) -> None:
 
 
 def task_to_dict(task: TaskRecord) -> dict[str, Any]:
-    return {
+    out = {
         "type": "task",
         "id": task.id,
         "workflow": task.workflow,
         "arrival": task.arrival,
         "stages": {v: _stage_to_json(task, v) for v in task.stages},
     }
+    return out | {"context": dict(task.context)} if task.context else out
+
+
+def _round_to_json(r: RoundSpec) -> list[Any]:
+    """[input, output, wait], and (version 2) the shared segments it names."""
+    row: list[Any] = [r.input_tokens, r.output_tokens, r.tool_wait_s]
+    return [*row, list(r.shared)] if r.shared else row
 
 
 def _stage_to_json(task: TaskRecord, stage: str) -> list[list[Any]] | dict[str, Any]:
     """A stage of a task line: its rounds (version 1), or, with a wait before it
     or several branches, `{"wait_before_s": w, "rounds" | "branches": ...}`."""
-    branches = [[[r.input_tokens, r.output_tokens, r.tool_wait_s] for r in rounds]
-                for rounds in task.branches(stage)]
+    branches = [[_round_to_json(r) for r in rounds] for rounds in task.branches(stage)]
     wait = task.waits.get(stage, 0.0)
     if wait == 0 and len(branches) == 1:
         return branches[0]
@@ -491,14 +527,57 @@ def _task(rec: dict[str, Any], where: str, workflows: Mapping[str, Workflow],
                          f"{sorted(wf.stages)} of {wf_name!r}, got {got}")
     parsed: dict[str, tuple[RoundSpec, ...]] = {}
     waits: dict[str, float] = {}
+    context = _context(rec, f"{where}: task {tid}", version)
     for v, body in stages.items():
         at = f"{where}: task {tid}, stage {v!r}"
         if isinstance(body, dict) and version < 2:
             raise _needs_v2(at, "a stage given as an object (wait_before_s, branches)")
         parsed[v], wait = _stage(body, at) if isinstance(body, dict) else (_rounds(body, at), 0.0)
+        _check_shared(parsed[v], context, at, version)
         if wait:
             waits[v] = wait
-    return TaskRecord(tid, wf_name, float(arrival), parsed, line=lineno, waits=waits)
+    return TaskRecord(tid, wf_name, float(arrival), parsed, line=lineno, waits=waits,
+                      context=context)
+
+
+_SEGMENT_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+
+def _context(rec: dict[str, Any], where: str, version: int) -> dict[str, int]:
+    """A task line's `context`: shared segment name -> tokens (version 2)."""
+    if "context" not in rec:
+        return {}
+    if version < 2:
+        raise _needs_v2(where, "shared task context (\"context\")")
+    ctx = rec["context"]
+    if not isinstance(ctx, dict) or not all(
+            isinstance(k, str) and _SEGMENT_NAME.fullmatch(k) and _is_int(n)
+            and 1 <= n <= MAX_TOKENS for k, n in ctx.items()):
+        raise TraceError(f"{where}: context must be an object of segment name -> tokens (names "
+                         f"of letters, digits and _.:-; tokens 1 to {MAX_TOKENS:g}), got "
+                         f"{_shown(ctx)}")
+    return dict(ctx)
+
+
+def _check_shared(rounds: Sequence[RoundSpec], context: Mapping[str, int], where: str,
+                  version: int) -> None:
+    """The segments each round names are the task's, once each, within its input."""
+    for k, r in enumerate(rounds):
+        if not r.shared:
+            continue
+        at = f"{where}, round {k}"
+        if version < 2:
+            raise _needs_v2(at, "a round naming shared context")
+        if unknown := [n for n in r.shared if n not in context]:
+            raise TraceError(f"{at}: names shared context {unknown} that the task's "
+                             f"\"context\" does not define (it has {sorted(context)})")
+        if len(set(r.shared)) != len(r.shared):
+            raise TraceError(f"{at}: names a shared segment twice ({list(r.shared)})")
+        total = sum(context[n] for n in r.shared)
+        if total > r.input_tokens:
+            raise TraceError(f"{at}: its shared context {list(r.shared)} is {total} tokens, "
+                             f"more than its input_tokens {r.input_tokens} (the input "
+                             "includes the shared segments it names)")
 
 
 STAGE_KEYS = ("wait_before_s", "rounds", "branches")
@@ -537,12 +616,14 @@ def _rounds(rounds: Any, where: str, branch: int = 0) -> tuple[RoundSpec, ...]:
         raise TraceError(f"{where}: expected a non-empty list of [input, output, wait] rounds")
     out = []
     for k, r in enumerate(rounds):
-        ok = (isinstance(r, list) and len(r) == 3 and _is_int(r[0]) and _is_int(r[1])
-              and is_number(r[2]))
+        names = r[3] if isinstance(r, list) and len(r) == 4 else []
+        ok = (isinstance(r, list) and len(r) in (3, 4) and _is_int(r[0]) and _is_int(r[1])
+              and is_number(r[2]) and isinstance(names, list)
+              and all(isinstance(n, str) for n in names))
         if not ok or r[0] < 0 or r[1] < 1 or r[2] < 0:
             raise TraceError(f"{where}, round {k}: expected [input_tokens >= 0, output_tokens "
-                             f">= 1, tool_wait_s >= 0] as integers and a finite number, "
-                             f"got {json.dumps(r)}")
+                             f">= 1, tool_wait_s >= 0] as integers and a finite number (and, "
+                             f"version 2, a list of shared segment names), got {_shown(r)}")
         if max(r[0], r[1]) > MAX_TOKENS:
             raise TraceError(f"{where}, round {k}: {max(r[0], r[1])} tokens is beyond the "
                              f"{MAX_TOKENS:g}-token bound on a round's input and output; "
@@ -550,7 +631,7 @@ def _rounds(rounds: Any, where: str, branch: int = 0) -> tuple[RoundSpec, ...]:
         if r[2] > MAX_TIME_S:
             raise TraceError(f"{where}, round {k}: tool_wait_s {json.dumps(r[2])} is beyond the "
                              f"{MAX_TIME_S:g} s bound on trace times; shorten the wait")
-        out.append(RoundSpec(r[0], r[1], float(r[2]), branch))
+        out.append(RoundSpec(r[0], r[1], float(r[2]), branch, tuple(names)))
     return tuple(out)
 
 

@@ -86,10 +86,14 @@ class SGLangStats:
 
 
 def prompt_ids(request: Request, vocab: int | None = None) -> list[int]:
-    """Synthetic prompt: the agent's prefix ids, then the request's own ids,
-    all below `vocab` (the model's vocabulary size; None: any common one)."""
-    return (_ids(f"agent:{request.agent}", request.prefix_tokens, vocab)
-            + _ids(f"request:{request.id}", request.input_tokens, vocab))
+    """Synthetic prompt: the agent's prefix ids, the ids of each shared task
+    context copy it names (the same for every holder, so SGLang's radix cache
+    shares them), then the request's own ids, all below `vocab` (the model's
+    vocabulary size; None: any common one)."""
+    ids = _ids(f"agent:{request.agent}", request.prefix_tokens, vocab)
+    for seg in request.shared:
+        ids += _ids(f"segment:{seg.key}", seg.tokens, vocab)
+    return ids + _ids(f"request:{request.id}", request.own_input, vocab)
 
 
 def _ids(seed: str, n: int, vocab: int | None) -> list[int]:

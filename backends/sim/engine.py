@@ -14,6 +14,15 @@ With `keep_evicted` (no host tier), a ready prefix the policy evicts keeps its
 KV in free memory (location HOST, loaded back at once) until the state after a
 decision (counted as `_validate` counts it), or a prefill or decode step's new
 tokens, need the room: then the oldest go (`PREFIX_DROP`).
+
+Shared task context (`Request.shared`): each copy is held once while a
+running request holds it, computed in its first holder's prefill (the others
+wait for it), and with no holder stays cached in free KV like a kept prefix
+(given up, oldest first, when the room is needed: `CONTEXT_DROP`). A finished
+ReAct round's own input and output stay as the copy its next round starts
+with (`Request.keeps`, `CONTEXT_KEEP`); a policy's eviction of a cached copy
+offloads it to the host (with `host_cache`; loaded back over the link by its
+next holder) or drops it.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from backends.base import (
+    ContextCopies,
     EngineLimits,
-    EventBuffer,
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
@@ -35,6 +44,7 @@ from backends.base import (
 )
 from topasd.model import (
     KEPT_NOTE,
+    ContextState,
     Decision,
     EngineEvent,
     EngineView,
@@ -44,8 +54,10 @@ from topasd.model import (
     Request,
     RequestState,
     Reservation,
+    Segment,
     TaskView,
     Workflow,
+    shared_kv,
 )
 from topasd.profiles import HardwareProfile
 
@@ -72,16 +84,37 @@ class _Prefix:
         self.kept = False  # evicted, its KV kept in free memory (`keep_evicted`)
 
 
-class _Live:
-    """A running request's mutable progress."""
+class _Context(_Prefix):
+    """A copy of shared task context: a prefix-like piece of KV (GPU or none, no
+    host tier) locked by its `holders`, cached in free KV (`kept`) without.
+    One holder computes it in its own prefill (`computer`; done once that
+    prefill passes `end`), as a radix or prefix cache fills it; the others
+    wait for it, and share it from the next step."""
 
-    __slots__ = ("admitted_at", "generated", "prefill_left", "prefilled", "req", "reservation",
-                 "started_at")
+    __slots__ = ("computer", "end", "holders", "owner", "task_id")
+
+    def __init__(self, key: str, tokens: int, owner: str, task_id: int) -> None:
+        super().__init__(key, tokens, Location.NONE)
+        self.owner = owner
+        self.task_id = task_id
+        self.holders = 0
+        self.computer: int | None = None
+        self.end = 0
+
+
+class _Live:
+    """A running request's mutable progress. Its prefill covers its own input
+    (and recomputed output); its shared segments are computed once, by their
+    copies (`_Context`), and read as context."""
+
+    __slots__ = ("admitted_at", "computes", "generated", "prefill_left", "prefilled", "req",
+                 "reservation", "started_at")
 
     def __init__(self, req: Request, t: float, reservation: Reservation) -> None:
         self.req = req
+        self.computes: list[_Context] = []  # shared copies its prefill computes first
         self.generated = req.generated
-        self.prefill_left = req.input_tokens + req.generated
+        self.prefill_left = req.own_input + req.generated
         self.prefilled = 0
         self.admitted_at = t
         self.started_at: float | None = None
@@ -89,7 +122,13 @@ class _Live:
 
     @property
     def kv(self) -> int:
+        """Its context beyond the agent prefix: whole input and generated tokens."""
         return self.req.input_tokens + self.generated
+
+    @property
+    def held(self) -> int:
+        """KV it holds alone: `kv` without its shared segments."""
+        return self.req.own_input + self.generated
 
     @property
     def in_prefill(self) -> bool:
@@ -129,6 +168,10 @@ class SimStats:
     preemptions: int = 0
     retractions: int = 0
     recomputed_tokens: int = 0
+    context_hits: int = 0  # shared segments an admitted request found on the GPU
+    context_hit_tokens: int = 0
+    context_computes: int = 0  # ... and those it had to compute
+    context_loads: int = 0  # ... or load back from the host
     withdrawn: int = 0  # requests whose caller went away (the daemon's API)
     busy_s: float = 0.0
 
@@ -137,7 +180,7 @@ class SimStats:
         return self.batch_token_steps / self.decode_steps if self.decode_steps else 0.0
 
 
-class SimBackend(EventBuffer):
+class SimBackend(ContextCopies):
     """The simulator backend (virtual time)."""
 
     name = "sim"
@@ -152,7 +195,9 @@ class SimBackend(EventBuffer):
         self.ratio = profile.init_new_token_ratio
         self.batch_is_full = False
         self._prefixes: dict[str, _Prefix] = {}
-        self._kept: dict[str, None] = {}  # kept prefixes, oldest eviction first
+        self._contexts: dict[str, _Context] = {}  # shared task context by key
+        self._next_use: dict[str, float] = {}  # copy -> when a submitted holder is ready
+        self._kept: dict[str, None] = {}  # kept prefixes and unheld contexts, oldest first
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
         self._timed: list[tuple[float, int, int, Any]] = []  # payload: by kind
@@ -179,6 +224,9 @@ class SimBackend(EventBuffer):
         self._ensure_prefix(request.agent, request.prefix_tokens)
         if request.ready_at > self._t:
             self._push(request.ready_at, _READY, request)
+            for seg in request.shared:  # a tool wait (or a wait before a stage) ends then
+                self._next_use[seg.key] = min(self._next_use.get(seg.key, math.inf),
+                                              request.ready_at)
         else:
             self._enqueue(request, max(request.ready_at, 0.0))
 
@@ -190,6 +238,7 @@ class SimBackend(EventBuffer):
             if live.in_prefill:
                 self._prefill.remove(request_id)
             req, generated = live.req, live.generated
+            self._release(req)
         elif request_id in self._waiting:
             req = self._waiting.pop(request_id)
             generated = req.generated
@@ -243,6 +292,7 @@ class SimBackend(EventBuffer):
             chunk_tokens=self.profile.chunk_tokens,
             max_prefill_tokens=self.profile.max_prefill_tokens,
             seq=self._seq,
+            contexts=self._context_states(),
         )
 
     def limits(self) -> EngineLimits:
@@ -262,7 +312,14 @@ class SimBackend(EventBuffer):
         for rid in decision.preempt:
             self._preempt(rid, EventKind.PREEMPT)
         for agent in decision.evict:
-            self._evict(agent, "policy")
+            if agent in self._contexts:  # a cached copy the policy moves out (a tool wait's)
+                c = self._contexts[agent]
+                if self.profile.host_cache:
+                    self._offload_copy(c)
+                else:
+                    self._drop_copy(c)
+            else:
+                self._evict(agent, "policy")
         for agent in decision.load:
             self._load(agent)
         for rid in decision.admit:
@@ -301,7 +358,8 @@ class SimBackend(EventBuffer):
             waiting=self._waiting, resident=gpu, known=self._prefixes,
             demand=lambda after, kept, admitted: self._demand(
                 after, [self._running[r] for r in kept], admitted, d.reservation),
-            budget=self.profile.budget_tokens)
+            budget=self.profile.budget_tokens,
+            droppable=[k for k in self._kept if k in self._contexts])
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))
@@ -313,10 +371,13 @@ class SimBackend(EventBuffer):
         for lv in kept:
             rem = lv.req.output_tokens - lv.generated
             if lv.reservation is Reservation.FULL:
-                total += lv.req.input_tokens + lv.req.output_tokens
+                total += lv.req.own_input + lv.req.output_tokens
             else:
-                total += lv.kv + self.ratio * min(rem, clip)
-        return total + sum(r.admit_demand(reservation, NEW_REQUEST_RATIO, clip) for r in admitted)
+                total += lv.held + self.ratio * min(rem, clip)
+        total += sum(r.admit_demand(reservation, NEW_REQUEST_RATIO, clip) for r in admitted)
+        if self._contexts:  # each held copy once
+            total += sum(shared_kv([*(lv.req for lv in kept), *admitted]).values())
+        return total
 
     # ------------------------------------------------------- state changes
 
@@ -327,6 +388,9 @@ class SimBackend(EventBuffer):
             self._prefix_view = None
 
     def _enqueue(self, req: Request, t: float) -> None:
+        for seg in req.shared:
+            if self._next_use.get(seg.key, math.inf) <= t:
+                del self._next_use[seg.key]
         self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
         self._emit(t, EventKind.REQUEST_READY, req, tokens=req.input_tokens)
         self._need_schedule = True
@@ -334,6 +398,8 @@ class SimBackend(EventBuffer):
     def _admit(self, req: Request, reservation: Reservation) -> None:
         live = _Live(req, self._t, reservation)
         self._running[req.id] = live
+        for seg in req.shared:
+            self._hold(seg, live)
         self._prefill.append(req.id)
         self._emit(self._t, EventKind.REQUEST_ADMIT, req, tokens=live.prefill_left)
 
@@ -344,6 +410,7 @@ class SimBackend(EventBuffer):
         self._waiting[rid] = req
         if live.in_prefill:
             self._prefill.remove(rid)
+        self._release(req)
         self.stats.preemptions += 1
         self.stats.recomputed_tokens += live.prefilled
         self._emit(self._t, kind, req, tokens=live.generated)
@@ -370,20 +437,97 @@ class SimBackend(EventBuffer):
                        note=KEPT_NOTE)
         self._emit(self._t, EventKind.PREFIX_EVICT, agent=agent, tokens=p.tokens, note=why)
 
+    def _piece(self, key: str) -> _Prefix:
+        """The agent prefix or shared context copy `key` names."""
+        return self._contexts.get(key) or self._prefixes[key]
+
     def _room_beside(self, tokens: int) -> float:
         """Free KV, kept copies counted free, once `tokens` more are taken."""
-        kept = sum(self._prefixes[a].tokens for a in self._kept)
+        kept = sum(self._piece(a).tokens for a in self._kept)
         return self.profile.budget_tokens - self._used_tokens() + kept - tokens
 
     def _drop_kept(self, room: float) -> None:
-        """Kept prefixes give up their KV, oldest first, until the rest fit `room`."""
-        for agent in kept_to_drop(self._kept, lambda a: self._prefixes[a].tokens, room):
-            p = self._prefixes[agent]
-            del self._kept[agent]
-            p.kept, p.location = False, Location.NONE
-            self._prefix_view = None
-            self._emit(self._t, EventKind.PREFIX_DROP, agent=agent, tokens=p.tokens,
-                       note="its room was needed")
+        """Kept prefixes and unheld context copies give up their KV, oldest
+        first, until the rest fit `room`."""
+        for key in kept_to_drop(self._kept, lambda a: self._piece(a).tokens, room):
+            p = self._piece(key)
+            del self._kept[key]
+            if isinstance(p, _Context):
+                self._drop_copy(p)
+            else:
+                p.kept, p.location = False, Location.NONE
+                self._prefix_view = None
+                self._emit(self._t, EventKind.PREFIX_DROP, agent=key, tokens=p.tokens,
+                           note="its room was needed")
+
+    def _keep_sequence(self, req: Request, seg: Segment) -> None:
+        """A finished round's own input and output stay as the copy `seg` its
+        next round starts with: cached in free KV through the tool wait."""
+        c = self._contexts.get(seg.key)
+        if c is None:
+            c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
+        if c.location is Location.GPU:
+            return
+        c.location, c.ready, c.ready_at, c.last_used = Location.GPU, True, self._t, self._t
+        c.kept = True
+        self._kept[seg.key] = None
+        self._emit(self._t, EventKind.CONTEXT_KEEP, req, tokens=c.tokens, note=seg.key)
+
+    def _hold(self, seg: Segment, live: _Live) -> None:
+        """An admitted request holds a shared segment: a hit on its copy, or
+        it computes the copy in its prefill."""
+        req = live.req
+        c = self._contexts.get(seg.key)
+        if c is None:
+            c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
+        self._hold_copy(c, req, lambda: self._compute_by(c, live), lambda: self._load_copy(c, req))
+
+    def _offload_copy(self, c: _Context) -> None:
+        """A policy's eviction of an unheld copy where there is a host tier: it
+        goes to the host over the link (its GPU room free at once)."""
+        self._kept.pop(c.agent, None)
+        c.kept, c.location, c.ready = False, Location.HOST, False
+        start = max(self._t, self._link_free_at)
+        self._link_free_at = start + self.profile.t_swap(c.tokens)
+        self._emit(self._t, EventKind.CONTEXT_OFFLOAD, agent=c.owner, tokens=c.tokens,
+                   value=self._link_free_at - self._t, note=c.agent)
+
+    def _load_copy(self, c: _Context, req: Request) -> None:
+        """A holder is admitted while its copy is on the host: loaded back over
+        the link (after whatever is on it), the holders waiting."""
+        c.location, c.ready = Location.GPU, False
+        start = max(self._t, self._link_free_at)
+        self._link_free_at = c.ready_at = start + self.profile.t_swap(c.tokens)
+        self._push(c.ready_at, _LOAD_END, (c.agent, c.cancelled))
+        self.stats.context_loads += 1
+        self._emit(self._t, EventKind.CONTEXT_LOAD_START, req, tokens=c.tokens,
+                   value=c.ready_at - self._t, note=c.agent)
+
+    def _compute_by(self, c: _Context, live: _Live) -> None:
+        """`live` computes copy `c` in its prefill, after the copies it already
+        computes and before its own input."""
+        c.computer = live.req.id
+        c.end = live.prefilled + sum(x.tokens for x in live.computes if not x.ready) + c.tokens
+        live.computes.append(c)
+        live.prefill_left += c.tokens
+
+    def _release(self, req: Request) -> None:
+        """A request leaves the batch: a copy it was the last holder of stays
+        cached in free KV; one it was computing passes to the next holder in
+        the prefill FIFO (none left: the copy is dropped)."""
+        for seg in req.shared:
+            c = self._contexts[seg.key]
+            if not self._let_go(c, req):
+                if not (c.ready or c.holders or c.computer is not None):
+                    c.cancelled += 1  # a load back no holder waits for: it stays on host
+                    c.location = Location.HOST
+                continue
+            heir = next((self._running[i] for i in self._prefill if isinstance(i, int)
+                         and any(s.key == seg.key for s in self._running[i].req.shared)), None)
+            if heir is not None:
+                self._compute_by(c, heir)
+            else:
+                self._drop_uncomputed(c)
 
     def _load(self, agent: str) -> None:
         p = self._prefixes[agent]
@@ -414,6 +558,12 @@ class SimBackend(EventBuffer):
         p.ready = True
         p.ready_at = self._t
         self._prefix_view = None
+        if isinstance(p, _Context):  # computed or loaded: no backup to host
+            loaded = kind is EventKind.PREFIX_LOAD_END
+            self._emit(self._t, EventKind.CONTEXT_LOAD_END if loaded else
+                       EventKind.CONTEXT_COMPUTE_END, agent=p.owner, tokens=p.tokens,
+                       note=p.agent)
+            return
         self._emit(self._t, kind, agent=p.agent, tokens=p.tokens)
         if self.profile.host_cache and not p.host_copy and not p.backup_pending:
             p.backup_pending = True  # HiCache write-through: back the prefix up to host
@@ -437,6 +587,9 @@ class SimBackend(EventBuffer):
         self.batch_is_full = False
         started = live.started_at if live.started_at is not None else live.admitted_at
         self._prefixes[req.agent].last_used = self._t
+        self._release(req)
+        if req.keeps is not None:
+            self._keep_sequence(req, req.keeps)
         self._emit(self._t, EventKind.REQUEST_FINISH, req, tokens=live.generated,
                    value=self._t - started)
         self._need_schedule = True
@@ -456,7 +609,7 @@ class SimBackend(EventBuffer):
                 self._enqueue(payload, t_ev)
             elif kind == _LOAD_END:
                 agent, gen = payload
-                p = self._prefixes[agent]
+                p = self._piece(agent)
                 if gen == p.cancelled and p.location is Location.GPU:
                     self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
                     self._need_schedule = True
@@ -500,13 +653,21 @@ class SimBackend(EventBuffer):
 
     def _decoding(self) -> list[_Live]:
         return [lv for lv in self._running.values()
-                if not lv.in_prefill and self._prefixes[lv.req.agent].ready]
+                if not lv.in_prefill and self._resident(lv.req)]
+
+    def _resident(self, req: Request) -> bool:
+        """Its agent prefix is ready, and every shared copy it holds is ready or
+        computed by its own prefill."""
+        if not self._prefixes[req.agent].ready:
+            return False
+        return all(c.ready or c.computer == req.id for c in map(
+            self._contexts.__getitem__, (s.key for s in req.shared))) if req.shared else True
 
     # ----------------------------------------------------------- prefill
 
     def _prefill_runnable(self) -> bool:
         for item in self._prefill:
-            if isinstance(item, str) or self._prefixes[self._running[item].req.agent].ready:
+            if isinstance(item, str) or self._resident(self._running[item].req):
                 return True
         return False
 
@@ -528,6 +689,8 @@ class SimBackend(EventBuffer):
         for p in computed:
             p.ready = False
             self._prefix_ready(p, EventKind.PREFIX_COMPUTE_END)
+            if isinstance(p, _Context):
+                p.computer = None
         if decoding:
             self._count_decode(len(decoding), 1)
         for live in done:  # its prefill made its first token
@@ -559,16 +722,9 @@ class SimBackend(EventBuffer):
                     computed.append(p)
             else:
                 live = self._running[item]
-                p = self._prefixes[live.req.agent]
-                if not p.ready:
+                if not self._resident(live.req):
                     continue
-                n = min(live.prefill_left, budget)
-                c = p.tokens + live.prefilled
-                if live.started_at is None:
-                    live.started_at = self._t
-                    self._emit(self._t, EventKind.REQUEST_START, live.req)
-                live.prefilled += n
-                live.prefill_left -= n
+                n, c = self._request_piece(live, budget, computed)
                 if not live.prefill_left:
                     self._prefill.remove(item)
                     done.append(live)
@@ -578,10 +734,28 @@ class SimBackend(EventBuffer):
             ctx += c + n
         return n_total, pairs, ctx, done, computed
 
+    def _request_piece(self, live: _Live, budget: int,
+                       computed: list[_Prefix]) -> tuple[int, int]:
+        """A request's prefill piece of at most `budget` tokens: (tokens, context
+        before them: its prefix, the shared copies it reads and its prefill so
+        far). Copies it computes that the piece completes join `computed`."""
+        n = min(live.prefill_left, budget)
+        c = self._prefixes[live.req.agent].tokens + live.prefilled
+        if live.req.shared:
+            c += sum(s.tokens for s in live.req.shared) - sum(x.tokens for x in live.computes)
+        if live.started_at is None:
+            live.started_at = self._t
+            self._emit(self._t, EventKind.REQUEST_START, live.req)
+        live.prefilled += n
+        live.prefill_left -= n
+        computed += [x for x in live.computes
+                     if not x.ready and x.computer == live.req.id and live.prefilled >= x.end]
+        return n, c
+
     def _mixed_decoders(self) -> list[tuple[_Live, int]]:
         return [(lv, self._prefixes[lv.req.agent].tokens) for lv in self._running.values()
                 if not lv.prefill_left and lv.started_at is not None
-                and self._prefixes[lv.req.agent].ready]
+                and self._resident(lv.req)]
 
     # ------------------------------------------------------------ decode
 
@@ -653,7 +827,9 @@ class SimBackend(EventBuffer):
     def _used_tokens(self) -> int:
         used = sum(p.tokens for p in self._prefixes.values()
                    if p.location is Location.GPU or p.kept)
-        return used + sum(lv.kv for lv in self._running.values())
+        if self._contexts:
+            used += sum(c.tokens for c in self._contexts.values() if c.location is Location.GPU)
+        return used + sum(lv.held for lv in self._running.values())
 
     def _make_room(self, batch: int) -> bool:
         """Decode is out of KV: evict idle prefixes (LRU), then retract (SGLang)."""
@@ -677,8 +853,7 @@ class SimBackend(EventBuffer):
         order = sorted(self._running.values(),
                        key=lambda lv: (lv.generated, -lv.req.input_tokens), reverse=True)
         first = True
-        while len(order) > 1 and (first or self.profile.budget_tokens - self._used_tokens()
-                                  < len(order)):
+        while len(order) > 1 and (first or self._room_beside(len(order)) < 0):
             first = False
             live = order.pop()
             self.stats.retractions += 1
@@ -698,7 +873,7 @@ class SimBackend(EventBuffer):
         return Request(r.id, r.task_id, r.workflow, r.stage, r.agent, r.round, r.input_tokens,
                        r.output_tokens, r.ready_at, r.task_arrival, r.prefix_tokens, r.queued_at,
                        live.generated, RequestState.RUNNING, live.admitted_at, live.started_at,
-                       live.reservation, r.preemptions)
+                       live.reservation, r.preemptions, r.shared)
 
     def _prefix_states(self) -> dict[str, PrefixState]:
         if self._prefix_view is None:
@@ -708,6 +883,12 @@ class SimBackend(EventBuffer):
                 for a, p in self._prefixes.items()
             }
         return self._prefix_view
+
+    def _context_states(self) -> dict[str, ContextState]:
+        return {k: ContextState(k, c.owner, c.task_id, c.tokens, c.location, c.ready,
+                                c.holders, c.last_used, self._next_use.get(k))
+                for k, c in self._contexts.items()}
+
 
 def _next_timed(timed: list[tuple[float, int, int, object]]) -> float:
     """When the next timed event fires (inf: none)."""

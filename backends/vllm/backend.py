@@ -33,13 +33,13 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from backends.base import (
+    ContextCopies,
     EngineLimits,
-    EventBuffer,
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
@@ -52,11 +52,13 @@ from backends.vllm.sizing import (
     kv_bytes_per_token,
     kv_footprint,
     shared_prefix_tokens,
+    shared_segments,
 )
 from backends.vllm.tiny import read_model_config
 from backends.vllm.tokens import SyntheticTokens
 from topasd.model import (
     KEPT_NOTE,
+    ContextState,
     Decision,
     EngineEvent,
     EngineView,
@@ -65,9 +67,11 @@ from topasd.model import (
     PrefixState,
     Request,
     RequestState,
+    Segment,
     TaskView,
     TopasError,
     Workflow,
+    shared_kv,
 )
 from topasd.profiles import HardwareProfile
 
@@ -93,6 +97,9 @@ class VllmStats:
     preemptions: int = 0
     retractions: int = 0  # vLLM's own preemptions (out of blocks)
     recomputed_tokens: int = 0
+    context_hits: int = 0  # shared context copies an admitted request found cached
+    context_hit_tokens: int = 0
+    context_computes: int = 0  # ... and those it computed
     withdrawn: int = 0  # requests whose caller went away (the daemon's API)
     busy_s: float = 0.0  # sum of measured step times
     sched_s: float = 0.0  # scheduler time inside the steps (schedule + update)
@@ -149,6 +156,19 @@ class _Prefix:
         self.ready_at: float | None = None
 
 
+class _Copy(_Prefix):
+    """A shared task context copy: its whole blocks (pinned as a prefix's once
+    cached), its holders, and the request computing it (`computer`)."""
+
+    __slots__ = ("computer", "holders", "owner", "task_id")
+
+    def __init__(self, key: str, tokens: int, owner: str, task_id: int) -> None:
+        super().__init__(key, tokens)
+        self.owner, self.task_id = owner, task_id
+        self.holders = 0
+        self.computer: int | None = None
+
+
 @dataclass(slots=True)
 class _Live:
     req: Request  # as submitted (true token counts)
@@ -164,7 +184,7 @@ class _Pending:
     preempt: list[int] = field(default_factory=list)
 
 
-class VllmBackend(EventBuffer):
+class VllmBackend(ContextCopies):
     """topasd's Backend over vLLM v1 with `PolicyScheduler` (or, `native=True`,
     vLLM's default scheduler deciding alone: no SCHEDULE events)."""
 
@@ -184,11 +204,8 @@ class VllmBackend(EventBuffer):
         if budget_tokens < 2 * block_size:
             raise TopasError(f"the KV budget must hold at least two blocks "
                              f"({2 * block_size} tokens), got {budget_tokens}")
-        self.model = str(model)
-        self.block_size = block_size
-        self.chunk_tokens = chunk_tokens
-        self.clock = clock
-        self.native = native
+        self.model, self.block_size, self.chunk_tokens = str(model), block_size, chunk_tokens
+        self.clock, self.native = clock, native
         self.audit_enabled = audit
         # keep every step's sample and every finished request's output length
         # (benchmarks, tests); a long-running daemon keeps neither
@@ -211,6 +228,7 @@ class VllmBackend(EventBuffer):
         self.samples: list[StepSample] = []
         self.audit: list[AuditRow] = []
         self.finished_tokens: dict[int, int] = {}  # topasd id -> output length vLLM returned
+        self.cached_tokens: dict[int, int] = {}  # topasd id -> vLLM's prefix-cache hit
         self._t = 0.0
         self._wall0: float | None = None
         self._timed: list[tuple[float, int, Request]] = []
@@ -218,7 +236,8 @@ class VllmBackend(EventBuffer):
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
         self._prefixes: dict[str, _Prefix] = {}
-        self._kept: dict[str, None] = {}  # kept prefixes, oldest eviction first
+        self._copies: dict[str, _Copy] = {}  # shared task context by key
+        self._kept: dict[str, None] = {}  # kept prefixes and unheld copies, oldest first
         self._vid: dict[int, str] = {}
         self._tid: dict[str, int] = {}
         self._events: list[EngineEvent] = []
@@ -255,6 +274,7 @@ class VllmBackend(EventBuffer):
             computing = self._await_prefix.get(req.agent, [])
             if request_id in computing:  # not its prefix computer any more (see below)
                 computing.remove(request_id)
+            self._release(req, self._plan_now)
         elif request_id in self._waiting:
             req = self._waiting.pop(request_id)
             generated = req.generated
@@ -345,6 +365,8 @@ class VllmBackend(EventBuffer):
             chunk_tokens=self.chunk_tokens,
             max_prefill_tokens=self.chunk_tokens,
             seq=self._seq,
+            contexts={k: ContextState(k, c.owner, c.task_id, c.tokens, c.location, c.ready,
+                                      c.holders, c.last_used) for k, c in self._copies.items()},
         )
 
     def limits(self) -> EngineLimits:
@@ -377,12 +399,17 @@ class VllmBackend(EventBuffer):
         for rid in decision.preempt:
             lv = self._running.pop(rid)
             self._requeue(lv, t)
+            self._release(lv.req, plan.residency.append)
             plan.preempt.append(self._vid[rid])
             self._touched[rid] = f"preempted by decision {decision.seq} at t={t:.3f}"
             self.stats.preemptions += 1
             self._emit(t, EventKind.PREEMPT, lv.req, tokens=lv.generated, note="policy")
         for agent in decision.evict:
-            self._evict(agent, plan)
+            if agent in self._copies:  # a kept copy the policy drops (no host tier here)
+                self._drop_copy(self._copies[agent])
+                plan.residency.append(("evict", agent))
+            else:
+                self._evict(agent, plan)
         for agent in decision.load:
             p = self._prefixes[agent]
             if p.kept:  # its blocks are still pinned: resident at once
@@ -400,6 +427,8 @@ class VllmBackend(EventBuffer):
             self._touched[rid] = f"admitted by decision {decision.seq} at t={t:.3f}"
             self._prefixes[req.agent].last_used = t
             self._emit(t, EventKind.REQUEST_ADMIT, req, tokens=req.input_tokens + req.generated)
+            for seg in shared_segments(req, self.block_size):
+                self._hold(seg, req, plan)
         if self._kept:
             self._drop_kept(plan)
         self.batch_is_full = decision.blocked
@@ -434,19 +463,63 @@ class VllmBackend(EventBuffer):
         self._emit(self._t, EventKind.PREFIX_LOAD_END, agent=agent, tokens=p.tokens)
 
     def _drop_kept(self, plan: Any) -> None:
-        """Kept prefixes unpin their blocks, oldest first, until they fit beside
-        what the decision holds (vLLM then reuses the blocks)."""
+        """Kept prefixes and unheld copies unpin their blocks, oldest first, until
+        they fit beside what the decision holds (vLLM then reuses the blocks)."""
         gpu = [a for a, p in self._prefixes.items() if p.location is Location.GPU]
         used = (sum(self._prefixes[a].tokens for a in gpu)
+                + sum(c.tokens for c in self._copies.values() if c.holders)
                 + sum(self._footprint(lv.req) for lv in self._running.values()))
         room = self.budget_tokens - used
-        for agent in kept_to_drop(self._kept, lambda a: self._prefixes[a].tokens, room):
-            p = self._prefixes[agent]
-            del self._kept[agent]
+        for name in kept_to_drop(self._kept, lambda a: self._piece(a).tokens, room):
+            p = self._piece(name)
+            plan.residency.append(("evict", name))
+            if isinstance(p, _Copy):
+                self._drop_copy(p)
+                continue
+            del self._kept[name]
             p.kept, p.location = False, Location.NONE
-            plan.residency.append(("evict", agent))
-            self._emit(self._t, EventKind.PREFIX_DROP, agent=agent, tokens=p.tokens,
+            self._emit(self._t, EventKind.PREFIX_DROP, agent=name, tokens=p.tokens,
                        note="its room was needed")
+
+    def _piece(self, name: str) -> _Prefix:
+        """The agent prefix or shared context copy `name` names."""
+        return self._copies.get(name) or self._prefixes[name]
+
+    def _plan_now(self, op: tuple[str, str]) -> None:
+        """A residency change outside a decision, queued for the next step."""
+        from backends.vllm.scheduler import Plan
+
+        self.sched.plan(Plan(residency=[op]))
+
+    def _hold(self, seg: Segment, req: Request, plan: Any) -> None:
+        """An admitted request holds a shared copy: a hit, or it computes the
+        copy in its prefill (the scheduler pins the blocks once cached)."""
+        c = self._copies.get(seg.key)
+        if c is None:
+            c = self._copies[seg.key] = _Copy(seg.key, seg.tokens, req.agent, req.task_id)
+
+        def compute() -> None:
+            c.computer = req.id
+            plan.residency.append(("keep", seg.key))
+
+        self._hold_copy(c, req, compute)
+
+    def _release(self, req: Request, evict: Callable[[tuple[str, str]], None]) -> None:
+        """A request leaves the batch (as the simulator's `_release`): a copy it
+        was the last holder of stays pinned as a kept copy; one it was
+        computing passes to the next holder (the scheduler lets that one run),
+        or with none left is dropped (`evict`)."""
+        for seg in req.shared:
+            c = self._copies[seg.key]
+            if not self._let_go(c, req):
+                continue
+            heir = next((lv for rid, lv in self._running.items() if rid != req.id
+                         and any(s.key == seg.key for s in lv.req.shared)), None)
+            if heir is not None:
+                c.computer = heir.req.id
+            else:
+                evict(("evict", seg.key))
+                self._drop_uncomputed(c)
 
     # ----------------------------------------------------------- validation
 
@@ -456,14 +529,16 @@ class VllmBackend(EventBuffer):
         resident = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
 
         def demand(after: set[str], kept: list[int], admitted: list[Request]) -> float:
+            held = [self._running[r].req for r in kept] + admitted
             return (sum(self._prefixes[a].tokens for a in after)
-                    + sum(self._footprint(self._running[r].req) for r in kept)
-                    + sum(self._footprint(r) for r in admitted))
+                    + sum(self._footprint(r) for r in held)
+                    + sum(shared_kv(self._as_view(r) for r in held).values()))
 
         problems = decision_problems(
             d, running={rid: lv.req.agent for rid, lv in self._running.items()},
             waiting=self._waiting, resident=resident, known=self._prefixes, demand=demand,
-            budget=self.budget_tokens, unit="KV tokens in whole blocks")
+            budget=self.budget_tokens, unit="KV tokens in whole blocks",
+            droppable=[k for k in self._kept if k in self._copies])
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))
@@ -482,15 +557,19 @@ class VllmBackend(EventBuffer):
             raise TopasError(f"request {req.id} (task {req.task_id}, stage {req.stage!r}) needs "
                              f"{need} tokens but vLLM's max_model_len is {self.max_model_len} "
                              f"({context_fix(self.max_model_len, self.budget_tokens)})")
-        if self._shared(req) + self._footprint(req) > self.budget_tokens:
-            raise TopasError(f"request {req.id} needs {self._shared(req) + self._footprint(req)}"
-                             f" KV tokens in whole blocks but the pool holds "
-                             f"{self.budget_tokens}; give a larger --budget")
+        need = self._shared(req) + self._footprint(req) + sum(
+            s.tokens for s in shared_segments(req, self.block_size))
+        if need > self.budget_tokens:
+            raise TopasError(f"request {req.id} needs {need} KV tokens in whole blocks but the "
+                             f"pool holds {self.budget_tokens}; give a larger --budget")
 
     def _as_view(self, req: Request) -> Request:
-        """The request as the policy sees it: block-rounded KV (module docstring)."""
-        return replace(req, prefix_tokens=self._shared(req),
-                       input_tokens=self._footprint(req) - req.output_tokens)
+        """The request as the policy sees it: block-rounded KV (module docstring);
+        its shared segments as the whole blocks vLLM shares."""
+        shared = shared_segments(req, self.block_size) if req.shared else ()
+        return replace(req, prefix_tokens=self._shared(req), shared=shared,
+                       input_tokens=self._footprint(req) - req.output_tokens
+                       + sum(s.tokens for s in shared))
 
     def _snapshot(self, lv: _Live) -> Request:
         return replace(self._as_view(lv.req), generated=lv.generated,
@@ -509,14 +588,20 @@ class VllmBackend(EventBuffer):
             extra_args={"topasd": {"request_id": req.id, "task_id": req.task_id,
                                    "workflow": req.workflow, "stage": req.stage,
                                    "agent": req.agent, "round": req.round,
-                                   "task_arrival": req.task_arrival}})
+                                   "task_arrival": req.task_arrival,
+                                   "shared": [s.key for s in req.shared]}})
         prompt = self.engine.renderer.render_cmpl(
             [{"prompt_token_ids": self.tokens.prompt(req)}])[0]
         vid = self.engine.add_request(str(req.id), prompt, params)
         self._vid[req.id] = vid
         self._tid[vid] = req.id
         if not self.native:
-            self.sched.register_prefix(req.agent, self.sched.requests[vid], req.prefix_tokens)
+            vreq = self.sched.requests[vid]
+            self.sched.register_prefix(req.agent, vreq, req.prefix_tokens)
+            end = req.prefix_tokens
+            for seg in req.shared:  # each copy's whole blocks (`shared_segments`)
+                self.sched.register_span(seg.key, vreq, end, end + seg.tokens)
+                end += seg.tokens
         self._waiting[req.id] = replace(req, queued_at=t, state=RequestState.WAITING)
         self._emit(t, EventKind.REQUEST_READY, req, tokens=req.input_tokens)
         self._need_schedule = True
@@ -568,10 +653,16 @@ class VllmBackend(EventBuffer):
         pending, self._pending = self._pending, []
         self._count(rec, dt, cpu)
         self._started(rec.admitted, t0)
+        if self.record:  # vLLM's prefix-cache hit of each request's first admission
+            for vid, hit in rec.cached.items():
+                self.cached_tokens.setdefault(self._tid[vid], hit)
         self._carried_out(rec, pending)
         for vid in rec.engine_preempted:
             self._retracted(vid, t0)
         for agent in rec.pinned:
+            if agent in self._copies:
+                self._copy_ready(self._copies[agent])
+                continue
             p = self._prefixes[agent]
             p.ready, p.ready_at = True, self._t
             self._emit(self._t, EventKind.PREFIX_COMPUTE_END, agent=agent, tokens=p.tokens)
@@ -597,6 +688,11 @@ class VllmBackend(EventBuffer):
         if not self._running and not self.native and self.sched.pending_admissions():
             raise EngineMismatch(f"vLLM holds admitted requests it never started: "
                                  f"{self.sched.pending_admissions()[:5]}")
+
+    def _copy_ready(self, c: _Copy) -> None:
+        c.ready, c.ready_at, c.computer = True, self._t, None
+        self._emit(self._t, EventKind.CONTEXT_COMPUTE_END, agent=c.owner, tokens=c.tokens,
+                   note=c.agent)
 
     def _count(self, rec: Any, dt: float, cpu: float) -> None:
         s = self.stats
@@ -661,6 +757,7 @@ class VllmBackend(EventBuffer):
                 return
             raise EngineMismatch(f"vLLM preempted request {rid}, which was not running")
         self._requeue(lv, t)
+        self._release(lv.req, self._plan_now)
         self.stats.retractions += 1
         self._emit(t, EventKind.RETRACT, lv.req, tokens=lv.generated, note="vllm")
         self._need_schedule = True
@@ -671,6 +768,7 @@ class VllmBackend(EventBuffer):
             self.finished_tokens[rid] = n_tokens
         self.batch_is_full = False
         self._prefixes[lv.req.agent].last_used = self._t
+        self._release(lv.req, self._plan_now)
         started = lv.started_at if lv.started_at is not None else lv.admitted_at
         self._emit(self._t, EventKind.REQUEST_FINISH, lv.req, tokens=n_tokens,
                    value=self._t - started)
@@ -679,8 +777,8 @@ class VllmBackend(EventBuffer):
         self._need_schedule = True
 
     def _audit(self, rec: Any, pending: list[_Pending]) -> None:
-        pinned = frozenset(a for a, blocks in self.sched.pins.items()
-                           if self.sched.prefix_blocks(a) == blocks
+        pinned = frozenset(a for a, blocks in self.sched.pins.items() if a in self._prefixes
+                           and self.sched.prefix_blocks(a) == blocks
                            and all(b.ref_cnt >= 1 for b in blocks))
         cached = frozenset(a for a in self._prefixes if self.sched.prefix_blocks_any(a))
         gpu = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
@@ -690,7 +788,8 @@ class VllmBackend(EventBuffer):
             engine_preempted=tuple(sorted(self._tid.get(v, -1) for v in rec.engine_preempted)),
             pinned=pinned, cached=cached,
             book_ready=frozenset(a for a in gpu if self._prefixes[a].ready),
-            book_gpu=frozenset(gpu), book_kept=frozenset(self._kept)))
+            book_gpu=frozenset(gpu), book_kept=frozenset(a for a in self._kept
+                                                         if a in self._prefixes)))
 
     # ---------------------------------------------------------------- misc
 

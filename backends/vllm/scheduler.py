@@ -45,6 +45,7 @@ class StepRecord:
 
     admitted: list[str] = field(default_factory=list)  # WAITING/PREEMPTED -> RUNNING: the
     # first prefill chunk of this (re-)admission ran in this step
+    cached: dict[str, int] = field(default_factory=dict)  # admitted: prefix-cache hit tokens
     preempted: list[str] = field(default_factory=list)  # by the plan (the policy)
     engine_preempted: list[str] = field(default_factory=list)  # by vLLM: out of blocks
     evicted: list[str] = field(default_factory=list)  # agents unpinned and dropped
@@ -89,6 +90,8 @@ class TimedScheduler(Scheduler):
         out = self._schedule(throttle_prefills)
         rec = self.last
         rec.admitted = [rid for rid in out.num_scheduled_tokens if rid not in before]
+        rec.cached = {rid: self.requests[rid].num_computed_tokens - out.num_scheduled_tokens[rid]
+                      for rid in rec.admitted}
         mine = set(rec.preempted)
         rec.engine_preempted = sorted(set(out.preempted_req_ids) - mine)
         rec.scheduled_tokens = out.total_num_scheduled_tokens
@@ -170,9 +173,18 @@ class PolicyScheduler(TimedScheduler):
 
     def register_prefix(self, agent: str, request: Request, prefix_tokens: int) -> None:
         """Learn an agent's prefix block hashes from one of its requests."""
-        if agent not in self._hashes:
-            n = prefix_tokens // self.hash_block_size
-            self._hashes[agent] = tuple(request.block_hashes[:n])
+        self.register_span(agent, request, 0, prefix_tokens)
+
+    def register_span(self, name: str, request: Request, start: int, end: int) -> None:
+        """Learn the block hashes of a prompt span a name stands for (an agent's
+        prefix, or a shared context copy's whole blocks) from one request."""
+        if name not in self._hashes:
+            b = self.hash_block_size
+            self._hashes[name] = tuple(request.block_hashes[start // b:end // b])
+
+    def keep_resident(self, name: str) -> None:
+        """Pin a shared context copy's blocks once they are cached (as a prefix's)."""
+        self._keep_resident(name)
 
     def _keep_resident(self, agent: str) -> None:
         """Pin the agent's prefix blocks as soon as they are cached."""
@@ -242,20 +254,19 @@ class PolicyScheduler(TimedScheduler):
 
     def _allowed(self) -> list[Request]:
         """Admitted requests vLLM may start now, in the policy's order. While an
-        agent's prefix is being computed, only one of its requests runs (it
-        computes the prefix); the others start once the blocks are cached and
-        pinned, so they share them instead of computing copies."""
-        computing = {agent_of(r) for r in self.running} & self._want
+        agent's prefix (or a shared context copy) is being computed, only one
+        of its requests runs (it computes it); the others start once the blocks
+        are cached and pinned, so they share them instead of computing copies."""
+        computing = {n for r in self.running for n in names_of(r)} & self._want
         allowed = []
         for rid in self._admit:
             req = self.requests[rid]
             if req.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                 continue
-            agent = agent_of(req)
-            if agent in self._want:
-                if agent in computing:
-                    continue
-                computing.add(agent)
+            wanted = [n for n in names_of(req) if n in self._want]
+            if any(n in computing for n in wanted):
+                continue
+            computing.update(wanted)
             allowed.append(req)
         return allowed
 
@@ -306,8 +317,16 @@ class PolicyScheduler(TimedScheduler):
             self.last.pinned.append(agent)
 
 
-def agent_of(req: Request) -> str | None:
-    """The agent a request belongs to (its `extra_args["topasd"]` metadata)."""
+def names_of(req: Request) -> list[str]:
+    """The pinned spans a request reads: its agent's prefix and the keys of its
+    shared context copies (`extra_args["topasd"]`)."""
+    meta = _meta(req)
+    if not meta:
+        return []
+    return [meta["agent"], *meta.get("shared", ())]
+
+
+def _meta(req: Request) -> dict[str, Any] | None:
     extra = req.sampling_params.extra_args if req.sampling_params else None
     meta = extra.get("topasd") if extra else None
-    return meta.get("agent") if isinstance(meta, dict) else None
+    return meta if isinstance(meta, dict) else None

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from topasd.model import Request
+from topasd.model import Request, Segment
 from topasd.profiles import HardwareProfile
 
 
@@ -52,12 +52,26 @@ def shared_prefix_tokens(prefix_tokens: int, block_size: int) -> int:
 
 
 def kv_footprint(req: Request, block_size: int) -> int:
-    """KV tokens a request holds at its end beyond the shared prefix blocks, in
-    whole blocks: its partial prefix block, fresh input (at least one token:
-    the prompt's last token is always computed) and output."""
-    tail = req.prefix_tokens - shared_prefix_tokens(req.prefix_tokens, block_size)
-    tail += max(1, req.input_tokens)
+    """KV tokens a request holds at its end beyond the shared blocks (its agent
+    prefix's and its shared segments'), in whole blocks: its partial last
+    shared block, fresh input (at least one token: the prompt's last token is
+    always computed) and output."""
+    shared = req.prefix_tokens + req.input_tokens - req.own_input
+    tail = shared - shared_prefix_tokens(shared, block_size)
+    tail += max(1, req.own_input)
     return math.ceil((tail + req.output_tokens) / block_size) * block_size
+
+
+def shared_segments(req: Request, block_size: int) -> tuple[Segment, ...]:
+    """A request's shared segments as vLLM shares them: each copy the whole
+    blocks its segment completes after the prefix and the segments before it
+    (a block is shared once all its tokens are common)."""
+    out, end = [], req.prefix_tokens
+    for seg in req.shared:
+        start, end = end, end + seg.tokens
+        out.append(Segment(seg.key, shared_prefix_tokens(end, block_size)
+                           - shared_prefix_tokens(start, block_size)))
+    return tuple(out)
 
 
 def context_tokens(cfg: Mapping[str, Any], budget_tokens: int, block_size: int = 32) -> int:

@@ -31,11 +31,13 @@ def by_agent(requests: Sequence[Request], limit: int) -> dict[str, list[dict[str
 
 
 def budget(view: EngineView) -> dict[str, int]:
-    """The KV budget and what holds it: resident prefixes, running requests."""
+    """The KV budget and what holds it: resident prefixes, running requests
+    and the copies of shared task context on the GPU (each once)."""
     used_prefix = sum(p.tokens for p in view.prefixes.values() if p.location is Location.GPU)
     used_req = sum(r.kv_tokens() for r in view.running)
-    return {"tokens": view.budget_tokens, "used": used_prefix + used_req,
-            "prefixes": used_prefix, "requests": used_req}
+    used_ctx = sum(c.tokens for c in view.contexts.values() if c.location is Location.GPU)
+    return {"tokens": view.budget_tokens, "used": used_prefix + used_req + used_ctx,
+            "prefixes": used_prefix, "requests": used_req, "contexts": used_ctx}
 
 
 def prefixes(view: EngineView, transfers: Mapping[str, Transfer]) -> list[dict[str, Any]]:

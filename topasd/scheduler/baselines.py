@@ -15,7 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from topasd.model import Decision, EngineEvent, EngineView, Request, Reservation
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EngineView,
+    Request,
+    Reservation,
+    held_demand,
+    missing_shared,
+    shared_kv,
+)
 
 LPM_FCFS_FALLBACK = 128  # SGLang: LPM falls back to FCFS above this many waiting
 LAS_BASE_S = 2.0  # Autellix PLAS: first queue holds tasks with < 2 s attained service
@@ -32,6 +41,10 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
     locked = {r.agent for r in view.running}
     used: float = sum(view.prefixes[a].tokens for a in gpu)
     used += sum(r.demand(view.new_token_ratio) for r in view.running)
+    held = shared_kv(view.running)  # shared segments locked: each copy counted once
+    if held:
+        used += sum(held.values())
+    cached = set(view.cached_contexts())  # copies on the GPU: not prefilled again
     idle = [a for _, a in sorted((view.prefixes[a].last_used, a) for a in gpu - locked)]
     admit: list[int] = []
     load: list[str] = []
@@ -39,11 +52,13 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
     blocked = retry = False
     chunk_left, input_left = view.chunk_tokens, view.max_prefill_tokens
     for req in order:
-        extend = req.input_tokens + req.generated + (0 if req.agent in gpu else req.prefix_tokens)
+        extend = req.own_input + req.generated + (0 if req.agent in gpu else req.prefix_tokens)
+        if req.shared:
+            extend += missing_shared(req, cached)
         if admit and (chunk_left <= 0 or extend >= input_left):
             retry = True  # SGLang: this round's prefill is full; try again next step
             break
-        need = req.admit_demand(Reservation.OPTIMISTIC, view.new_request_ratio)
+        need = held_demand(req, held, Reservation.OPTIMISTIC, view.new_request_ratio)
         need += 0 if req.agent in gpu else req.prefix_tokens
         if req.agent in idle:
             idle.remove(req.agent)
@@ -62,6 +77,9 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
             else:
                 load.append(req.agent)
         used += need
+        if req.shared:
+            held |= shared_kv((req,))
+            cached.update(held)
         admit.append(req.id)
         chunk_left -= extend
         input_left -= extend

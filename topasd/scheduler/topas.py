@@ -38,6 +38,10 @@ from topasd.model import (
     StageStatus,
     TaskView,
     Workflow,
+    held_demand,
+    missing_shared,
+    redo_tokens,
+    shared_kv,
 )
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
@@ -127,13 +131,14 @@ class TopasPolicy:
             self.credits[rid] = credit
         resident = chosen.resident
         gpu = search.gpu
+        evict = search.evictions(chosen)
         return Decision(
             t=view.t,
             policy=self.name,
             admit=chosen.admit,
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
-            evict=search.evictions(chosen),
+            evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
             reservation=Reservation(self.params.reservation),
             candidates=CandidateLog(states),
             chosen=best,
@@ -377,7 +382,8 @@ class _Search(SearchBounds):
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
         self.requests = {r.id: r for r in view.waiting}
         mode, ratio = Reservation(self.params.reservation), view.new_request_ratio
-        self.d = d = {r.id: r.admit_demand(mode, ratio) for r in view.waiting}  # Eq. 2
+        self.held = held = frozenset(shared_kv(view.running))  # shared copies Q_t locks
+        self.d = d = {r.id: held_demand(r, held, mode, ratio) for r in view.waiting}  # Eq. 2
         self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
         self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
         self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
@@ -416,10 +422,16 @@ class _Search(SearchBounds):
             a = r.agent
             run_ids[a].append(r.id)
             run_kv[a] += r.demand(ratio)
-            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.input_tokens)  # Eq. 9
+            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.own_input)  # Eq. 9
             run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
             run_tasks[a].add(r.task_id)
             running_stage[r.task_id][r.stage] = r
+        counted: set[str] = set()
+        for r in view.running:  # each locked shared copy once, for its agent (`Segment`)
+            for s in r.shared:
+                if s.key not in counted:
+                    counted.add(s.key)
+                    run_kv[r.agent] += s.tokens
         self.running_agents = frozenset(self.run_ids)
         self.task_ids = frozenset(r.task_id for r in (*view.running, *view.waiting))
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
@@ -609,6 +621,28 @@ class _Search(SearchBounds):
                 keep.append(a)
         return tuple(sorted(out - set(keep)))
 
+    def context_drops(self, chosen: _State, evict: tuple[str, ...]) -> tuple[str, ...]:
+        """Cached context copies (no holder: a conversation in its tool wait, a
+        document between stages) the chosen state's room cannot keep: those
+        whose next holder is ready last go first (none known: first), where the
+        engine would drop the oldest. Kept copies cost nothing while free KV
+        holds them; a dropped one is prefilled again by its next holder."""
+        admitted = {s.key for rid in chosen.admit for s in self.requests[rid].shared}
+        cached = [(k, c) for k, c in self.view.contexts.items() if c.location is Location.GPU
+                  and c.ready and not c.holders and k not in admitted]
+        resident = (self.gpu - set(evict)) | chosen.resident
+        used = sum((self.hold[a] for a in sorted(resident)), 0.0)
+        used += sum((self.d[rid] for rid in chosen.admit), 0.0)
+        held = sum(c.tokens for _, c in cached)
+        out: list[str] = []
+        for key, c in sorted(cached, key=lambda kc: (
+                kc[1].next_use is not None, -(kc[1].next_use or 0.0), kc[0])):
+            if held <= self.budget - used:
+                break
+            held -= c.tokens
+            out.append(key)
+        return tuple(sorted(out))
+
     def _incumbent(self) -> _State:
         """S_t: keep every running request, admit nothing (idle prefixes leave)."""
         return _State(self._new_pack(self.running_agents, ()), 0, 0.0, 0)
@@ -764,8 +798,7 @@ class _Search(SearchBounds):
             elapsed = sum(self._elapsed(running[rid]) for rid in preempt)
             others = len(self.task_ids - {running[rid].task_id for rid in preempt})
             prefill = self.view.costs.t_prefill
-            redo = sum(prefill(running[rid].input_tokens + running[rid].generated)
-                       for rid in preempt)
+            redo = sum(prefill(redo_tokens(running[rid])) for rid in preempt)
             hit = self._exchange_memo[preempt] = (rho, elapsed + redo * others)
         return hit
 
@@ -1103,8 +1136,8 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("gated", "hol_pending", "j_admit", "pack", "reserved", "search", "states",
-                 "tasks_in", "uncovered", "used")
+    __slots__ = ("charged", "gated", "hol_pending", "j_admit", "pack", "reserved", "search",
+                 "states", "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float) -> None:
@@ -1112,6 +1145,7 @@ class _Filler:
         self.uncovered, self.used, self.reserved = uncovered, used, reserved
         self.j_admit = 0.0
         self.tasks_in: set[int] = set()
+        self.charged: set[str] = set()  # shared copies an admission here already locks
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
         hol = search.hol  # the head-of-line request keeps its room until admitted
         self.hol_pending: bool = hol is not None and hol.agent in pack.resident
@@ -1127,7 +1161,7 @@ class _Filler:
         forced = s.overdue is not None and r.id == s.overdue.id
         if self.gated and r.task_id in s.fresh and not forced:
             return False
-        extra = s.d[r.id] - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
+        extra = self.demand(r) - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
         slots = len(self.pack.seq) + 1 + len(self.uncovered - {r.agent})
         hol = s.hol
         if self.hol_pending and hol is not None and r.id != hol.id:
@@ -1138,6 +1172,13 @@ class _Filler:
             slots += 0 if in_slot else 1
         k = s.params.k
         return self.used + self.reserved + extra <= s.budget and not (k and slots > k)
+
+    def demand(self, r: Request) -> float:
+        """d_r (Eq. 2) in this fill: a shared copy an earlier admission of the
+        fill locks is counted once, there."""
+        d = self.search.d[r.id]
+        return d - missing_shared(r, self.search.held) + missing_shared(
+            r, self.search.held | self.charged) if r.shared and self.charged else d
 
     def refuse(self, r: Request) -> None:
         """r did not fit: with `start_gate`, a started task's request closes
@@ -1159,7 +1200,9 @@ class _Filler:
             self.hol_pending = False
         pack.seq.append(r.id)
         pack.gains.append(gain)
-        self.used += s.d[r.id]
+        self.used += self.demand(r)
+        if r.shared:
+            self.charged.update(seg.key for seg in r.shared)
         if r.agent in self.uncovered:
             self.reserved -= s.min_d[r.agent]
             self.uncovered.discard(r.agent)
