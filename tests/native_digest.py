@@ -26,8 +26,8 @@ CASES: list[tuple[str, int, str, dict[str, Any]]] = [  # workload, tasks, policy
     ("dag10wide", 40, "topas", {}),
     ("dag10wide", 30, "topas", {"m": 3, "pack_order": "arrival", "hol_age": 0.0}),
     ("metagpt-sop", 12, "topas-base", {"preempt": False}),
-    ("metagpt-tl", 8, "topas", {"rho": 3, "h_age": 30.0}),
-    ("chain3", 40, "topas", {"preempt_margin": 1.0}),
+    ("metagpt-tl", 8, "topas", {"rho": 3, "h_age": 30.0, "decode_peak": "backfill"}),
+    ("chain3", 40, "topas", {"preempt_margin": 1.0, "decode_peak": "always"}),
 ]
 
 

@@ -27,7 +27,7 @@ from topasd.model import (
 from topasd.profiles import HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler.params import PAPER, TopasParams
-from topasd.scheduler.topas import TopasPolicy
+from topasd.scheduler.topas import TopasPolicy, decode_peak
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
 
@@ -199,6 +199,50 @@ def test_optimistic_reservations_admit_only_within_eq2(
     assert pol.decisions > 0 and result.stats.retractions > 0  # reservations did outgrow B_t
 
 
+def _held_while_decoding(growth: list[tuple[int, int]]) -> int:
+    """The most KV the requests (remaining output, KV now) hold at once,
+    stepped one decode token at a time (each holds its KV plus every token
+    it generated, until its last)."""
+    most = 0
+    for s in range(1, max((rem for rem, _ in growth), default=0) + 1):
+        most = max(most, sum(kv + s for rem, kv in growth if rem >= s))
+    return most
+
+
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(0, 200)), max_size=8))
+def test_decode_peak_is_the_most_kv_held_while_decoding(growth: list[tuple[int, int]]) -> None:
+    assert decode_peak(growth) == _held_while_decoding(growth)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads(), st.booleans())
+def test_decode_peak_is_never_retracted(case: tuple[Trace, int], defaults: bool) -> None:
+    """With `decode_peak`, the running requests' decode growth always fits, so
+    the engine never retracts (outputs are known to the simulator's views)."""
+    trace, budget = case
+    params = TopasParams(decode_peak="always", samples=16,
+                         **({} if defaults else PAPER))
+    profile = get_profile("small").with_overrides(budget_tokens=budget)
+    result = Run(trace, TopasPolicy(params), SimBackend(profile)).execute()
+    assert set(result.jct) == {t.id for t in trace.tasks}, "every task finishes"
+    assert result.stats.retractions == 0
+
+
+@pytest.mark.parametrize(("workload", "rate"), [("chain3", 1.0), ("dag4", 0.4)])
+def test_decode_peak_leaves_the_paper_workloads_unretracted(workload: str, rate: float) -> None:
+    """The overloaded runs of `test_optimistic_reservations_admit_only_within_eq2`,
+    which retract without `decode_peak`: with it none, and every admission
+    still within Eq. 2 by the engine's estimate."""
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    trace = generate_trace(load_workload(workload).workflows, rate, 80, 3, name=workload)
+    pol = OptimisticChecked(TopasParams(samples=16, decode_peak="always"))
+    result = Run(trace, pol, SimBackend(get_profile("qwen2.5-32b-a100"))).execute()
+    assert set(result.jct) == {t.id for t in trace.tasks}, "every task finishes"
+    assert pol.decisions > 0 and result.stats.retractions == 0
+
+
 def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
                   shortcut: bool) -> list[Decision]:
     """Every decision of a run, with GreedyPack's solo shortcut on or off."""
@@ -216,14 +260,16 @@ def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]))
+@given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]),
+       st.sampled_from(["off", "backfill", "always"]))
 def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
-        case: tuple[Trace, int], k: int, pack_order: str) -> None:
+        case: tuple[Trace, int], k: int, pack_order: str, peak: str) -> None:
     """GreedyPack's vectorized solo fill (no same-task marginals to update)
-    and its general heap give identical decision logs, in either order."""
+    and its general heap give identical decision logs, in either order and
+    whichever room `decode_peak` leaves."""
     trace, budget = case
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, samples=16, pack_order=pack_order)
+    params = TopasParams(k=k, samples=16, pack_order=pack_order, decode_peak=peak)
     assert _decision_log(trace, profile, params, True) == _decision_log(
         trace, profile, params, False)
 
@@ -245,9 +291,10 @@ def test_the_solo_fill_matches_on_crowded_single_stage_pools(
                   for j in range(n_tasks))
     trace = Trace(wfs, tasks, {})
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, samples=16)
-    assert _decision_log(trace, profile, params, True) == _decision_log(
-        trace, profile, params, False)
+    for peak in ("off", "backfill"):
+        params = TopasParams(k=k, samples=16, decode_peak=peak)
+        assert _decision_log(trace, profile, params, True) == _decision_log(
+            trace, profile, params, False)
 
 
 def _crowded_trace(n_agents: int, n_tasks: int, stages: int, seed: int) -> Trace:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from topasd.model import TopasError
 from topasd.scheduler.params import (
     AGE_CURVES,
+    DECODE_PEAKS,
     PACK_ORDERS,
     PARAM_RANGES,
     RESERVATIONS,
@@ -86,6 +87,9 @@ _WORDS: tuple[ParamSpec, ...] = (
     _spec("preempt_exchange", "preempt only when the admissions gain more time than the "
           "preemption costs (extension)", extension=True),
     _spec("swap_only", "preempt only to swap prefixes, never for KV (extension)",
+          extension=True),
+    _spec("decode_peak", "admissions leave the running requests' decode peak free: never, "
+          "past a request that did not fit, or always (extension)", choices=DECODE_PEAKS,
           extension=True),
     _spec("overdue", "serve next a task older than this x its workflow's mean JCT (extension; "
           "empty: off)", unset="off", extension=True),

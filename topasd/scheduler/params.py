@@ -41,6 +41,12 @@ class TopasParams:
     # (SGLang's new_token_ratio, the paper's implementation base; the engine may
     # retract), "full" reserves every remaining output token (never retracted).
     reservation: str = "optimistic"
+    # with "optimistic": where admissions also leave free the KV that the running
+    # requests reach at their decode peak (each grows to its whole output, a finished
+    # one frees its KV): "off" nowhere; "backfill" past the first request of a fill
+    # that did not fit (the engine's own admission stops there); "always" everywhere
+    # (decoding then never outgrows the pool)
+    decode_peak: str = "off"
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
     pack_order: str = "arrival"
@@ -90,6 +96,9 @@ class TopasParams:
                                  "true or false")
         if self.reservation not in RESERVATIONS:
             raise TopasError("TOPAS parameter reservation must be 'full' or 'optimistic'")
+        if self.decode_peak not in DECODE_PEAKS:
+            raise TopasError("TOPAS parameter decode_peak must be 'off', 'backfill' or "
+                             "'always'")
         if self.pack_order not in PACK_ORDERS:
             raise TopasError("TOPAS parameter pack_order must be 'ratio' or 'arrival'")
         if self.age_curve not in AGE_CURVES:
@@ -108,6 +117,7 @@ class TopasParams:
 
 
 RESERVATIONS = ("optimistic", "full")
+DECODE_PEAKS = ("off", "backfill", "always")
 PACK_ORDERS = ("ratio", "arrival")
 AGE_CURVES = ("log", "linear")
 PARAM_RANGES: dict[str, tuple[float, float]] = {

@@ -418,10 +418,12 @@ class _Search(SearchBounds):
         self.run_tasks = run_tasks = defaultdict[str, set[int]](set)
         self.running_stage = running_stage = defaultdict[int, dict[str, Request]](dict)
         ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
+        self.run_growth = run_growth = defaultdict[str, list[tuple[int, int]]](list)
         for r in view.running:
             a = r.agent
             run_ids[a].append(r.id)
             run_kv[a] += r.demand(ratio)
+            run_growth[a].append((r.remaining, r.kv_tokens()))  # for `decode_peak`
             run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.own_input)  # Eq. 9
             run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
             run_tasks[a].add(r.task_id)
@@ -445,6 +447,7 @@ class _Search(SearchBounds):
         self.move_out = {a: self.sec_per_token * self.ell[a] for a in out}
         self.gpu_moves = sorted(self.move_out.items())
         self.move_in: dict[str, float] = {}
+        self._peaks: dict[frozenset[str], float] = {}
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
@@ -847,14 +850,29 @@ class _Search(SearchBounds):
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
         if self._exchange_hopeless(resident, preempt):
             return []
-        return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved)
+        return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved,
+                          self.headroom(resident, used))
+
+    def headroom(self, resident: frozenset[str], used: float) -> float:
+        """`decode_peak`: how much more than `used` (R's prefixes and Eq. 2's
+        d_r of the running requests it keeps) those requests hold at their
+        decode peak, as each grows to its whole output and a finished one
+        frees its KV (0 when off, or with `full` reservations, which hold more)."""
+        if self.params.decode_peak == "off" or self.params.reservation != "optimistic":
+            return 0.0
+        kept = resident & self.running_agents
+        peak = self._peaks.get(kept)
+        if peak is None:
+            peak = self._peaks[kept] = decode_peak(
+                [g for a in sorted(kept) for g in self.run_growth[a]])
+        return max(0.0, sum((self.ell[a] for a in sorted(resident)), 0.0) + peak - used)
 
     def _fill(self, pack: _Pack, uncovered: set[str], used: float,
-              reserved: float) -> list[_State]:
+              reserved: float, headroom: float) -> list[_State]:
         """Admit by largest age-weighted progress per additional KV token (or
         by task arrival, `pack_order`), updating same-task marginals (Eq. 7);
         emit every feasible allocation."""
-        fill = _Filler(self, pack, uncovered, used, reserved)
+        fill = _Filler(self, pack, uncovered, used, reserved, headroom)
         if all(a in self.solo_agents for a in pack.resident):
             return self._fill_solo(fill)
         return self._fill_heap(fill)
@@ -1136,13 +1154,20 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "gated", "hol_pending", "j_admit", "pack", "reserved", "search",
-                 "states", "tasks_in", "uncovered", "used")
+    __slots__ = ("charged", "gated", "headroom", "hol_pending", "j_admit", "limit", "pack",
+                 "reserved", "search", "states", "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
-                 reserved: float) -> None:
+                 reserved: float, headroom: float) -> None:
         self.search, self.pack = search, pack
         self.uncovered, self.used, self.reserved = uncovered, used, reserved
+        # what the admitted KV must stay within: B_t, less the running requests'
+        # decode headroom with `decode_peak` "always" (with "backfill": once a
+        # request did not fit, `_past_misfit`)
+        self.headroom = headroom
+        self.limit = search.budget
+        if headroom and search.params.decode_peak == "always":
+            self.limit = search.budget - headroom
         self.j_admit = 0.0
         self.tasks_in: set[int] = set()
         self.charged: set[str] = set()  # shared copies an admission here already locks
@@ -1171,7 +1196,17 @@ class _Filler:
             extra += s.d[hol.id] - (s.min_d[hol.agent] if in_slot else 0.0)
             slots += 0 if in_slot else 1
         k = s.params.k
-        return self.used + self.reserved + extra <= s.budget and not (k and slots > k)
+        if self.used + self.reserved + extra > self.limit:
+            self._past_misfit()
+            return False
+        return not (k and slots > k)
+
+    def _past_misfit(self) -> None:
+        """A request did not fit: with `decode_peak` "backfill", the requests
+        admitted past it (filling the room the engine's admission leaves,
+        since it stops there) must also leave the decode headroom free."""
+        if self.headroom and self.limit == self.search.budget:
+            self.limit = self.search.budget - self.headroom
 
     def demand(self, r: Request) -> float:
         """d_r (Eq. 2) in this fill: a shared copy an earlier admission of the
@@ -1218,14 +1253,17 @@ class _Filler:
         s = self.search
         if s.params.k and len(self.pack.seq) >= s.params.k:
             return len(d)
-        ok = (self.used + self.reserved) + d[pos:] <= s.budget
+        ok = (self.used + self.reserved) + d[pos:] <= self.limit
+        if not ok[0]:  # as `fits` has it
+            self._past_misfit()
+            ok = (self.used + self.reserved) + d[pos:] <= self.limit
         return pos + int(np.argmax(ok)) if ok.any() else len(d)
 
     def fitting_run(self, d: np.ndarray) -> int:
         """How many of `d` (requests of covered prefixes) fit taken in a row."""
         s = self.search
         before = np.cumsum(np.concatenate(([self.used], d)))[:-1]
-        ok = (before + self.reserved) + d <= s.budget
+        ok = (before + self.reserved) + d <= self.limit
         n = len(d) if ok.all() else int(np.argmin(ok))
         if s.params.k:
             n = min(n, s.params.k - len(self.pack.seq) - len(self.uncovered))
@@ -1324,6 +1362,18 @@ def _fresh_tasks(view: EngineView, waiting: Mapping[int, list[Request]],
     stage done: not started (`start_gate`)."""
     started = frozenset(running)
     return frozenset(tid for tid in waiting if is_fresh(view.tasks.get(tid), started))
+
+
+def decode_peak(growth: list[tuple[int, int]]) -> float:
+    """The most KV that requests of (remaining output, KV held now) hold at
+    once while each decodes one token per step and frees its KV when done:
+    the largest, over each request j, of what the requests with at least j's
+    remaining output hold as j generates its last token."""
+    peak, held = 0, 0
+    for n, (rem, kv) in enumerate(sorted(growth, reverse=True), 1):  # longest first
+        held += kv
+        peak = max(peak, held + n * rem)
+    return float(peak)
 
 
 def _t_decode(view: EngineView) -> float:
