@@ -322,3 +322,22 @@ def test_leaving_the_form_with_unsent_edits_says_so(daemon: Daemon) -> None:
     before = daemon.http.get("/v1/params").json()
     run(app, scenario)
     assert daemon.http.get("/v1/params").json() == before  # nothing was sent
+
+
+def test_a_key_pressed_while_the_form_is_built_reaches_the_dashboard(daemon: Daemon) -> None:
+    """The parameter form is built at start, on top of the dashboard but out of
+    sight; `p` pressed meanwhile opens it (the key waits for the dashboard)
+    rather than being taken by the form that is then put away."""
+    app = live_app(daemon)
+
+    async def scenario(pilot: Any) -> None:
+        await until(pilot, lambda: app._held_keys is not None, "the form being built")
+        await pilot.press("p")
+        await until(pilot, lambda: app._held_keys is None, "the form built")
+        await until(pilot, lambda: isinstance(app.screen, ParamsScreen), "the form")
+        form = app.screen
+        await pilot.pause(0.5)
+        assert app.screen is form  # not put away under the user
+        await until(pilot, lambda: form.info is not None, "the daemon's parameters")
+
+    run(app, scenario)

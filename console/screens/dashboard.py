@@ -10,11 +10,12 @@ from textual.app import ComposeResult
 from textual.binding import ActiveBinding, Binding, BindingType
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Input
+from textual.widgets import DataTable, Header, Input
 
 from console import keys
 from console.snapshot import DecisionDetail, DecisionRow, Numbers, Snapshot
 from console.widgets.decisions import DecisionDetailView, DecisionFeed
+from console.widgets.footer import SteadyFooter
 from console.widgets.headline import Headline
 from console.widgets.residency import Residency
 from console.widgets.status import CursorBar, StatusLine
@@ -76,7 +77,7 @@ class Dashboard(Screen[None]):
             yield DecisionDetailView(id="detail")
         if self.replay:
             yield CursorBar(id="cursor")
-        yield Footer(compact=True, show_command_palette=False)  # `?` lists ctrl+p
+        yield SteadyFooter(compact=True, show_command_palette=False)  # `?` lists ctrl+p
 
     def on_mount(self) -> None:
         self.query_one("#decisions", DecisionFeed).focus()

@@ -6,16 +6,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import BindingType
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Header, Input, Label, Select, Static, Switch
+from textual.widgets import Button, Header, Input, Label, Select, Static, Switch
 
 from console import keys
 from console.params import BY_NAME, FIELDS, parse, text_of, validate
 from console.sources import ApiError, ConnectionLost
+from console.widgets.footer import SteadyFooter
 from topasd.scheduler import TUNABLE_NAMES
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class ParamsScreen(Screen[None]):
         self._policies: list[str] = []
         self.fills = 0  # answers shown (the console bench times the form by it)
         self._helps: dict[str, Text] = {}  # each help label's text as shown
+        self._answer: tuple[Any, ...] | None = None  # the answer as shown
+        self._styled_at: int | None = None  # the app's CSS generation the styles are of
 
     @property
     def console(self) -> ConsoleApp:
@@ -72,7 +75,7 @@ class ParamsScreen(Screen[None]):
                              variant="primary")
                 yield Button(f"Reload ({self._key('params.reload')})", id="reload")
             yield Static("", id="answer")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         form = self.query_one("#params-form")
@@ -83,8 +86,15 @@ class ParamsScreen(Screen[None]):
                 w.disabled = True
             self.query_one("#params-buttons").display = False
 
-    def on_screen_resume(self) -> None:
-        """Shown (first, or again: the live form is kept): the values now."""
+    def on_screen_resume(self, event: events.ScreenResume) -> None:
+        """Shown (first, or again: the live form is kept): the values now. The
+        styles of a form shown again are computed again only if the app's CSS
+        changed meanwhile (a new theme): for its ~140 widgets that is most of what
+        showing it costs."""
+        styled_at = getattr(self.app, "_css_update_count", None)  # Textual's count
+        if styled_at is not None and styled_at == self._styled_at:
+            event.refresh_styles = False
+        self._styled_at = styled_at
         self.action_reload()
 
     # -------------------------------------------------------------- data
@@ -212,7 +222,10 @@ class ParamsScreen(Screen[None]):
         """Show the outcome under the form (scrolled into view); with a
         `severity`, also as a notification, which no scrolling hides."""
         answer = self.query_one("#answer", Static)
-        answer.update(text)
+        shown = (text.plain, str(text.style), tuple(text.spans))
+        if shown != self._answer:  # as shown: no update, no new layout of the form
+            self._answer = shown
+            answer.update(text)
         if severity is not None:  # once laid out: a longer answer takes more lines
             self.call_after_refresh(answer.scroll_visible, animate=False)
             self.console.notify(text.plain, severity=severity,  # type: ignore[arg-type]

@@ -11,10 +11,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.widgets import DataTable, Header, Static
 
 from console.snapshot import TaskDetail
 from console.sources import ApiError, ConnectionLost
+from console.widgets.footer import SteadyFooter
 from console.widgets.format import secs
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class TaskScreen(Screen[None]):
                 yield DataTable(id="task-stages", cursor_type="row", zebra_stripes=True)
                 yield DataTable(id="task-requests", cursor_type="row", zebra_stripes=True)
             yield DataTable(id="task-decisions", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         for table_id, title, cols in (

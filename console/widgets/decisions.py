@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Self
+from typing import Any, Self
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.cache import LRUCache
 from textual.containers import Vertical
 from textual.geometry import Region
 from textual.widgets import DataTable
@@ -23,6 +26,7 @@ CANDIDATE_COLUMNS = ("#", "won", "total", *TERMS, "resident", "admit", "preempt"
 WIDE_DETAIL = 96  # the candidates panel from this many cells shows the terms in Eq. 13's order
 ACTIONS_WIDTH = 16  # the feed's actions past this many cells count loads instead of naming
 FEED_COLUMNS = (("seq", 6), ("t", 7), ("score", 7), ("ms", 5), ("actions", ACTIONS_WIDTH))
+CELL_CACHE = 4 * FEED_ROWS * len(FEED_COLUMNS)  # rendered cells kept (a row in a few looks)
 
 
 def term_values(c: CandidateRow) -> dict[str, float]:
@@ -93,6 +97,9 @@ class DecisionFeed(DataTable[Text | str]):
         self._trimming = False
         self.rows_shown: list[DecisionRow] = []
         self.border_title = "Decisions"
+        # rendered cells by decision: (the row index their meta names, the lines)
+        self._cell_lines: LRUCache[tuple[Any, ...], tuple[int, list[list[Segment]]]] = \
+            LRUCache(CELL_CACHE)
 
     def on_mount(self) -> None:
         # fixed widths (a wider cell would cost the screen a new layout), the
@@ -106,6 +113,40 @@ class DecisionFeed(DataTable[Text | str]):
         feed's height, if it changed, asks for one; a full feed's does not)."""
         return super().refresh(*regions, repaint=repaint, layout=layout and not self._trimming,
                                recompose=recompose)
+
+    def clear(self, columns: bool = False) -> Self:
+        self._cell_lines.clear()  # a restarted daemon numbers its decisions from 1 again
+        return super().clear(columns)
+
+    def notify_style_update(self) -> None:
+        self._cell_lines.clear()
+        super().notify_style_update()
+
+    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
+                     cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
+        """A cell as Textual's DataTable renders it, but kept by its decision and
+        its look (zebra stripe, cursor, focus), not by the table's update count:
+        every added or trimmed row starts Textual's count over, which would
+        render every cell on screen again each time decisions join (a decision's
+        cells never change). A row moved up by a trim only gets the new row
+        index in its mouse metadata."""
+        if row_index < 0 or column_index < 0:  # the header
+            return super()._render_cell(row_index, column_index, base_style, width, cursor,
+                                        hover)
+        key = (self._row_locations.get_key(row_index), column_index, base_style, width,
+               cursor, hover, self._show_hover_cursor, self._pseudo_class_state)
+        hit = self._cell_lines.get(key)
+        if hit is None:
+            lines = super()._render_cell(row_index, column_index, base_style, width, cursor,
+                                         hover)
+        elif hit[0] == row_index:
+            return hit[1]
+        else:
+            meta = Style.from_meta({"row": row_index, "column": column_index})
+            lines = [[Segment(s.text, s.style + meta if s.style else meta, s.control)
+                      for s in line] for line in hit[1]]
+        self._cell_lines[key] = (row_index, lines)
+        return lines
 
     def shows(self, d: DecisionRow) -> bool:
         """Whether the feed lists `d` (no-ops only when they are shown)."""
