@@ -17,7 +17,11 @@ import httpx
 
 from store import Store
 
-START_TIMEOUT_S = 60.0  # a daemon embedding an engine passes its own (`start_timeout`)
+# guards against a hang only (the wait ends at /ready): the simulator starts in
+# seconds; an embedded engine (vLLM, SGLang) loads a model, which on a loaded
+# 2-core machine took over 60 s
+START_TIMEOUT_S = 60.0
+ENGINE_START_TIMEOUT_S = 600.0
 
 
 def service_counts_until(svc: Any, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
@@ -68,7 +72,7 @@ class Daemon:
 
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None,
                  speed: str = "max", token: str | None = None,
-                 own_group: bool = False, start_timeout: float = START_TIMEOUT_S) -> None:
+                 own_group: bool = False, start_timeout: float | None = None) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.runtime = workdir / "daemon.json"
@@ -85,6 +89,9 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, cwd=workdir, env=env or clean_env(),
                                      stdout=self._log_fh, stderr=subprocess.STDOUT,
                                      start_new_session=own_group)
+        if start_timeout is None:
+            engine = "--backend" in args and args[args.index("--backend") + 1] != "sim"
+            start_timeout = ENGINE_START_TIMEOUT_S if engine else START_TIMEOUT_S
         self.info = self._wait_started(start_timeout)
         self.url: str = self.info["url"]
         headers = {"Authorization": f"Bearer {token}"} if token else {}

@@ -589,9 +589,14 @@ def test_ctrl_c_in_a_replay_keeps_the_policies_that_finished(tmp_path: Path) -> 
 
     db = tmp_path / "int.db"
     master, slave = pty.openpty()
+    argv = ["topasd", "replay", "-w", "metagpt-tl", "-n", "2000", "-p", "fcfs", "-p", "topas",
+            "--db", str(db)]
+    # Ctrl-C as a terminal delivers it, also when this suite runs as a background
+    # job: such a job starts with SIGINT ignored, and the replay would inherit that
     proc = subprocess.Popen(
-        [sys.executable, "-m", "topasd.cli", "replay", "-w", "metagpt-tl", "-n", "2000",
-         "-p", "fcfs", "-p", "topas", "--db", str(db)],
+        [sys.executable, "-c", "import runpy, signal, sys; "
+         "signal.signal(signal.SIGINT, signal.default_int_handler); "
+         f"sys.argv = {argv!r}; runpy.run_module('topasd.cli', run_name='__main__')"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave, text=True)
     os.close(slave)
     try:
