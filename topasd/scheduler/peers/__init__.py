@@ -1,0 +1,24 @@
+"""Published peers of TOPAS as one-engine policies on the shared vocabulary
+(docs/topas.md, "Peers"): each a module, their estimators in `estimates.py`.
+
+    continuum   KV time-to-live across tool calls (Continuum / CacheTTL)
+    astraea     Stateful-MLFQ with HRRN; keep, discard or swap in tool waits
+    kairos      workflow-aware priority; time-slot memory-aware admission
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from topasd.scheduler.base import Policy
+from topasd.scheduler.peers.astraea import AstraeaPolicy
+from topasd.scheduler.peers.continuum import ContinuumPolicy
+from topasd.scheduler.peers.kairos import KairosPolicy
+
+PEERS: dict[str, Callable[[], Policy]] = {
+    "continuum": ContinuumPolicy,
+    "astraea": AstraeaPolicy,
+    "kairos": KairosPolicy,
+}
+
+__all__ = ["PEERS", "AstraeaPolicy", "ContinuumPolicy", "KairosPolicy"]

@@ -1,0 +1,141 @@
+"""What every peer policy estimates, written once: tool-call durations (trace
+means, then observed history), where a conversation copy came from, the
+conversations waiting out a tool call, and the KV a view holds.
+
+Each peer sees the same estimators TOPAS does: a request's service is
+`ServiceModel.request_estimate` (the pair's mean observed round service, the
+profile before any) and a tool call's duration the mean observed wait of its
+(agent, stage), the stage profile's `tool_wait_s` mean before any. No peer
+reads `ContextState.next_use` (the true end of a wait in the simulator).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from topasd.model import (
+    ContextState,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Location,
+    shared_kv,
+)
+
+Pair = tuple[str, str]  # (agent, stage)
+
+
+class ToolWaits:
+    """Observed tool-call durations per (agent, stage), fed by TOOL_CALL_END
+    events (`value`: the wait), each list sorted (an empirical CDF)."""
+
+    def __init__(self) -> None:
+        self.by_pair: dict[Pair, list[float]] = defaultdict(list)
+        self.pooled: list[float] = []
+
+    def observe(self, event: EngineEvent) -> None:
+        if event.kind is EventKind.TOOL_CALL_END and event.agent and event.stage:
+            bisect.insort(self.by_pair[(event.agent, event.stage)], event.value)
+            bisect.insort(self.pooled, event.value)
+
+    def samples(self, pair: Pair | None) -> Sequence[float]:
+        return self.by_pair.get(pair, ()) if pair else ()
+
+    def mean(self, pair: Pair | None, prior: float) -> float:
+        """The pair's mean observed wait; `prior` (the trace mean) before any."""
+        seen = self.samples(pair)
+        return sum(seen) / len(seen) if seen else prior
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The round a conversation copy was kept from: its task, agent, stage."""
+
+    task_id: int
+    agent: str
+    stage: str
+    workflow: str
+
+
+class Origins:
+    """Copy key -> the round whose finished sequence it is (`Request.keeps`),
+    learned from the requests every view shows (each is waiting in some view
+    before it is admitted)."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, Origin] = {}
+        self._keys: dict[int, list[str]] = defaultdict(list)
+
+    def learn(self, view: EngineView) -> None:
+        for r in (*view.waiting, *view.running):
+            if r.keeps is not None and r.keeps.key not in self._of:
+                self._of[r.keeps.key] = Origin(r.task_id, r.agent, r.stage, r.workflow)
+                self._keys[r.task_id].append(r.keeps.key)
+
+    def get(self, key: str) -> Origin | None:
+        return self._of.get(key)
+
+    def forget(self, task_id: int) -> None:
+        for key in self._keys.pop(task_id, ()):
+            del self._of[key]
+
+
+def tool_prior(view: EngineView, origin: Origin | None) -> float:
+    """The trace mean of the tool wait after a round of `origin`'s stage."""
+    if origin is None or origin.workflow not in view.workflows:
+        return 0.0
+    return view.workflows[origin.workflow].stages[origin.stage].profile.tool_wait_s.mean()
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """A task's conversation waiting out a tool call: its copies on the GPU
+    (no holder) since `since` (the call's start), `tokens` in all."""
+
+    task_id: int
+    agent: str
+    since: float
+    keys: tuple[str, ...]
+    tokens: int
+
+
+def conversations(view: EngineView) -> list[Conversation]:
+    """The conversations in a tool wait: ready GPU copies nobody holds whose
+    next holder is not ready yet, grouped by (task, agent, wait start), in
+    that order."""
+    groups: dict[tuple[int, str, float], list[tuple[str, ContextState]]] = defaultdict(list)
+    for key, c in view.contexts.items():
+        if c.location is Location.GPU and c.ready and not c.holders and c.next_use is not None:
+            groups[(c.task_id, c.agent, c.last_used)].append((key, c))
+    return [Conversation(tid, agent, since, tuple(sorted(k for k, _ in copies)),
+                         sum(c.tokens for _, c in copies))
+            for (tid, agent, since), copies in sorted(groups.items())]
+
+
+def conversation_origin(conv: Conversation, origins: Origins) -> Origin | None:
+    """The round the conversation's newest copy was kept from (its stage)."""
+    found = [o for o in map(origins.get, conv.keys) if o is not None]
+    return found[-1] if found else None
+
+
+def expected_wait(conv: Conversation, view: EngineView, origins: Origins,
+                  waits: ToolWaits) -> float:
+    """E[duration] of the conversation's tool call (observed mean, trace prior)."""
+    origin = conversation_origin(conv, origins)
+    pair = (origin.agent, origin.stage) if origin else None
+    return waits.mean(pair, tool_prior(view, origin))
+
+
+def kv_in_use(view: EngineView) -> float:
+    """KV the view holds: GPU prefixes, running requests' demand, the shared
+    copies they hold (each once) and the cached copies nobody holds."""
+    used = float(sum(p.tokens for p in view.prefixes.values() if p.on_gpu))
+    used += sum(r.demand(view.new_token_ratio) for r in view.running)
+    held = shared_kv(view.running)
+    used += sum(held.values())
+    used += sum(c.tokens for k, c in view.contexts.items()
+                if c.location is Location.GPU and k not in held)
+    return used
