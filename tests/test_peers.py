@@ -19,12 +19,21 @@ from topasd.model import (
     Location,
     Reservation,
     Segment,
+    StageProgress,
+    StageStatus,
 )
 from topasd.scheduler import POLICY_NAMES, make_policy
-from topasd.scheduler.peers import PEERS, AstraeaPolicy, ContinuumPolicy, KairosPolicy
+from topasd.scheduler.peers import (
+    PEERS,
+    AstraeaPolicy,
+    ContinuumPolicy,
+    KairosPolicy,
+    SagaPolicy,
+)
 from topasd.scheduler.peers.astraea import hrrn, waste
 from topasd.scheduler.peers.continuum import ttl
-from topasd.scheduler.peers.kairos import remaining_latency
+from topasd.scheduler.peers.estimates import remaining_latency
+from topasd.scheduler.peers.saga import evict_score, percentile95, tool_ttl, urgency
 
 ONE = workflow("one", {"a": ()}, prefix=0)
 
@@ -250,3 +259,56 @@ def test_peers_decide_only_on_the_view() -> None:
         b = replace(a, contexts={k: replace(c, next_use=c.last_used + 1.5)
                                  for k, c in a.contexts.items()})
         assert policy.decide(a).admit == make_policy(name).decide(b).admit
+
+
+# ----------------------------------------------------------------------- saga
+
+
+def test_saga_serves_the_task_with_the_most_work_left_per_time_to_deadline() -> None:
+    """One 25.6 s stage (256 in, 256 out at 0.1 s/token): deadline = arrival
+    + 1.5 x 25.6 = arrival + 38.4 s. At t = 20 task 1 (arrived 0, 20 s served)
+    has 5.6 s left over 18.4 s (0.30), task 2 (arrived 10, none) 25.6 over
+    28.4 s (0.90): task 2 first, though task 1 arrived first."""
+    served = replace(task(1, ONE, active="a"), stages={"a": StageProgress(
+        StageStatus.ACTIVE, service_s=20.0, started_at=0.0)})
+    one, two = request(1, 1, ONE, "a"), request(2, 2, ONE, "a", arrival=10.0)
+    v = view(ONE, [served, task(2, ONE, 10.0, active="a")], [], [one, two], t=20.0)
+    policy = SagaPolicy()
+    assert policy.work_and_tct(v, "one") == pytest.approx((25.6, 25.6))
+    assert urgency(served, 25.6, 25.6, 20.0) == pytest.approx(5.6 / 18.4)
+    assert [r.id for r in policy.order(v)] == [2, 1]
+    assert [r.id for r in policy.order(replace(v, tasks={**v.tasks, 1: task(1, ONE)}))] == [1, 2]
+
+
+def test_saga_tool_ttl_shrinks_under_memory_pressure() -> None:
+    assert percentile95([float(x) for x in range(1, 21)]) == 19.0
+    assert tool_ttl(10.0, 0.5) == 10.0  # below 70% of the budget: the whole p95
+    assert tool_ttl(10.0, 0.8) == pytest.approx(7.5)  # m = 0.5
+    assert tool_ttl(10.0, 1.0) == pytest.approx(5.0)
+    assert tool_ttl(1000.0, 0.0) == 300.0
+
+
+def test_saga_evicts_by_workflow_aware_lru_not_by_age() -> None:
+    """X (300 tokens, idle 10 s) waits for its next round; Y (300, idle 5 s)
+    has no holder coming. P_evict: X 0.3 + 0 + 0.2 = 0.5, Y 0.15 + 0.5 + 0.2
+    = 0.85: Y goes, where the engine would give up the oldest, X."""
+    assert evict_score(10.0, 10.0, 1.0, 300, 300) == pytest.approx(0.5)
+    assert evict_score(5.0, 10.0, 0.0, 300, 300) == pytest.approx(0.85)
+    new = request(5, 2, ONE, "a", input_tokens=300, output_tokens=300)
+    v = view(ONE, [task(1, ONE, active="a"), task(2, ONE, active="a"), task(3, ONE)], [], [new],
+             t=10.0, budget=1000, gpu=("A",))
+    doc = ContextState("A/3/doc", "A", 3, 300, Location.GPU, ready=True, last_used=5.0)
+    v = replace(v, contexts={**waiting_copy(300, 0.0), doc.key: doc})
+    d = SagaPolicy().decide(v)
+    assert d.admit == (5,) and d.evict == ("A/3/doc",)
+
+
+def test_saga_protects_a_conversation_inside_its_ttl() -> None:
+    policy = SagaPolicy()
+    for w in (1.0, 2.0, 4.0):  # p95 4 s
+        policy.observe(EngineEvent(0.0, EventKind.TOOL_CALL_END, agent="A", stage="a", value=w))
+    kept = replace(request(4, 1, ONE, "a"), keeps=Segment("A/1/a.0.1", 500))
+    policy.origins.learn(replace(continuum_view(0.0), waiting=(kept,)))
+    assert policy.decide(continuum_view(3.0)).admit == ()  # 500 protected: 600 does not fit
+    assert policy.protect == {(1, "A", 0.0): 4.0}
+    assert policy.decide(continuum_view(4.5)).admit == (5,)

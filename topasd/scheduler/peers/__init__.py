@@ -4,6 +4,7 @@
     continuum   KV time-to-live across tool calls (Continuum / CacheTTL)
     astraea     Stateful-MLFQ with HRRN; keep, discard or swap in tool waits
     kairos      workflow-aware priority; time-slot memory-aware admission
+    saga        Agent Fair Share; tool-call TTL; workflow-aware LRU eviction
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from topasd.scheduler.base import Policy
 from topasd.scheduler.peers.astraea import AstraeaPolicy
 from topasd.scheduler.peers.continuum import ContinuumPolicy
 from topasd.scheduler.peers.kairos import KairosPolicy
+from topasd.scheduler.peers.saga import SagaPolicy
 
 PEERS: dict[str, Callable[[], Policy]] = {
     "continuum": ContinuumPolicy,
     "astraea": AstraeaPolicy,
     "kairos": KairosPolicy,
+    "saga": SagaPolicy,
 }
 
-__all__ = ["PEERS", "AstraeaPolicy", "ContinuumPolicy", "KairosPolicy"]
+__all__ = ["PEERS", "AstraeaPolicy", "ContinuumPolicy", "KairosPolicy", "SagaPolicy"]

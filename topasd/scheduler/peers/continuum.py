@@ -14,7 +14,7 @@ room is not admission's to give; unpinned, it is the engine's cache again.
 Waiting order: preempted requests, then those of a program holding a live
 pin, then the rest; program (task) arrival order inside each. When nothing
 can be admitted and nothing runs, whole programs are unpinned, the latest
-arrived first. Never preempts.
+arrived first (`admit_beside`). Never preempts.
 """
 
 from __future__ import annotations
@@ -23,14 +23,13 @@ import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
 
 from topasd.model import Decision, EngineEvent, EngineView, EventKind, Location, Request
-from topasd.scheduler.baselines import admit_in_order
 from topasd.scheduler.peers.estimates import (
     Conversation,
     Origins,
     ToolWaits,
+    admit_beside,
     conversation_origin,
     conversations,
     tool_prior,
@@ -130,18 +129,4 @@ class ContinuumPolicy:
         self.origins.learn(view)
         pinned = self.pinned(view)
         order = self.order(view, {c.task_id for c in pinned})
-        d = self._admit(view, order, pinned)
-        while (not d.admit and pinned and view.waiting and not view.running
-               and not view.batch_is_full):
-            latest = max(pinned, key=lambda c: (view.tasks[c.task_id].arrival, c.task_id)
-                         if c.task_id in view.tasks else (math.inf, c.task_id))
-            pinned = [c for c in pinned if c.task_id != latest.task_id]  # the deadlock guard
-            d = self._admit(view, order, pinned)
-        return d
-
-    def _admit(self, view: EngineView, order: list[Request],
-               pinned: list[Conversation]) -> Decision:
-        """The engine's admission in `order`, the pinned copies' room taken."""
-        held = sum(c.tokens for c in pinned)
-        room = replace(view, budget_tokens=view.budget_tokens - held) if held else view
-        return admit_in_order(room, order, self.name)
+        return admit_beside(view, order, self.name, pinned)[0]

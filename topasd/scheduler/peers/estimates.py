@@ -1,6 +1,7 @@
 """What every peer policy estimates, written once: tool-call durations (trace
 means, then observed history), where a conversation copy came from, the
-conversations waiting out a tool call, and the KV a view holds.
+conversations waiting out a tool call, the KV a view holds, a stage's
+expected latency; and the engine's admission beside pinned conversations.
 
 Each peer sees the same estimators TOPAS does: a request's service is
 `ServiceModel.request_estimate` (the pair's mean observed round service, the
@@ -12,18 +13,24 @@ reads `ContextState.next_use` (the true end of a wait in the simulator).
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from topasd.model import (
     ContextState,
+    Decision,
     EngineEvent,
     EngineView,
     EventKind,
     Location,
+    Request,
+    Workflow,
     shared_kv,
 )
+from topasd.scheduler.baselines import admit_in_order
+from topasd.scheduler.residual import ServiceModel, stage_prior
 
 Pair = tuple[str, str]  # (agent, stage)
 
@@ -139,3 +146,50 @@ def kv_in_use(view: EngineView) -> float:
     used += sum(c.tokens for k, c in view.contexts.items()
                 if c.location is Location.GPU and k not in held)
     return used
+
+
+def stage_service(wf: Workflow, stage: str, view: EngineView, model: ServiceModel) -> float:
+    """Expected LLM service of a stage: the observed mean, profiled before any."""
+    dist = model.dist((wf.stages[stage].agent, stage))
+    return dist.mean if dist is not None else stage_prior(wf, stage, view.costs)
+
+
+def stage_latency(wf: Workflow, stage: str, view: EngineView, model: ServiceModel,
+                  waits: ToolWaits) -> float:
+    """Expected latency of a stage: its LLM service plus (E[rounds] - 1)
+    expected tool waits."""
+    v = wf.stages[stage]
+    calls = max(0.0, v.profile.rounds.mean() - 1.0)
+    return stage_service(wf, stage, view, model) + calls * waits.mean(
+        (v.agent, stage), v.profile.tool_wait_s.mean())
+
+
+def remaining_latency(wf: Workflow, weight: Mapping[str, float]) -> dict[str, float]:
+    """Per stage: the longest path over the stages strictly after it."""
+    after: dict[str, float] = {}
+    for v in reversed(wf.topo_order):
+        after[v] = max((weight[s] + after[s] for s in wf.succs[v]), default=0.0)
+    return after
+
+
+def admit_beside(view: EngineView, order: Sequence[Request], policy: str,
+                 pinned: Sequence[Conversation]) -> tuple[Decision, list[Conversation]]:
+    """The engine's admission in `order` with the `pinned` conversations'
+    room taken out of the budget (a pin binds admission), and the pins kept.
+    When that admits nothing while nothing runs (no event would come to
+    decide again), whole programs are unpinned, the latest arrived first,
+    until something is (Continuum's deadlock guard)."""
+    pins = sorted(pinned, key=lambda c: (_arrival(view, c.task_id), c.task_id))
+    while True:
+        held = sum(c.tokens for c in pins)
+        room = replace(view, budget_tokens=view.budget_tokens - held) if held else view
+        d = admit_in_order(room, order, policy)
+        if d.admit or not pins or view.running or not order or view.batch_is_full:
+            return d, pins
+        last = pins[-1].task_id
+        pins = [c for c in pins if c.task_id != last]
+
+
+def _arrival(view: EngineView, task_id: int) -> float:
+    task = view.tasks.get(task_id)
+    return task.arrival if task is not None else math.inf

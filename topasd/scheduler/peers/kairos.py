@@ -16,7 +16,7 @@ copies are the engine's (LRU).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,24 +26,15 @@ from topasd.model import (
     EngineView,
     EventKind,
     Request,
-    Workflow,
     missing_shared,
     shared_kv,
 )
 from topasd.scheduler.baselines import admit_in_order
-from topasd.scheduler.peers.estimates import ToolWaits
-from topasd.scheduler.residual import ServiceModel, stage_prior
+from topasd.scheduler.peers.estimates import ToolWaits, remaining_latency, stage_latency
+from topasd.scheduler.residual import ServiceModel
 
 SLOT_S = 0.5  # the released code's time slot
 MAX_SLOTS = 512  # projection horizon, in slots [ours]
-
-
-def remaining_latency(wf: Workflow, weight: Mapping[str, float]) -> dict[str, float]:
-    """Per stage: the longest path over the stages strictly after it."""
-    after: dict[str, float] = {}
-    for v in reversed(wf.topo_order):
-        after[v] = max((weight[s] + after[s] for s in wf.succs[v]), default=0.0)
-    return after
 
 
 def peak_kv(base: float, held: np.ndarray, grow: np.ndarray, cap: np.ndarray,
@@ -74,19 +65,11 @@ class KairosPolicy:
         elif event.kind is EventKind.STAGE_FINISH:
             self.model.observe_stage(pair, event.value)  # type: ignore[arg-type]
 
-    def stage_latency(self, wf: Workflow, stage: str, view: EngineView) -> float:
-        """Expected LLM service of the stage plus its expected tool waits."""
-        v = wf.stages[stage]
-        dist = self.model.dist((v.agent, stage))
-        service = dist.mean if dist is not None else stage_prior(wf, stage, view.costs)
-        calls = max(0.0, v.profile.rounds.mean() - 1.0)
-        return service + calls * self.waits.mean((v.agent, stage), v.profile.tool_wait_s.mean())
-
     def order(self, view: EngineView) -> list[Request]:
         after: dict[str, dict[str, float]] = {}
         for name in sorted({r.workflow for r in view.waiting}):
             wf = view.workflows[name]
-            weight = {v: self.stage_latency(wf, v, view) for v in wf.stages}
+            weight = {v: stage_latency(wf, v, view, self.model, self.waits) for v in wf.stages}
             after[name] = remaining_latency(wf, weight)
         return sorted(view.waiting, key=lambda r: (
             after[r.workflow][r.stage], r.task_arrival, r.task_id, r.ready_at, r.id))
