@@ -29,11 +29,13 @@ from topasd.scheduler.peers import (
     ContinuumPolicy,
     KairosPolicy,
     SagaPolicy,
+    TokencakePolicy,
 )
 from topasd.scheduler.peers.astraea import hrrn, waste
 from topasd.scheduler.peers.continuum import ttl
 from topasd.scheduler.peers.estimates import remaining_latency
 from topasd.scheduler.peers.saga import evict_score, percentile95, tool_ttl, urgency
+from topasd.scheduler.peers.tokencake import next_ratio, reserves, shared_use
 
 ONE = workflow("one", {"a": ()}, prefix=0)
 
@@ -83,7 +85,7 @@ def continuum_view(t: float, running: bool = True) -> EngineView:
     task 2's request needs 600 of the 1000 tokens beside task 3's running 20."""
     req = request(5, 2, ONE, "a", input_tokens=300, output_tokens=300, arrival=0.5)
     run = [request(9, 3, ONE, "a", running=True, started_at=0.0)] if running else []
-    tasks = [task(1, ONE, active="a"), task(2, ONE, 0.5, active="a"), task(3, ONE, active="a")]
+    tasks = [task(1, ONE, a="active"), task(2, ONE, 0.5, a="active"), task(3, ONE, a="active")]
     v = view(ONE, tasks, run, [req], t=t, budget=1000, gpu=("A",))
     return replace(v, contexts=waiting_copy(500, 0.0))
 
@@ -103,7 +105,7 @@ def test_continuum_takes_preempted_then_pinned_programs_first() -> None:
     late = request(6, 1, ONE, "a", arrival=3.0)  # task 1: its conversation is pinned
     early = request(7, 3, ONE, "a", arrival=0.0)
     again = replace(request(8, 4, ONE, "a", arrival=2.0), preemptions=1)
-    v = replace(view(ONE, [task(i, ONE, active="a") for i in (1, 3, 4)], [],
+    v = replace(view(ONE, [task(i, ONE, a="active") for i in (1, 3, 4)], [],
                      [early, late, again], t=1.0), contexts=waiting_copy(10, 0.0))
     assert [r.id for r in policy.order(v, {c.task_id for c in policy.pinned(v)})] == [8, 6, 7]
 
@@ -126,7 +128,7 @@ def test_astraea_orders_a_level_by_highest_response_ratio() -> None:
     B first though A arrived first; demoted, B goes after A."""
     a = replace(request(1, 1, ONE, "a", output_tokens=50), queued_at=0.0)
     b = replace(request(2, 2, ONE, "a", output_tokens=5, arrival=1.0), queued_at=8.0)
-    v = view(ONE, [task(1, ONE, active="a"), task(2, ONE, 1.0, active="a")], [], [a, b], t=10.0)
+    v = view(ONE, [task(1, ONE, a="active"), task(2, ONE, 1.0, a="active")], [], [a, b], t=10.0)
     policy = AstraeaPolicy()
     assert policy.ratio(v, a) == pytest.approx(hrrn(10.0, 5.0)) == pytest.approx(3.0)
     assert policy.ratio(v, b) == pytest.approx(5.0)
@@ -167,7 +169,7 @@ def test_astraea_keeps_tool_waits_below_its_watermark_and_evicts_above() -> None
     costs = CostHints(t_decode_s=0.1, prefill_s_per_token=0.001, prefill_base_s=0.0,
                       kv_bytes_per_token=1000.0, swap_bytes_per_s=1e6)
     big = request(5, 2, ONE, "a", input_tokens=300, output_tokens=300)
-    v = view(ONE, [task(1, ONE, active="a"), task(2, ONE, active="a")], [], [big], budget=1000)
+    v = view(ONE, [task(1, ONE, a="active"), task(2, ONE, a="active")], [], [big], budget=1000)
     v = replace(v, costs=costs, contexts=waiting_copy(500, 0.0), t=0.0)
     policy = AstraeaPolicy(watermark=0.9)  # 500 of 1000 in use: below
     assert policy.tool_wait_evictions(v, set()) == ()
@@ -207,8 +209,8 @@ def test_kairos_puts_the_request_with_the_least_workflow_left_first() -> None:
         "a": 6.0, "b": 4.0, "c": 0.0}
     first = request(1, 1, CHAIN, "a", arrival=0.0)
     last = request(2, 2, CHAIN, "c", arrival=5.0)
-    v = view(CHAIN, [task(1, CHAIN, active="a"), task(2, CHAIN, 5.0, done="a", active="c")],
-             [], [first, last], t=6.0)
+    tasks = [task(1, CHAIN, a="active"), task(2, CHAIN, 5.0, a="done", b="done", c="active")]
+    v = view(CHAIN, tasks, [], [first, last], t=6.0)
     assert [r.id for r in KairosPolicy().order(v)] == [2, 1]
 
 
@@ -220,7 +222,7 @@ def kairos_view(budget: int) -> EngineView:
     run = replace(request(1, 1, ONE, "a", running=True, input_tokens=100, output_tokens=400,
                           started_at=0.0), reservation=Reservation.OPTIMISTIC)
     new = request(2, 2, ONE, "a", input_tokens=300, output_tokens=100)
-    v = view(ONE, [task(1, ONE, active="a"), task(2, ONE, active="a")], [run], [new],
+    v = view(ONE, [task(1, ONE, a="active"), task(2, ONE, a="active")], [run], [new],
              budget=budget, gpu=("A",))
     return replace(v, new_token_ratio=0.1)
 
@@ -269,10 +271,10 @@ def test_saga_serves_the_task_with_the_most_work_left_per_time_to_deadline() -> 
     + 1.5 x 25.6 = arrival + 38.4 s. At t = 20 task 1 (arrived 0, 20 s served)
     has 5.6 s left over 18.4 s (0.30), task 2 (arrived 10, none) 25.6 over
     28.4 s (0.90): task 2 first, though task 1 arrived first."""
-    served = replace(task(1, ONE, active="a"), stages={"a": StageProgress(
+    served = replace(task(1, ONE, a="active"), stages={"a": StageProgress(
         StageStatus.ACTIVE, service_s=20.0, started_at=0.0)})
     one, two = request(1, 1, ONE, "a"), request(2, 2, ONE, "a", arrival=10.0)
-    v = view(ONE, [served, task(2, ONE, 10.0, active="a")], [], [one, two], t=20.0)
+    v = view(ONE, [served, task(2, ONE, 10.0, a="active")], [], [one, two], t=20.0)
     policy = SagaPolicy()
     assert policy.work_and_tct(v, "one") == pytest.approx((25.6, 25.6))
     assert urgency(served, 25.6, 25.6, 20.0) == pytest.approx(5.6 / 18.4)
@@ -295,7 +297,7 @@ def test_saga_evicts_by_workflow_aware_lru_not_by_age() -> None:
     assert evict_score(10.0, 10.0, 1.0, 300, 300) == pytest.approx(0.5)
     assert evict_score(5.0, 10.0, 0.0, 300, 300) == pytest.approx(0.85)
     new = request(5, 2, ONE, "a", input_tokens=300, output_tokens=300)
-    v = view(ONE, [task(1, ONE, active="a"), task(2, ONE, active="a"), task(3, ONE)], [], [new],
+    v = view(ONE, [task(1, ONE, a="active"), task(2, ONE, a="active"), task(3, ONE)], [], [new],
              t=10.0, budget=1000, gpu=("A",))
     doc = ContextState("A/3/doc", "A", 3, 300, Location.GPU, ready=True, last_used=5.0)
     v = replace(v, contexts={**waiting_copy(300, 0.0), doc.key: doc})
@@ -312,3 +314,69 @@ def test_saga_protects_a_conversation_inside_its_ttl() -> None:
     assert policy.decide(continuum_view(3.0)).admit == ()  # 500 protected: 600 does not fit
     assert policy.protect == {(1, "A", 0.0): 4.0}
     assert policy.decide(continuum_view(4.5)).admit == (5,)
+
+
+# ------------------------------------------------------------------ tokencake
+
+CHAIN0 = workflow("chain0", {"a": (), "b": ("a",), "c": ("b",)}, prefix=0)
+
+
+def test_tokencake_reserve_ratio_and_shares_follow_alg_2() -> None:
+    assert next_ratio(0.05, 0.8) == pytest.approx(0.10)
+    assert next_ratio(0.05, 0.2) == 0.05 and next_ratio(0.30, 0.9) == 0.30
+    # scores (depth + 1)(out-degree + 1) on a chain: a 2, b 4, c 3; the top
+    # 75% of three agents are two: B and C, sharing R = 100 by use and score
+    got = reserves({"A": 2.0, "B": 4.0, "C": 3.0}, {"B": 100.0}, 100.0, 1000)
+    assert got == pytest.approx({"B": 100 * (0.1 + 4 / 7) / 2, "C": 100 * (3 / 7) / 2})
+    assert shared_use({"A": 30.0, "B": 50.0}, got) == pytest.approx(30.0 + 50.0 - got["B"])
+
+
+def test_tokencake_refuses_a_non_critical_request_its_shared_pool_cannot_hold() -> None:
+    """Agents A (stage a, score 2) and C (stage c, score 3) are active; one of
+    two is critical: C, with a reserve of 50 x (0 + 1) / 2 = 25 of R = 50
+    (ratio 0.05). A's 960 tokens exceed the shared pool of 950 though the
+    engine has room; C's small request is admitted beside a running one."""
+    big = request(1, 1, CHAIN0, "a", input_tokens=480, output_tokens=480)
+    small = request(2, 2, CHAIN0, "c", input_tokens=10, output_tokens=10)
+    busy = request(3, 3, CHAIN0, "c", running=True, input_tokens=5, output_tokens=5,
+                   started_at=0.0)
+    tasks = [task(1, CHAIN0, a="active"), task(2, CHAIN0, a="done", b="done", c="active"),
+             task(3, CHAIN0, c="active")]
+    v = view(CHAIN0, tasks, [busy], [big, small], budget=1000, gpu=("A", "C"))
+    assert make_policy("fcfs").decide(replace(v, running=())).admit == (1, 2)
+    assert TokencakePolicy().decide(v).admit == (2,)
+    bigger_pool = replace(v, budget_tokens=1020)  # pool 969: it fits
+    assert set(TokencakePolicy().decide(bigger_pool).admit) == {1, 2}
+
+
+def tokencake_view(call_s: float, running_tokens: int = 100) -> tuple[TokencakePolicy, EngineView]:
+    """A 500-token conversation enters a tool call whose observed mean is
+    `call_s` (trace mean 0: T_fc = call_s / 2); a 60-token request waits."""
+    policy = TokencakePolicy()
+    policy.observe(EngineEvent(0.0, EventKind.TOOL_CALL_END, agent="A", stage="a", value=call_s))
+    run = request(9, 3, ONE, "a", running=True, input_tokens=running_tokens // 2,
+                  output_tokens=running_tokens // 2, started_at=0.0)
+    new = request(5, 2, ONE, "a", input_tokens=30, output_tokens=30)
+    v = view(ONE, [task(1, ONE, a="active"), task(2, ONE, a="active"), task(3, ONE)], [run],
+             [new], budget=1000, gpu=("A",))
+    kept = replace(request(4, 1, ONE, "a"), keeps=Segment("A/1/a.0.1", 500))
+    policy.origins.learn(replace(v, waiting=(kept,)))
+    return policy, replace(v, contexts=waiting_copy(500, 0.0))
+
+
+def test_tokencake_offloads_a_call_longer_than_its_round_trip_under_pressure() -> None:
+    # T_fc = 10 s > 2 x 0.5 s; window 9 s at 0.1 s/token: 90 tokens >= 60 waiting
+    policy, v = tokencake_view(20.0)
+    assert policy.decide(v).evict == ("A/1/a.0.1",)
+    assert policy.decide(v).evict == ()  # decided once, at the call's start
+    policy, v = tokencake_view(1.5)  # T_fc 0.75 s: shorter than the round trip
+    assert policy.decide(v).evict == ()
+    policy, v = tokencake_view(20.0, running_tokens=0)  # 50% use, below 60%
+    assert policy.decide(v).evict == ()
+
+
+def test_tokencake_conversations_come_back_from_the_host() -> None:
+    """An offloaded copy is loaded back when its next round is admitted."""
+    _, sink, backend = run_react("tokencake", True)
+    kinds = [e.kind for e in sink.events]
+    assert kinds.count(EventKind.CONTEXT_OFFLOAD) == backend.stats.context_loads > 0

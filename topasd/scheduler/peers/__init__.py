@@ -5,6 +5,7 @@
     astraea     Stateful-MLFQ with HRRN; keep, discard or swap in tool waits
     kairos      workflow-aware priority; time-slot memory-aware admission
     saga        Agent Fair Share; tool-call TTL; workflow-aware LRU eviction
+    tokencake   memory partitions for critical agents; offload in tool waits
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from topasd.scheduler.peers.astraea import AstraeaPolicy
 from topasd.scheduler.peers.continuum import ContinuumPolicy
 from topasd.scheduler.peers.kairos import KairosPolicy
 from topasd.scheduler.peers.saga import SagaPolicy
+from topasd.scheduler.peers.tokencake import TokencakePolicy
 
 PEERS: dict[str, Callable[[], Policy]] = {
     "continuum": ContinuumPolicy,
     "astraea": AstraeaPolicy,
     "kairos": KairosPolicy,
     "saga": SagaPolicy,
+    "tokencake": TokencakePolicy,
 }
 
-__all__ = ["PEERS", "AstraeaPolicy", "ContinuumPolicy", "KairosPolicy", "SagaPolicy"]
+__all__ = ["PEERS", "AstraeaPolicy", "ContinuumPolicy", "KairosPolicy", "SagaPolicy",
+           "TokencakePolicy"]
