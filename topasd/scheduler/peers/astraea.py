@@ -22,18 +22,17 @@ W_swap = 2 T_swap C_batch (bytes per token cancels).
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 from topasd.model import Decision, EngineEvent, EngineView, EventKind, Request
 from topasd.scheduler.baselines import admit_in_order
 from topasd.scheduler.peers.estimates import (
     Conversation,
-    Origins,
-    ToolWaits,
+    Estimates,
     conversations,
     expected_wait,
     kv_in_use,
 )
-from topasd.scheduler.residual import ServiceModel
 
 LEVELS = 4  # m [ours]
 BASE_TOKENS = 2048  # level q's quota: BASE_TOKENS * 2^q tokens of one round [ours]
@@ -63,12 +62,9 @@ class AstraeaPolicy:
         self.name = name
         self.levels, self.base_tokens, self.aging, self.watermark = (
             levels, base_tokens, aging, watermark)
-        self.model = ServiceModel()
-        self.waits = ToolWaits()
-        self.origins = Origins()
+        self.est = Estimates()
+        self.model, self.waits, self.origins = self.est.model, self.est.waits, self.est.origins
         self.level: dict[int, int] = defaultdict(int)
-        self.waited: dict[int, float] = defaultdict(float)  # finished queue waits per task
-        self._queued: dict[int, float] = {}
         self._cost: dict[int, int] = {}  # request -> its round's token cost
         self._within: dict[int, int] = {}  # task -> its last round, finished within quota
 
@@ -76,23 +72,16 @@ class AstraeaPolicy:
         return self.base_tokens * 2 ** level
 
     def observe(self, event: EngineEvent) -> None:
-        self.waits.observe(event)
+        self.est.observe(event)
         kind, rid, tid = event.kind, event.request_id, event.task_id
-        if kind in (EventKind.REQUEST_READY, EventKind.PREEMPT, EventKind.RETRACT):
-            self._queued[rid] = event.t  # type: ignore[index]
-        elif kind is EventKind.REQUEST_ADMIT and rid in self._queued:
-            self.waited[tid] += event.t - self._queued.pop(rid)  # type: ignore[index]
-        elif kind is EventKind.REQUEST_FINISH:
-            self.model.observe_request((event.agent, event.stage), event.value)  # type: ignore[arg-type]
+        if kind is EventKind.REQUEST_FINISH:
             self._round_end(rid, tid)  # type: ignore[arg-type]
         elif kind is EventKind.TOOL_CALL_START and self._within.get(tid) == rid:  # type: ignore[arg-type]
             self.level[tid] = max(0, self.level[tid] - 1)  # type: ignore[index]  # I/O-bound
         elif kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
-            for book in (self.level, self.waited, self._within):
+            for book in (self.level, self._within):
                 book.pop(tid, None)  # type: ignore[arg-type]
-            self.origins.forget(tid)  # type: ignore[arg-type]
         elif kind is EventKind.REQUEST_WITHDRAW:
-            self._queued.pop(rid, None)  # type: ignore[arg-type]
             self._cost.pop(rid, None)  # type: ignore[arg-type]
 
     def _round_end(self, rid: int, tid: int) -> None:
@@ -106,7 +95,7 @@ class AstraeaPolicy:
 
     def ratio(self, view: EngineView, r: Request) -> float:
         """HRRN of `r`: its task's queue waits so far plus this one's."""
-        waited = self.waited[r.task_id] + max(0.0, view.t - r.queued_at)
+        waited = self.est.task_waited.get(r.task_id, 0.0) + max(0.0, view.t - r.queued_at)
         return hrrn(waited, self.model.request_estimate(r, view.costs))
 
     def order(self, view: EngineView) -> list[Request]:
@@ -124,10 +113,7 @@ class AstraeaPolicy:
             self._cost[r.id] = r.input_tokens + r.output_tokens
         d = admit_in_order(view, self.order(view) if view.waiting else (), self.name)
         evict = self.tool_wait_evictions(view, set(d.admit))
-        if not evict:
-            return d
-        return Decision(d.t, d.policy, d.admit, d.preempt, d.load, d.evict + evict,
-                        d.reservation, d.blocked, d.retry)
+        return replace(d, evict=d.evict + evict) if evict else d
 
     def tool_wait_evictions(self, view: EngineView, admitted: set[int]) -> tuple[str, ...]:
         """Copies of conversations in a tool wait to move off the GPU: none

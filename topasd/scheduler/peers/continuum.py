@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from collections.abc import Sequence
 
 from topasd.model import Decision, EngineEvent, EngineView, EventKind, Location, Request
 from topasd.scheduler.peers.estimates import (
     Conversation,
-    Origins,
-    ToolWaits,
+    Estimates,
     admit_beside,
     conversation_origin,
     conversations,
@@ -36,7 +34,6 @@ from topasd.scheduler.peers.estimates import (
 )
 
 MIN_SAMPLES = 100  # Continuum v6: own CDF above 100 samples of a tool, pooled above 100 overall
-DELAY_WINDOW = 64  # queueing delays in T's sliding mean [ours]
 ETA = 1.0  # the paper's cold-start eta [ours: kept throughout]
 
 
@@ -62,23 +59,13 @@ class ContinuumPolicy:
     def __init__(self, name: str = "continuum", min_samples: int = MIN_SAMPLES) -> None:
         self.name = name
         self.min_samples = min_samples
-        self.waits = ToolWaits()
-        self.origins = Origins()
-        self.delays: deque[float] = deque(maxlen=DELAY_WINDOW)
-        self._queued: dict[int, float] = {}
+        self.est = Estimates()
+        self.waits, self.origins = self.est.waits, self.est.origins
         self.pins: dict[tuple[int, str, float], float] = {}  # conversation -> pinned until
 
     def observe(self, event: EngineEvent) -> None:
-        self.waits.observe(event)
-        kind, rid = event.kind, event.request_id
-        if kind in (EventKind.REQUEST_READY, EventKind.PREEMPT, EventKind.RETRACT):
-            self._queued[rid] = event.t  # type: ignore[index]
-        elif kind is EventKind.REQUEST_ADMIT and rid in self._queued:
-            self.delays.append(event.t - self._queued.pop(rid))
-        elif kind is EventKind.REQUEST_WITHDRAW:
-            self._queued.pop(rid, None)  # type: ignore[arg-type]
-        elif kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
-            self.origins.forget(event.task_id)  # type: ignore[arg-type]
+        self.est.observe(event)
+        if event.kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
             self.pins = {k: v for k, v in self.pins.items() if k[0] != event.task_id}
 
     def tool_samples(self, conv: Conversation, view: EngineView) -> tuple[Sequence[float], float]:
@@ -97,8 +84,7 @@ class ContinuumPolicy:
         key = (conv.task_id, conv.agent, conv.since)
         if key not in self.pins:
             samples, prior = self.tool_samples(conv, view)
-            delay = sum(self.delays) / len(self.delays) if self.delays else 0.0
-            benefit = delay * ETA + view.costs.t_prefill(conv.tokens)
+            benefit = self.est.mean_queue_wait() * ETA + view.costs.t_prefill(conv.tokens)
             self.pins[key] = conv.since + ttl(samples, benefit, prior)
         return self.pins[key]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -33,6 +33,7 @@ from topasd.scheduler.baselines import admit_in_order
 from topasd.scheduler.residual import ServiceModel, stage_prior
 
 Pair = tuple[str, str]  # (agent, stage)
+QUEUE_WINDOW = 64  # queueing waits in the sliding mean [ours]
 
 
 class ToolWaits:
@@ -88,6 +89,43 @@ class Origins:
     def forget(self, task_id: int) -> None:
         for key in self._keys.pop(task_id, ()):
             del self._of[key]
+
+
+class Estimates:
+    """The estimators every peer reads, fed by the same events: the service
+    model (rounds and stages finished), tool-call durations, copy origins,
+    and queueing: the last `QUEUE_WINDOW` waits from ready (or preempted) to
+    admitted, and each unfinished task's total."""
+
+    def __init__(self) -> None:
+        self.model = ServiceModel()
+        self.waits = ToolWaits()
+        self.origins = Origins()
+        self.queue_waits: deque[float] = deque(maxlen=QUEUE_WINDOW)
+        self.task_waited: dict[int, float] = defaultdict(float)
+        self._queued: dict[int, float] = {}
+
+    def observe(self, event: EngineEvent) -> None:
+        self.waits.observe(event)
+        kind, rid, pair = event.kind, event.request_id, (event.agent, event.stage)
+        if kind in (EventKind.REQUEST_READY, EventKind.PREEMPT, EventKind.RETRACT):
+            self._queued[rid] = event.t  # type: ignore[index]
+        elif kind is EventKind.REQUEST_ADMIT and rid in self._queued:
+            wait = event.t - self._queued.pop(rid)
+            self.queue_waits.append(wait)
+            self.task_waited[event.task_id] += wait  # type: ignore[index]
+        elif kind is EventKind.REQUEST_WITHDRAW:
+            self._queued.pop(rid, None)  # type: ignore[arg-type]
+        elif kind is EventKind.REQUEST_FINISH:
+            self.model.observe_request(pair, event.value)  # type: ignore[arg-type]
+        elif kind is EventKind.STAGE_FINISH:
+            self.model.observe_stage(pair, event.value)  # type: ignore[arg-type]
+        elif kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
+            self.origins.forget(event.task_id)  # type: ignore[arg-type]
+            self.task_waited.pop(event.task_id, None)  # type: ignore[arg-type]
+
+    def mean_queue_wait(self) -> float:
+        return sum(self.queue_waits) / len(self.queue_waits) if self.queue_waits else 0.0
 
 
 def tool_prior(view: EngineView, origin: Origin | None) -> float:

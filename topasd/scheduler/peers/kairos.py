@@ -24,14 +24,12 @@ from topasd.model import (
     Decision,
     EngineEvent,
     EngineView,
-    EventKind,
     Request,
     missing_shared,
     shared_kv,
 )
 from topasd.scheduler.baselines import admit_in_order
-from topasd.scheduler.peers.estimates import ToolWaits, remaining_latency, stage_latency
-from topasd.scheduler.residual import ServiceModel
+from topasd.scheduler.peers.estimates import Estimates, remaining_latency, stage_latency
 
 SLOT_S = 0.5  # the released code's time slot
 MAX_SLOTS = 512  # projection horizon, in slots [ours]
@@ -54,16 +52,11 @@ class KairosPolicy:
     def __init__(self, name: str = "kairos", slot_s: float = SLOT_S) -> None:
         self.name = name
         self.slot_s = slot_s
-        self.model = ServiceModel()
-        self.waits = ToolWaits()
+        self.est = Estimates()
+        self.model, self.waits = self.est.model, self.est.waits
 
     def observe(self, event: EngineEvent) -> None:
-        self.waits.observe(event)
-        pair = (event.agent, event.stage)
-        if event.kind is EventKind.REQUEST_FINISH:
-            self.model.observe_request(pair, event.value)  # type: ignore[arg-type]
-        elif event.kind is EventKind.STAGE_FINISH:
-            self.model.observe_stage(pair, event.value)  # type: ignore[arg-type]
+        self.est.observe(event)
 
     def order(self, view: EngineView) -> list[Request]:
         after: dict[str, dict[str, float]] = {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from topasd.model import (
     ContextState,
@@ -36,8 +37,7 @@ from topasd.model import (
 )
 from topasd.scheduler.peers.estimates import (
     Conversation,
-    Origins,
-    ToolWaits,
+    Estimates,
     admit_beside,
     conversation_origin,
     conversations,
@@ -47,7 +47,6 @@ from topasd.scheduler.peers.estimates import (
     stage_service,
     tool_prior,
 )
-from topasd.scheduler.residual import ServiceModel
 
 ALPHA, BETA, GAMMA = 0.3, 0.5, 0.2  # WA-LRU weights (SAGA's)
 TTL_CAP_S = 300.0
@@ -85,20 +84,13 @@ class SagaPolicy:
 
     def __init__(self, name: str = "saga") -> None:
         self.name = name
-        self.model = ServiceModel()
-        self.waits = ToolWaits()
-        self.origins = Origins()
+        self.est = Estimates()
+        self.model, self.waits, self.origins = self.est.model, self.est.waits, self.est.origins
         self.protect: dict[tuple[int, str, float], float] = {}  # conversation -> until
 
     def observe(self, event: EngineEvent) -> None:
-        self.waits.observe(event)
-        pair = (event.agent, event.stage)
-        if event.kind is EventKind.REQUEST_FINISH:
-            self.model.observe_request(pair, event.value)  # type: ignore[arg-type]
-        elif event.kind is EventKind.STAGE_FINISH:
-            self.model.observe_stage(pair, event.value)  # type: ignore[arg-type]
-        elif event.kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
-            self.origins.forget(event.task_id)  # type: ignore[arg-type]
+        self.est.observe(event)
+        if event.kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
             self.protect = {k: v for k, v in self.protect.items() if k[0] != event.task_id}
 
     def work_and_tct(self, view: EngineView, name: str) -> tuple[float, float]:
@@ -144,10 +136,7 @@ class SagaPolicy:
         order = self.order(view) if view.waiting else []
         d, protected = admit_beside(view, order, self.name, protected)
         evict = self.wa_lru(view, d, {k for c in protected for k in c.keys})
-        if not evict:
-            return d
-        return Decision(d.t, d.policy, d.admit, d.preempt, d.load, d.evict + evict,
-                        d.reservation, d.blocked, d.retry)
+        return replace(d, evict=d.evict + evict) if evict else d
 
     def wa_lru(self, view: EngineView, d: Decision, protected: set[str]) -> tuple[str, ...]:
         """Unprotected cached copies the decision's state leaves no room for,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from topasd.model import (
     Decision,
@@ -38,7 +39,7 @@ from topasd.model import (
 from topasd.scheduler.baselines import admit_in_order
 from topasd.scheduler.peers.estimates import (
     Conversation,
-    Origins,
+    Estimates,
     conversation_origin,
     conversations,
     kv_in_use,
@@ -83,18 +84,19 @@ class TokencakePolicy:
     def __init__(self, name: str = "tokencake") -> None:
         self.name = name
         self.ratio = RATIO_START
-        self.origins = Origins()
+        self.est = Estimates()
+        self.origins = self.est.origins
         self.history: dict[tuple[str, str], float] = {}  # (agent, stage) -> EWMA of calls
         self.offloaded: dict[tuple[int, str, float], bool] = {}  # conversation -> decided
 
     def observe(self, event: EngineEvent) -> None:
+        self.est.observe(event)
         if event.kind is EventKind.TOOL_CALL_END and event.agent and event.stage:
             pair = (event.agent, event.stage)
             old = self.history.get(pair)
             self.history[pair] = event.value if old is None else (
                 EWMA_ALPHA * event.value + (1 - EWMA_ALPHA) * old)
         elif event.kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
-            self.origins.forget(event.task_id)  # type: ignore[arg-type]
             self.offloaded = {k: v for k, v in self.offloaded.items() if k[0] != event.task_id}
 
     def static(self, view: EngineView, r: Request) -> float:
@@ -147,10 +149,7 @@ class TokencakePolicy:
         order = self.partition(view, self.order(view)) if view.waiting else []
         d = admit_in_order(view, order, self.name)
         offload = self.offloads(view)
-        if not offload:
-            return d
-        return Decision(d.t, d.policy, d.admit, d.preempt, d.load, d.evict + offload,
-                        d.reservation, d.blocked, d.retry)
+        return replace(d, evict=d.evict + offload) if offload else d
 
     def predicted_call(self, conv: Conversation, view: EngineView) -> float:
         """T_fc: the hint (trace mean) blended with the observed EWMA."""
