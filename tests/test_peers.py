@@ -22,7 +22,7 @@ from topasd.model import (
     StageProgress,
     StageStatus,
 )
-from topasd.scheduler import POLICY_NAMES, make_policy
+from topasd.scheduler import ALL_POLICY_NAMES, POLICY_NAMES, make_policy
 from topasd.scheduler.peers import (
     PEERS,
     AstraeaPolicy,
@@ -380,3 +380,18 @@ def test_tokencake_conversations_come_back_from_the_host() -> None:
     _, sink, backend = run_react("tokencake", True)
     kinds = [e.kind for e in sink.events]
     assert kinds.count(EventKind.CONTEXT_OFFLOAD) == backend.stats.context_loads > 0
+
+
+def test_astraea_oracle_reads_the_true_length_where_astraea_reads_history() -> None:
+    """After rounds of this stage averaged 100 s, astraea expects 100 s of the
+    next (HRRN (10 + 100) / 100); the oracle variant its profiled true length
+    (5 s at 0.1 s/token: (10 + 5) / 5). The oracle is not in `--policy all`."""
+    r = replace(request(1, 1, ONE, "a", output_tokens=50), queued_at=0.0)
+    v = view(ONE, [task(1, ONE, a="active")], [], [r], t=10.0)
+    done = EngineEvent(0.0, EventKind.REQUEST_FINISH, 7, 2, "A", "a", value=100.0)
+    plain, oracle = make_policy("astraea"), make_policy("astraea-oracle")
+    for p in (plain, oracle):
+        p.observe(done)
+    assert isinstance(plain, AstraeaPolicy) and isinstance(oracle, AstraeaPolicy)
+    assert plain.ratio(v, r) == pytest.approx(1.1) and oracle.ratio(v, r) == pytest.approx(3.0)
+    assert "astraea-oracle" not in POLICY_NAMES and "astraea-oracle" in ALL_POLICY_NAMES

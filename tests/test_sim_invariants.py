@@ -34,11 +34,11 @@ from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES, OrderPolicy
-from topasd.scheduler.peers import PEERS
+from topasd.scheduler.peers import PEER_POLICIES
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
-POLICIES = [*sorted(BASELINES), *sorted(PEERS), "topas"]  # and under every peer and TOPAS
+POLICIES = [*sorted(BASELINES), *sorted(PEER_POLICIES), "topas"]  # and under every peer and TOPAS
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 

@@ -20,14 +20,14 @@ from topasd.scheduler.base import Policy, PolicyKind, TunablePolicy  # noqa: E40
 from topasd.scheduler.baselines import BASELINES, OrderPolicy  # noqa: E402
 from topasd.scheduler.param_specs import canonical_params  # noqa: E402
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant  # noqa: E402
-from topasd.scheduler.peers import PEERS  # noqa: E402
+from topasd.scheduler.peers import PEER_POLICIES, PEERS  # noqa: E402
 from topasd.scheduler.topas import TopasPolicy  # noqa: E402
 
 POLICIES: Mapping[str, PolicyKind] = {
     **{name: PolicyKind(name, tunable=False, searches=False, in_all=True)
        for name in BASELINES},  # the paper's baselines (baselines.py)
-    **{name: PolicyKind(name, tunable=False, searches=False, in_all=True)
-       for name in PEERS},  # published peers (peers/)
+    **{name: PolicyKind(name, tunable=False, searches=False, in_all=name in PEERS)
+       for name in PEER_POLICIES},  # published peers and their oracle variants (peers/)
     **{name: PolicyKind(name, tunable=True, searches=True, in_all=name == "topas")
        for name in VARIANTS},  # TOPAS and its variants (params.py)
 }
@@ -50,7 +50,9 @@ def make_policy(name: str, **params: Any) -> Policy:
     if not policy_kind(name).tunable:
         if params:
             raise TopasError(f"policy {name!r} takes no parameters, got {sorted(params)}")
-        return PEERS[name]() if name in PEERS else OrderPolicy(name, BASELINES[name])
+        if name in PEER_POLICIES:
+            return PEER_POLICIES[name]()
+        return OrderPolicy(name, BASELINES[name])
     return TopasPolicy(TopasParams(**{**VARIANTS[name], **params}), name=name)
 
 

@@ -19,13 +19,18 @@ from topasd.scheduler.peers.kairos import KairosPolicy
 from topasd.scheduler.peers.saga import SagaPolicy
 from topasd.scheduler.peers.tokencake import TokencakePolicy
 
-PEERS: dict[str, Callable[[], Policy]] = {
+PEERS: dict[str, Callable[[], Policy]] = {  # in `--policy all`
     "continuum": ContinuumPolicy,
     "astraea": AstraeaPolicy,
     "kairos": KairosPolicy,
     "saga": SagaPolicy,
     "tokencake": TokencakePolicy,
 }
+# where a paper's own evaluation used an oracle: reported separately, named one by one
+PEER_ORACLES: dict[str, Callable[[], Policy]] = {
+    "astraea-oracle": lambda: AstraeaPolicy("astraea-oracle", oracle=True),
+}
+PEER_POLICIES: dict[str, Callable[[], Policy]] = {**PEERS, **PEER_ORACLES}
 
-__all__ = ["PEERS", "AstraeaPolicy", "ContinuumPolicy", "KairosPolicy", "SagaPolicy",
-           "TokencakePolicy"]
+__all__ = ["PEERS", "PEER_ORACLES", "PEER_POLICIES", "AstraeaPolicy", "ContinuumPolicy",
+           "KairosPolicy", "SagaPolicy", "TokencakePolicy"]

@@ -11,7 +11,9 @@ jumps to level 0. Ready requests are taken by (level, HRRN descending),
     HRRN = (W + T_proc) / T_proc,
 
 W the time the task's requests have waited in the queue (tool waits
-excluded), T_proc the request's estimated service; admission is the
+excluded), T_proc the request's estimated service (`astraea-oracle`: the
+profiled service of its true output length, the paper's segment-level
+oracle); admission is the
 engine's, in that order, and nothing is preempted. Above the `watermark`
 share of KV, a conversation waiting out a tool call is kept, or evicted
 (discarded, or swapped where the engine has a host tier), by the least of
@@ -58,8 +60,9 @@ class AstraeaPolicy:
 
     def __init__(self, name: str = "astraea", levels: int = LEVELS,
                  base_tokens: int = BASE_TOKENS, aging: float = AGING,
-                 watermark: float = WATERMARK) -> None:
+                 watermark: float = WATERMARK, oracle: bool = False) -> None:
         self.name = name
+        self.oracle = oracle
         self.levels, self.base_tokens, self.aging, self.watermark = (
             levels, base_tokens, aging, watermark)
         self.est = Estimates()
@@ -94,9 +97,13 @@ class AstraeaPolicy:
             self._within[tid] = rid
 
     def ratio(self, view: EngineView, r: Request) -> float:
-        """HRRN of `r`: its task's queue waits so far plus this one's."""
+        """HRRN of `r`: its task's queue waits so far plus this one's, over
+        its estimated service (`oracle`: the profiled service of its true
+        length, as the paper's segment-level oracle gives it)."""
         waited = self.est.task_waited.get(r.task_id, 0.0) + max(0.0, view.t - r.queued_at)
-        return hrrn(waited, self.model.request_estimate(r, view.costs))
+        service = view.costs.t_request(r.input_tokens, r.output_tokens) if self.oracle \
+            else self.model.request_estimate(r, view.costs)
+        return hrrn(waited, service)
 
     def order(self, view: EngineView) -> list[Request]:
         """Level ascending, HRRN descending, then task and request arrival."""
