@@ -14,7 +14,7 @@ from console.gantt import build_gantt
 from store import Store
 from tests.simkit import RecordingSink, run_checked
 from topasd.model import Decision, EngineView, EventKind, Location
-from topasd.scheduler import make_policy
+from topasd.scheduler import POLICY_NAMES, make_policy
 from workflows.spec import workflow_from_dict
 from workflows.trace import Trace, generate_trace, name_rounds
 
@@ -110,7 +110,7 @@ def test_a_conversation_offloaded_in_its_tool_waits_comes_back_from_the_host() -
 
 def test_the_invariants_hold_with_kept_and_dropped_conversations() -> None:
     trace = react(tasks=6)
-    for policy in ["fcfs", "lpm", "spf", "topas", Dropping()]:
+    for policy in [*POLICY_NAMES, Dropping()]:
         for budget in (700, 1500):  # tight: kept copies give up their room
             for host in (False, True):
                 result, _, _ = run_checked(trace, policy, {"budget_tokens": budget,

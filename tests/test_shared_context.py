@@ -14,7 +14,7 @@ from tests.simkit import CheckedSim, RecordingSink, run_checked
 from topasd.model import EventKind, Location, Segment, segment_keys
 from topasd.profiles import get_profile
 from topasd.runner import Run
-from topasd.scheduler import make_policy
+from topasd.scheduler import POLICY_NAMES, make_policy
 from workflows.spec import workflow_from_dict
 from workflows.trace import (
     RoundSpec,
@@ -111,7 +111,7 @@ def test_a_copy_that_gave_up_its_room_is_recomputed() -> None:
 
 def test_the_invariants_hold_with_shared_context_under_every_policy() -> None:
     trace = fan_trace(True, stage_x=True)
-    for policy in ["fcfs", "lpm", "parrot-fcfs", "autellix-las", "spf", "topas"]:
+    for policy in POLICY_NAMES:
         result, _, backend = run_checked(trace, policy, {"budget_tokens": 1600}, False, True)
         assert result.requests_finished == 3
         assert backend.stats.context_computes >= 1

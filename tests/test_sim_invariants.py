@@ -1,4 +1,4 @@
-"""Property tests of the simulator under every baseline policy.
+"""Property tests of the simulator under every baseline and peer policy.
 
 Random acyclic workflows (networkx), random agents and prefix sizes, random
 traces (arrivals, ReAct rounds, token counts, tool waits) and random KV budgets
@@ -34,10 +34,11 @@ from topasd.profiles import get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES, OrderPolicy
+from topasd.scheduler.peers import PEER_POLICIES
 from workflows.spec import workflow_from_dict
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
-POLICIES = [*sorted(BASELINES), "topas"]  # every invariant holds under TOPAS too
+POLICIES = [*sorted(BASELINES), *sorted(PEER_POLICIES), "topas"]  # and under every peer and TOPAS
 SETTINGS = settings(max_examples=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 

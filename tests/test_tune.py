@@ -20,6 +20,7 @@ from topasd.config import load_settings
 from topasd.model import TopasError
 from topasd.scheduler.param_specs import SPEC_BY_NAME
 from topasd.scheduler.params import PAPER, TopasParams
+from topasd.scheduler.peers import PEERS
 from topasd.tuning.pools import InlinePool, LocalPool
 from topasd.tuning.replays import ReplayJob, run_replay, split_by_arrival
 from topasd.tuning.report import gains, verdict
@@ -152,7 +153,7 @@ def test_tune_reports_writes_and_repeats_itself(tmp_path: Path) -> None:
     assert out["trials"] == again["trials"] and out["held_out"] == again["held_out"]
     assert out["objective"] == "0.5 x mean + 0.5 x p99 JCT" and len(out["trials"]) == 5
     assert set(out["held_out"]) == {"tuned", "defaults", "fcfs", "lpm", "parrot-fcfs",
-                                    "autellix-las", "spf"}
+                                    "autellix-las", "spf", *PEERS}
     best = out["best"]["params"]
     assert best["m"] == 4 and set(best) == {"m", "beta", "rho", "srpt"}
     body = json.loads((tmp_path / "t.json").read_text())

@@ -48,9 +48,12 @@ def policies_epilog() -> str:
     """The policies --policy takes, from the registry, in a block click does not
     rewrap (wrapping would split `topas-paper` at its hyphen)."""
     variants = [n for n in ALL_POLICY_NAMES if n not in POLICY_NAMES]
+    topas = [n for n in variants if n in TUNABLE_NAMES]
+    oracles = [n for n in variants if n not in TUNABLE_NAMES]
     return ("\b\nPolicies (--policy NAME, repeatable):\n"
             f"  all (the default) runs: {', '.join(POLICY_NAMES)}\n"
-            f"  TOPAS variants, by name only: {', '.join(variants)}")
+            f"  TOPAS variants, by name only: {', '.join(topas)}\n"
+            f"  peers with an oracle, by name only: {', '.join(oracles)}")
 
 
 @click.command(epilog=policies_epilog())

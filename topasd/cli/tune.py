@@ -267,8 +267,9 @@ def tune(trace_file: str | None, workload: str | None, rate: float | None, tasks
     The trace's tasks are split by arrival time: the first --train of them
     are replayed for every trial (Optuna's TPE, seeded; the first trial is
     the defaults), the rest are held out. The best parameters are then
-    replayed on the held-out part beside the defaults and every baseline: a
-    gain there is real, a gain on the training part alone is overfit.
+    replayed on the held-out part beside the defaults and every baseline and
+    peer (continuum, astraea, kairos, saga, tokencake): a gain there is real,
+    a gain on the training part alone is overfit.
 
     Writes the best parameters as a topasd.toml fragment (--toml; `topasd
     start --config FILE`) and as a PATCH /v1/params body (--patch; --apply URL

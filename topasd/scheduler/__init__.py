@@ -20,11 +20,14 @@ from topasd.scheduler.base import Policy, PolicyKind, TunablePolicy  # noqa: E40
 from topasd.scheduler.baselines import BASELINES, OrderPolicy  # noqa: E402
 from topasd.scheduler.param_specs import canonical_params  # noqa: E402
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant  # noqa: E402
+from topasd.scheduler.peers import PEER_POLICIES, PEERS  # noqa: E402
 from topasd.scheduler.topas import TopasPolicy  # noqa: E402
 
 POLICIES: Mapping[str, PolicyKind] = {
     **{name: PolicyKind(name, tunable=False, searches=False, in_all=True)
        for name in BASELINES},  # the paper's baselines (baselines.py)
+    **{name: PolicyKind(name, tunable=False, searches=False, in_all=name in PEERS)
+       for name in PEER_POLICIES},  # published peers and their oracle variants (peers/)
     **{name: PolicyKind(name, tunable=True, searches=True, in_all=name == "topas")
        for name in VARIANTS},  # TOPAS and its variants (params.py)
 }
@@ -42,11 +45,13 @@ def policy_kind(name: str) -> PolicyKind:
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """A fresh policy instance by name (`fcfs`, `lpm`, ..., `topas`), its
-    parameters under their field names."""
+    """A fresh policy instance by name (`fcfs`, `lpm`, ..., `continuum`, ...,
+    `topas`), its parameters under their field names."""
     if not policy_kind(name).tunable:
         if params:
             raise TopasError(f"policy {name!r} takes no parameters, got {sorted(params)}")
+        if name in PEER_POLICIES:
+            return PEER_POLICIES[name]()
         return OrderPolicy(name, BASELINES[name])
     return TopasPolicy(TopasParams(**{**VARIANTS[name], **params}), name=name)
 

@@ -1,0 +1,181 @@
+"""Tokencake-style: KV-centric scheduling for multi-agent applications
+(Tokencake, arXiv 2510.18586 v2 sec. 4 Alg. 1 and sec. 5 Alg. 2; defaults of
+its later version where v2 gives none).
+
+- Space (Alg. 2): the KV budget is a shared pool plus a reserve of ratio
+  rho (0.05 at first; +0.05 above 75% use, -0.05 below 40%, within
+  [0.05, 0.30], each decision). The top 75% of active agents by score are
+  critical; critical agent a reserves R ((use_a / B) + (score_a / sum of
+  critical scores)) / 2 of R = rho B. A request of a critical agent uses its
+  agent's reserve first and then the shared pool; any other only the shared
+  pool. A request its partition cannot hold is passed over (when nothing
+  runs and no request fits its partition, the engine's admission decides).
+- Order: score = static (depth + 1)(out-degree + 1) of its stage plus its
+  wait in seconds, highest first.
+- Time (Alg. 1): when a conversation enters a tool wait, it is offloaded iff
+  KV use is at least 60% of the budget, the predicted call T_fc (0.5 x the
+  trace mean + 0.5 x an EWMA, alpha 0.5, of observed calls) exceeds the
+  round trip 2 T_swap(N), and a waiting request needs at most
+  min(N, (T_fc - 2 T_swap(N)) / T_decode) tokens. Its holder loads it back.
+Never preempts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from topasd.model import (
+    Decision,
+    EngineEvent,
+    EngineView,
+    EventKind,
+    Request,
+    Reservation,
+    held_demand,
+    shared_kv,
+)
+from topasd.scheduler.baselines import admit_in_order
+from topasd.scheduler.peers.estimates import (
+    Conversation,
+    Estimates,
+    conversation_origin,
+    conversations,
+    kv_in_use,
+    tool_prior,
+)
+
+RATIO_START, RATIO_STEP, RATIO_MIN, RATIO_MAX = 0.05, 0.05, 0.05, 0.30
+HIGH_USE, LOW_USE = 0.75, 0.40
+CRITICAL_SHARE = 0.75
+OFFLOAD_USE = 0.60
+HINT_WEIGHT = 0.5  # beta: hint against history
+EWMA_ALPHA = 0.5
+
+
+def next_ratio(ratio: float, use: float) -> float:
+    """Alg. 2's reserve ratio after one period at KV use `use` (a share of B)."""
+    if use > HIGH_USE:
+        ratio += RATIO_STEP
+    elif use < LOW_USE:
+        ratio -= RATIO_STEP
+    return min(RATIO_MAX, max(RATIO_MIN, ratio))
+
+
+def reserves(scores: Mapping[str, float], use: Mapping[str, float], reserve: float,
+             budget: int) -> dict[str, float]:
+    """Each critical agent's reserve: R ((use_a / B) + (score_a / sum)) / 2,
+    the critical agents being the top 75% by score (at least one; ties by name)."""
+    ranked = sorted(scores, key=lambda a: (-scores[a], a))
+    critical = ranked[:max(1, math.floor(CRITICAL_SHARE * len(ranked)))] if ranked else []
+    total = sum(scores[a] for a in critical) or 1.0
+    return {a: reserve * (use.get(a, 0.0) / budget + scores[a] / total) / 2 for a in critical}
+
+
+def shared_use(use: Mapping[str, float], reserved: Mapping[str, float]) -> float:
+    """KV the shared pool holds: every agent's use beyond its reserve."""
+    return sum(max(0.0, u - reserved.get(a, 0.0)) for a, u in use.items())
+
+
+class TokencakePolicy:
+    """Tokencake-style memory partitions and tool-wait offload (module docstring)."""
+
+    def __init__(self, name: str = "tokencake") -> None:
+        self.name = name
+        self.ratio = RATIO_START
+        self.est = Estimates()
+        self.origins = self.est.origins
+        self.history: dict[tuple[str, str], float] = {}  # (agent, stage) -> EWMA of calls
+        self.offloaded: dict[tuple[int, str, float], bool] = {}  # conversation -> decided
+
+    def observe(self, event: EngineEvent) -> None:
+        self.est.observe(event)
+        if event.kind is EventKind.TOOL_CALL_END and event.agent and event.stage:
+            pair = (event.agent, event.stage)
+            old = self.history.get(pair)
+            self.history[pair] = event.value if old is None else (
+                EWMA_ALPHA * event.value + (1 - EWMA_ALPHA) * old)
+        elif event.kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
+            self.offloaded = {k: v for k, v in self.offloaded.items() if k[0] != event.task_id}
+
+    def static(self, view: EngineView, r: Request) -> float:
+        wf = view.workflows[r.workflow]
+        return float((wf.depth[r.stage] + 1) * (len(wf.succs[r.stage]) + 1))
+
+    def order(self, view: EngineView) -> list[Request]:
+        score = {r.id: self.static(view, r) + max(0.0, view.t - r.queued_at)
+                 for r in view.waiting}
+        return sorted(view.waiting, key=lambda r: (-score[r.id], r.task_arrival, r.task_id, r.id))
+
+    def agent_use(self, view: EngineView) -> dict[str, float]:
+        """KV each agent holds: its resident prefix, its running requests and
+        the shared copies they hold."""
+        use: dict[str, float] = {a: float(p.tokens) for a, p in view.prefixes.items() if p.on_gpu}
+        for r in view.running:
+            use[r.agent] = use.get(r.agent, 0.0) + r.demand(view.new_token_ratio)
+        for key, tokens in shared_kv(view.running).items():
+            if key in view.contexts:
+                owner = view.contexts[key].agent
+                use[owner] = use.get(owner, 0.0) + tokens
+        return use
+
+    def partition(self, view: EngineView, order: Sequence[Request]) -> list[Request]:
+        """The requests of `order` their partitions hold, in order."""
+        use = self.agent_use(view)
+        scores: dict[str, float] = {}
+        for r in (*view.waiting, *view.running):
+            scores[r.agent] = max(scores.get(r.agent, 0.0), self.static(view, r))
+        reserved = reserves(scores, use, self.ratio * view.budget_tokens, view.budget_tokens)
+        pool = view.budget_tokens * (1 - self.ratio)
+        held = set(shared_kv(view.running))
+        out: list[Request] = []
+        for r in order:
+            need = held_demand(r, held, Reservation.OPTIMISTIC, view.new_request_ratio)
+            need += 0 if view.prefixes[r.agent].on_gpu or r.agent in {
+                x.agent for x in out} else r.prefix_tokens
+            after = {**use, r.agent: use.get(r.agent, 0.0) + need}
+            if shared_use(after, reserved) <= pool:
+                use = after
+                held |= {s.key for s in r.shared}
+                out.append(r)
+        if not out and not view.running:  # the engine idles otherwise: the pools give way
+            return list(order)
+        return out
+
+    def decide(self, view: EngineView) -> Decision:
+        self.origins.learn(view)
+        self.ratio = next_ratio(self.ratio, kv_in_use(view) / view.budget_tokens)
+        order = self.partition(view, self.order(view)) if view.waiting else []
+        d = admit_in_order(view, order, self.name)
+        offload = self.offloads(view)
+        return replace(d, evict=d.evict + offload) if offload else d
+
+    def predicted_call(self, conv: Conversation, view: EngineView) -> float:
+        """T_fc: the hint (trace mean) blended with the observed EWMA."""
+        origin = conversation_origin(conv, self.origins)
+        hint = tool_prior(view, origin)
+        seen = self.history.get((origin.agent, origin.stage)) if origin else None
+        return hint if seen is None else HINT_WEIGHT * hint + (1 - HINT_WEIGHT) * seen
+
+    def offloads(self, view: EngineView) -> tuple[str, ...]:
+        """Copies of conversations just entering a tool wait that Alg. 1 offloads."""
+        use = kv_in_use(view) / view.budget_tokens
+        out: list[str] = []
+        for conv in conversations(view):
+            key = (conv.task_id, conv.agent, conv.since)
+            if key not in self.offloaded:
+                self.offloaded[key] = use >= OFFLOAD_USE and self.worth(conv, view)
+                if self.offloaded[key]:
+                    out.extend(conv.keys)
+        return tuple(out)
+
+    def worth(self, conv: Conversation, view: EngineView) -> bool:
+        """T_fc > the round trip, and a waiting request fits the window's capacity."""
+        trip = 2 * view.costs.t_swap(conv.tokens)
+        window = self.predicted_call(conv, view) - trip
+        if window <= 0:
+            return False
+        cap = min(conv.tokens, window / max(view.costs.t_decode_s, 1e-9))
+        return any(r.admit_demand(Reservation.OPTIMISTIC, view.new_request_ratio) <= cap
+                   for r in view.waiting)
