@@ -4,12 +4,10 @@ no chromium is installed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import struct
 import zlib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from click.testing import CliRunner
@@ -25,6 +23,7 @@ from console.gantt import (
 )
 from store import Store
 from store import queries as q
+from tests.benchkit import load_bench
 from topasd.cli import main
 from topasd.model import EngineEvent, EventKind
 from topasd.runner import RunInfo
@@ -32,7 +31,6 @@ from topasd.runner import RunInfo
 K = EventKind
 CHROMIUM = find_chromium()
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
-BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def req(t: float, kind: EventKind, rid: int, task: int, stage: str, agent: str,
@@ -100,14 +98,6 @@ def log(tmp_path: Path) -> Path:
     path = tmp_path / "hand.db"
     write_log(path, EVENTS)
     return path
-
-
-def load_bench(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def png_size(path: Path) -> tuple[int, int]:

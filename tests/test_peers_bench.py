@@ -5,28 +5,12 @@ baselines alike."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("peers_bench", BENCH / "peers.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
+from tests.benchkit import load_bench
 
 
 def test_the_best_other_is_the_lowest_average_of_peers_and_baselines() -> None:
-    bench = _bench()
+    bench = load_bench("peers")
     rows = []
     for name in bench.WORKLOADS:
         for i, policy in enumerate(("topas", *bench.OTHERS)):

@@ -6,36 +6,20 @@ values, with SGLang 0.5.3's admission and retraction."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from backends.sim.engine import SimBackend
+from tests.benchkit import load_bench
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from workflows.builtin import load_workload
 from workflows.trace import RoundSpec, TaskRecord, Trace
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-
-
-def _table1():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("table1_bench", BENCH / "table1.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
-
 
 @pytest.mark.parametrize("n", [100, 200])
 def test_table1_checks_pass_on_the_default_profile(n: int) -> None:
-    t1 = _table1()
+    t1 = load_bench("table1")
     failed = [text for text, ok in t1.checks([t1.table_row(n, DEFAULT_PROFILE)]) if not ok]
     assert not failed, failed
 
@@ -44,7 +28,7 @@ def test_a_fixed_generation_length_keeps_alternating_in_lockstep() -> None:
     """Why the workload spreads its generation lengths: with one length every
     Alternating batch is admitted together and finishes together, so the peak
     batch never rises above the mean (the paper's peak is well above it)."""
-    t1 = _table1()
+    t1 = load_bench("table1")
     trace = t1.table1_trace(60, False)
     fixed = tuple(TaskRecord(t.id, t.workflow, t.arrival,
                              {v: tuple(RoundSpec(r.input_tokens, 850, r.tool_wait_s)
