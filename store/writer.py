@@ -314,6 +314,7 @@ class StoreSink:
         self._thread: threading.Thread | None = None
         self._writer: WriterProcess | None = None
         self._error: str | None = None
+        self._giving_up = threading.Lock()  # `_give_up` from the feeder and a caller at once
         self._seq = 0
         self._sent = 0
         self._rows = 0  # rows of the run sent so far, as the file counts them
@@ -533,12 +534,15 @@ class StoreSink:
     def _give_up(self, cause: str, raise_: bool = True) -> None:
         """Record the cause (the run's error, the sink's failures) and tell
         `on_failure`, once; raises _GaveUp unless told not to."""
-        if self._error is None:
-            self._error = cause
-            log.error("decision log %s: %s; nothing more is written to it", self.store.path,
-                      cause)
-            if self.on_failure is not None:
-                self.on_failure(cause)
+        with self._giving_up:
+            if self._error is None:
+                log.error("decision log %s: %s; nothing more is written to it",
+                          self.store.path, cause)
+                try:
+                    if self.on_failure is not None:
+                        self.on_failure(cause)
+                finally:  # published after on_failure is told: a caller that sees
+                    self._error = cause  # the error (StoreError) sees it told
         if raise_:
             raise _GaveUp
 
