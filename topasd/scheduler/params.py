@@ -46,7 +46,7 @@ class TopasParams:
     # one frees its KV): "off" nowhere; "backfill" past the first request of a fill
     # that did not fit (the engine's own admission stops there); "always" everywhere
     # (decoding then never outgrows the pool)
-    decode_peak: str = "off"
+    decode_peak: str = "backfill"
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
     pack_order: str = "arrival"
@@ -142,7 +142,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
-                         "window": None, "search_budget": 0}
+                         "decode_peak": "off", "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,
