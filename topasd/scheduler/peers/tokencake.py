@@ -40,6 +40,7 @@ from topasd.scheduler.baselines import admit_in_order
 from topasd.scheduler.peers.estimates import (
     Conversation,
     Estimates,
+    allocated,
     conversation_origin,
     conversations,
     kv_in_use,
@@ -108,36 +109,25 @@ class TokencakePolicy:
                  for r in view.waiting}
         return sorted(view.waiting, key=lambda r: (-score[r.id], r.task_arrival, r.task_id, r.id))
 
-    def agent_use(self, view: EngineView) -> dict[str, float]:
-        """KV each agent holds: its resident prefix, its running requests and
-        the shared copies they hold."""
-        use: dict[str, float] = {a: float(p.tokens) for a, p in view.prefixes.items() if p.on_gpu}
-        for r in view.running:
-            use[r.agent] = use.get(r.agent, 0.0) + r.demand(view.new_token_ratio)
-        for key, tokens in shared_kv(view.running).items():
-            if key in view.contexts:
-                owner = view.contexts[key].agent
-                use[owner] = use.get(owner, 0.0) + tokens
-        return use
-
     def partition(self, view: EngineView, order: Sequence[Request]) -> list[Request]:
         """The requests of `order` their partitions hold, in order."""
-        use = self.agent_use(view)
+        use = allocated(view)
         scores: dict[str, float] = {}
         for r in (*view.waiting, *view.running):
             scores[r.agent] = max(scores.get(r.agent, 0.0), self.static(view, r))
         reserved = reserves(scores, use, self.ratio * view.budget_tokens, view.budget_tokens)
         pool = view.budget_tokens * (1 - self.ratio)
         held = set(shared_kv(view.running))
+        locked = {r.agent for r in view.running}  # agents whose prefix is counted in `use`
         out: list[Request] = []
         for r in order:
             need = held_demand(r, held, Reservation.OPTIMISTIC, view.new_request_ratio)
-            need += 0 if view.prefixes[r.agent].on_gpu or r.agent in {
-                x.agent for x in out} else r.prefix_tokens
+            need += 0 if r.agent in locked else r.prefix_tokens
             after = {**use, r.agent: use.get(r.agent, 0.0) + need}
             if shared_use(after, reserved) <= pool:
                 use = after
                 held |= {s.key for s in r.shared}
+                locked.add(r.agent)
                 out.append(r)
         if not out and not view.running:  # the engine idles otherwise: the pools give way
             return list(order)
