@@ -180,3 +180,38 @@ def test_bursts_give_topas_over_the_best_baseline_and_over_the_best_of_all() -> 
     assert cells[-2] == "0.900"
     assert cells[-1] == "**1.500**"
     assert len(cells) == 2 + len(bursts.POLICIES) + 2
+
+
+# --------------------------------------------------------------- peer sweeps
+
+
+def test_peer_sweeps_vary_each_chosen_parameter_alone() -> None:
+    sweeps = load_bench("peer_sweeps")
+    for peer in PEERS:
+        chosen = sweeps.defaults(peer)
+        got = sweeps.settings(peer)
+        assert got[0] == ()  # the chosen setting, once
+        assert len(got) == len(set(got)) == 1 + sum(len(v) - 1
+                                                   for v in sweeps.GRIDS[peer].values())
+        assert all(len(s) == 1 and s[0][1] != chosen[s[0][0]] for s in got[1:])
+    assert sweeps.defaults("kairos") == {"slot_s": 0.5, "max_slots": 512}
+
+
+def test_peer_sweeps_rank_the_chosen_value_by_geometric_mean() -> None:
+    """kairos's slot_s over two cases: 0.25 is 10% better on one case and
+    equal on the other; the chosen 0.5 ranks second of four."""
+    sweeps = load_bench("peer_sweeps")
+    means = {0.25: (90.0, 50.0), 1.0: (100.0, 60.0), 2.0: (120.0, 50.0)}
+    rows = [{"peer": "kairos", "params": (), "case": c, "mean": m}
+            for c, m in zip(("x", "y"), (100.0, 50.0), strict=True)]
+    for value, pair in means.items():
+        rows += [{"peer": "kairos", "params": (("slot_s", value),), "case": c, "mean": m}
+                 for c, m in zip(("x", "y"), pair, strict=True)]
+    pts = sweeps.sweep(rows, "kairos", "slot_s", 0.5)
+    assert [p.value for p in pts] == [0.25, 0.5, 1.0, 2.0]
+    assert pts[1].chosen and pts[1].means == {"x": 100.0, "y": 50.0}
+    assert sweeps.rank(pts) == 2
+    line = next(x for x in sweeps.summary(rows, ["kairos"]) if "slot_s" in x)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3:] == ["2 of 4", "0.25", f"{0.9 ** 0.5 - 1:+.1%}",
+                         f"{(1.2 / 0.9) ** 0.5 - 1:.1%}"]  # 2.0 over 0.25

@@ -324,7 +324,8 @@ CHAIN0 = workflow("chain0", {"a": (), "b": ("a",), "c": ("b",)}, prefix=0)
 
 def test_tokencake_reserve_ratio_and_shares_follow_alg_2() -> None:
     assert next_ratio(0.05, 0.8) == pytest.approx(0.10)
-    assert next_ratio(0.05, 0.2) == 0.05 and next_ratio(0.30, 0.9) == 0.30
+    assert next_ratio(0.05, 0.2) == 0.05 and next_ratio(0.10, 0.9) == 0.10
+    assert next_ratio(0.30, 0.9, most=0.30) == 0.30  # the later version's clamp
     # scores (depth + 1)(out-degree + 1) on a chain: a 2, b 4, c 3; the top
     # 75% of three agents are two: B and C, sharing R = 100 by use and score
     got = reserves({"A": 2.0, "B": 4.0, "C": 3.0}, {"B": 100.0}, 100.0, 1000)
