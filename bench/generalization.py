@@ -14,15 +14,21 @@ capacity needs). Capacity is the best baseline's throughput on the same
 tasks all arriving at once. Every policy replays the same trace of each
 case on the default profile; the comparator of a case is its best baseline
 (lowest mean, and separately lowest p99, of fcfs, lpm, parrot-fcfs,
-autellix-las and spf).
+autellix-las and spf: issue 25's reading). With `--versus all` the peers
+(continuum, astraea, kairos, saga, tokencake) replay every case too, and the
+report sets TOPAS against both comparators: the best paper baseline and the
+best of all (peers included); capacity stays the paper baselines', so the
+cases are the same.
 
 The fixed case list (draw seeds 0..draws-1) keeps runs comparable;
 `--fresh-seed` draws a new list (its base seed is printed, to rerun it).
 Results are cached per job under `.bench-cache/generalization` keyed by the
 sources that decide them, so rerunning after a change to TOPAS replays only
-TOPAS. Writes the `generalization` section of docs/RESULTS.md with `--write`
-(`--ablation`: the `generalization-ablation` section, each of TOPAS's
-extensions beyond the paper turned off alone).
+TOPAS, and after a change to one peer only that peer. Writes the
+`generalization` section of docs/RESULTS.md with `--write` (`--versus all`:
+the `generalization-peers` section; `--ablation`: the
+`generalization-ablation` section, each of TOPAS's extensions beyond the
+paper turned off alone).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from topasd.runner import Run, StalledRun
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
 from topasd.scheduler.params import PAPER
+from topasd.scheduler.peers import PEERS
 from workflows.generator import FAMILIES, LOADS, burst_trace, case_trace, draw_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +71,7 @@ BOUNDS = (("mean", 1.02, 0.95), ("mean", 1.10, 1.0), ("p99", 1.10, 0.95), ("p99"
 GEOMEAN_BOUND = 0.93
 PACKAGES = ("topasd", "backends", "workflows")  # whose imported modules decide a result
 TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "native.py")
+PEER_SHARED = ("estimates.py", "__init__.py", "residual.py")  # what every peer's replay reads
 
 
 @dataclass(frozen=True)
@@ -84,17 +92,33 @@ class Job:
         return (self.family, self.seed, self.load)
 
 
-def fingerprint(policy: str) -> str:
-    """A hash of the project's modules this process imported (what decides a
-    replay's result; a baseline's leaves out TOPAS's own search modules)."""
+def kind_of(policy: str) -> str:
+    """Whose sources decide a replay of `policy`: "baseline", a peer's name, or "topas"."""
+    return "baseline" if policy in BASELINES else policy if policy in PEERS else "topas"
+
+
+def decides(kind: str, path: Path) -> bool:
+    """Whether the source `path` can change a replay of a `kind` policy: TOPAS's
+    own search modules only TOPAS's (residual.py also the peers', whose
+    estimators read it), a peer's module only that peer's."""
+    scheduler = ROOT / "topasd" / "scheduler"
+    if path.parent == scheduler / "peers":
+        return kind in PEERS and (path.stem == kind or path.name in PEER_SHARED)
+    if path.parent == scheduler and path.name in TOPAS_ONLY:
+        return kind == "topas" or (kind in PEERS and path.name in PEER_SHARED)
+    return True
+
+
+def fingerprint(kind: str) -> str:
+    """A hash of the project's modules this process imported that can decide
+    a replay of a `kind` policy (`kind_of`)."""
     files = sorted({_source(m.__name__, m.__file__) for m in list(sys.modules.values())
                     if getattr(m, "__file__", None) and m.__name__.split(".")[0] in PACKAGES})
     h = hashlib.sha256()
     for f in files:
-        if policy in BASELINES and f.parent.name == "scheduler" and f.name in TOPAS_ONLY:
-            continue
-        h.update(str(f.relative_to(ROOT)).encode())
-        h.update(f.read_bytes())
+        if decides(kind, f):
+            h.update(str(f.relative_to(ROOT)).encode())
+            h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -139,13 +163,12 @@ class Cache:
     def __init__(self, root: Path | None) -> None:
         self.root = root
         # taken now: the sources this process imported, even if edited while it runs
-        self._prints = {"baseline": fingerprint(next(iter(BASELINES))),
-                        "topas": fingerprint("topas")}
+        self._prints = {kind: fingerprint(kind) for kind in ("baseline", "topas", *PEERS)}
         self._rows: dict[str, dict[str, dict[str, Any]]] = {}
         self.hits = self.misses = 0  # replays found in the cache, and replayed
 
     def _key(self, job: Job) -> tuple[Path | None, str]:
-        kind = "baseline" if job.policy in BASELINES else "topas"
+        kind = kind_of(job.policy)
         fp = self._prints[kind]
         return (None if self.root is None else self.root / f"{kind}-{fp}.jsonl",
                 json.dumps(asdict(job), sort_keys=True))
@@ -252,18 +275,25 @@ class CaseResult:
         return self.topas["p99_jct_s"] / self.best_p99[1]
 
 
-def compare(rows: dict[Job, dict[str, Any]], policy: str) -> list[CaseResult]:
-    """Per case: `policy` against the best baseline by mean and by p99."""
-    by_case: dict[tuple[str, int, str], dict[str, Job]] = defaultdict(dict)
-    for job in rows:
-        by_case[job.case][job.policy] = job
+def compare(rows: dict[Job, dict[str, Any]], policy: str,
+            versus: Sequence[str] = tuple(BASELINES)) -> list[CaseResult]:
+    """Per case: `policy` against the best of `versus` (the paper's baselines
+    unless told) by mean and by p99."""
     out = []
-    for _, jobs in sorted(by_case.items()):
-        base = {p: rows[jobs[p]] for p in BASELINES}
+    for _, jobs in sorted(by_case(rows).items()):
+        base = {p: rows[jobs[p]] for p in versus}
         bm = min(base, key=lambda p: (base[p]["mean_jct_s"], p))
         bp = min(base, key=lambda p: (base[p]["p99_jct_s"], p))
         out.append(CaseResult(jobs[policy], rows[jobs[policy]], (bm, base[bm]["mean_jct_s"]),
                               (bp, base[bp]["p99_jct_s"]), base[bm]))
+    return out
+
+
+def by_case(rows: dict[Job, dict[str, Any]]) -> dict[tuple[str, int, str], dict[str, Job]]:
+    """Each case's jobs by policy."""
+    out: dict[tuple[str, int, str], dict[str, Job]] = defaultdict(dict)
+    for job in rows:
+        out[job.case][job.policy] = job
     return out
 
 
@@ -415,7 +445,7 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
              "case (lowest mean, and separately lowest p99, of "
              f"{', '.join(BASELINES)}); ratio = {policy} / best baseline.", "",
              "| criterion | measured | holds |", "|---|---|---|"]
-    lines += [f"| {c} | {m} | {'yes' if ok else '**no**'} |" for c, m, ok in criteria(results)]
+    lines += [f"| {c} | {m} | {_yes(ok)} |" for c, m, ok in criteria(results)]
     (mw, mt, ml), (pw, pt, pl) = counts(means), counts(p99s)
     lines += ["", "| ratio | wins / ties / losses (2%) | min | p5 | p25 | median | p75 | p95 "
               "| max | geometric mean |", "|---|---|---|---|---|---|---|---|---|---|",
@@ -424,14 +454,83 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
               "", *waste_table(results, policy),
               "", "Mean-JCT ratio by family and load: geometric mean (worst case).", "",
               *family_table(results, loads), "",
-              f"The {len(worst)} worst cases (mean-JCT ratio), with what their replays show:",
-              "", "| case | mean ratio | p99 ratio | best baseline | what went wrong |",
-              "|---|---|---|---|---|"]
+              *worst_table(worst, "best baseline")]
+    return "\n".join(lines) + "\n"
+
+
+def worst_table(worst: Sequence[tuple[CaseResult, str]], comparator: str) -> list[str]:
+    """The worst cases with their diagnoses, one row each."""
+    lines = [f"The {len(worst)} worst cases (mean-JCT ratio), with what their replays show:",
+             "", f"| case | mean ratio | p99 ratio | {comparator} | what went wrong |",
+             "|---|---|---|---|---|"]
     for r, why in worst:
         f, s, load = r.case
         lines.append(f"| {f} #{s} {load} | {r.mean_ratio:.3f} | {r.p99_ratio:.3f} "
                      f"| {r.best_mean[0]} {r.best_mean[1]:.0f} s | {why} |")
+    return lines
+
+
+def standings(rows: dict[Job, dict[str, Any]], policy: str,
+              others: Sequence[str]) -> list[str]:
+    """Per policy of `others`: the cases where it is the best of them by mean,
+    its mean over the best paper baseline's, and `policy`'s over its (both
+    geometric means over cases), with `policy`'s wins / ties / losses."""
+    cases = [{p: rows[j]["mean_jct_s"] for p, j in jobs.items()}
+             for _, jobs in sorted(by_case(rows).items())]
+    lines = [f"| policy | best of all in (cases) | its mean / best paper baseline's "
+             f"| {policy} / it | {policy}: wins / ties / losses (2%) |", "|---|---|---|---|---|"]
+    for other in others:
+        best = sum(min(others, key=lambda p, c=c: (c[p], p)) == other for c in cases)
+        vs_paper = [c[other] / min(c[p] for p in BASELINES) for c in cases]
+        ours = [c[policy] / c[other] for c in cases]
+        w, t, lo = counts(ours)
+        lines.append(f"| {other} | {best} | {geomean(vs_paper):.3f} | {geomean(ours):.3f} "
+                     f"| {w} / {t} / {lo} |")
+    return lines
+
+
+def render_versus(paper: Sequence[CaseResult], every: Sequence[CaseResult],
+                  rows: dict[Job, dict[str, Any]], worst: Sequence[tuple[CaseResult, str]],
+                  args: argparse.Namespace, took: str) -> str:
+    """`--versus all`: the policy against each case's best paper baseline
+    (issue 25's reading) and against the best of all, peers included."""
+    policy, others = args.policy, everyone_but(args.policy)
+    loads = [load for load in LOADS if any(r.case[2] == load for r in every)]
+    lines = ["## Workloads nobody tuned for, against the peers too "
+             "(`bench/generalization.py --versus all`)", "",
+             f"Command: `{command(args)}` ({took}). {len(every)} cases: {args.draws} "
+             f"draw(s) of each of {len({r.case[0] for r in every})} workflow families x "
+             f"{len(loads)} loads, {args.tasks} tasks each, profile `{DEFAULT_PROFILE}`. "
+             "Two comparators per case: the best paper "
+             f"baseline ({', '.join(BASELINES)}; the bounds of issue 25 are stated against "
+             f"it) and the best of all, the peers included ({', '.join(PEERS)}).", "",
+             "| criterion | vs best paper baseline | holds | vs best of all | holds |",
+             "|---|---|---|---|---|"]
+    for (c, m, ok), (_, m2, ok2) in zip(criteria(paper), criteria(every), strict=True):
+        lines.append(f"| {c} | {m} | {_yes(ok)} | {m2} | {_yes(ok2)} |")
+    lines += ["", "| ratio | comparator | wins / ties / losses (2%) | min | p5 | p25 | median "
+              "| p75 | p95 | max | geometric mean |", "|---|---|" + "---|" * 9]
+    for what in ("mean", "p99"):
+        for label, res in (("best paper baseline", paper), ("best of all", every)):
+            xs = [r.mean_ratio if what == "mean" else r.p99_ratio for r in res]
+            w, t, lo = counts(xs)
+            lines.append(f"| {what} JCT | {label} | {w} / {t} / {lo} | {distribution(xs)} "
+                         f"| {geomean(xs):.3f} |")
+    lines += ["", "Every other policy on these cases (mean JCT; geometric means over cases):",
+              "", *standings(rows, policy, others), "",
+              "Mean-JCT ratio to the best of all, by family and load: geometric mean "
+              "(worst case).", "", *family_table(every, loads), "",
+              *worst_table(worst, "best of all")]
     return "\n".join(lines) + "\n"
+
+
+def everyone_but(policy: str) -> tuple[str, ...]:
+    """The comparators of `--versus all`: the paper's baselines and the peers."""
+    return tuple(p for p in (*BASELINES, *PEERS) if p != policy)
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
 
 
 def ablation(cases_: Sequence[tuple[str, int, str]], args: argparse.Namespace,
@@ -479,6 +578,8 @@ def command(args: argparse.Namespace) -> str:
     parts += [f"--family {f}" for f in args.family or ()]
     parts += [f"--load {x}" for x in args.load or ()]
     parts += [f"--param {x}" for x in args.param or ()]
+    if args.versus == "all":
+        parts.append("--versus all")
     return " ".join(parts)
 
 
@@ -508,6 +609,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--base-seed", dest="base", type=at_least(0), default=0,
                     help="first draw seed (0: the fixed case list)")
     ap.add_argument("--fresh-seed", action="store_true", help="a new random case list")
+    ap.add_argument("--versus", choices=("paper", "all"), default="paper",
+                    help="paper: each case's best paper baseline (issue 25's bounds); all: "
+                         "also replay the peers and report against the best of all too")
     ap.add_argument("--worst", type=at_least(0), default=10, help="worst cases diagnosed")
     ap.add_argument("--no-cache", action="store_true", help="replay everything again")
     ap.add_argument("--json", type=Path, help="write every case's rows here")
@@ -529,19 +633,25 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"wrote {update_section('generalization-ablation', text)}", file=sys.stderr)
         return
     params = {args.policy: parse_params(args.param or ())}
-    rows = execute(case_jobs(cases_, [*BASELINES, args.policy], args.tasks, caps, params),
+    others = tuple(BASELINES) if args.versus == "paper" else everyone_but(args.policy)
+    rows = execute(case_jobs(cases_, [*others, args.policy], args.tasks, caps, params),
                    cache, args.jobs, "cases")
-    results = compare(rows, args.policy)
+    results = compare(rows, args.policy, others)
     worst = worst_cases(results, args.policy, args.worst, cache, args.jobs)
-    text = render(results, worst, args, args.policy, timing(time.monotonic() - t0, cache))
+    took = timing(time.monotonic() - t0, cache)
+    if args.versus == "paper":
+        text, section = render(results, worst, args, args.policy, took), "generalization"
+    else:
+        paper = compare(rows, args.policy)
+        text = render_versus(paper, results, rows, worst, args, took)
+        section = "generalization-peers"
     print(text)
     if args.json:
         args.json.write_text(json.dumps([{"case": r.case, "policy": r.topas, "best_mean":
                                           r.best_mean, "best_p99": r.best_p99}
                                          for r in results], indent=1))
     if args.write:
-        print(f"wrote {update_section('generalization', text)}", file=sys.stderr)
-
+        print(f"wrote {update_section(section, text)}", file=sys.stderr)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,9 @@ set-ups are reported:
 
 Workload-level numbers average each metric over the operating points; the
 comparator is the baseline with the lowest average for that metric (the
-paper's rule). Writes the `paper` section of docs/RESULTS.md, the charts
+paper's rule). The peers (docs/topas.md, "Peers") run on the same engine
+too, and a further table sets TOPAS against the best of all there, peers
+included. Writes the `paper` section of docs/RESULTS.md, the charts
 docs/paper-jct.html and docs/paper-jct.png, and docs/paper-results.json.
 """
 
@@ -37,6 +39,7 @@ from topasd.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
+from topasd.scheduler.peers import PEERS
 from workflows.builtin import load_workload
 from workflows.trace import Trace, generate_trace
 
@@ -93,7 +96,7 @@ def jobs_for(tasks: int, seed: int, workloads: tuple[str, ...]) -> list[Job]:
             for policy in BASELINES:
                 for engine in ("paper", "same"):
                     jobs.append(Job(name, rate, policy, engine, tasks, seed))
-            for policy in ("topas", "topas-paper"):
+            for policy in ("topas", "topas-paper", *PEERS):
                 jobs.append(Job(name, rate, policy, "same", tasks, seed))
     if ABLATION_POINT[0] in workloads:
         for policy in ABLATION[1:]:
@@ -115,6 +118,7 @@ def workload_table(rows: list[dict[str, Any]], name: str, engine: str) -> dict[s
         return sum(vals) / len(vals)
 
     out: dict[str, Any] = {"workload": name, "engine": engine, "rates": rates}
+    peers = engine == "same" and has_peers(mine)
     for key in ("mean_jct_s", "p99_jct_s"):
         base = {p: avg(p, key, engine) for p in BASELINES}
         best = min(base, key=base.__getitem__)
@@ -123,7 +127,18 @@ def workload_table(rows: list[dict[str, Any]], name: str, engine: str) -> dict[s
                     "reduction_pct": 100 * (1 - topas / base[best]), "baselines": base}
         if any(r["policy"] == "topas-paper" for r in mine):
             out[key]["topas_paper"] = avg("topas-paper", key, "same")
+        if peers:  # the best of all, the peers included (same engine)
+            every = {**base, **{p: avg(p, key, engine) for p in PEERS}}
+            top = min(every, key=every.__getitem__)
+            out[key].update(best_all=top, best_all_value=every[top],
+                            reduction_all_pct=100 * (1 - topas / every[top]),
+                            peers={p: every[p] for p in PEERS})
     return out
+
+
+def has_peers(rows: list[dict[str, Any]]) -> bool:
+    """Whether the rows hold the peers' runs (older rows hold only the baselines')."""
+    return any(r["policy"] in PEERS for r in rows)
 
 
 def point(rows: list[dict[str, Any]], name: str, rate: float, policy: str,
@@ -161,6 +176,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
                 f"| {p['best']} {p['best_value']:.1f} s "
                 f"| {p['topas']:.1f} s | {-p['reduction_pct']:+.1f}% | -{pp}% | {_vs(p)} |")
         lines.append("")
+    if has_peers(rows):
+        lines += render_peers(rows)
     lines += ["(Change = TOPAS vs the best baseline: negative means TOPAS is lower, as in "
               "the paper's column. `topas` runs ten extensions beyond the paper by "
               "default (docs/topas.md, \"Extensions\"); `topas-paper` is section IV as "
@@ -175,6 +192,24 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
         lines += render_ablation(rows)
     lines += render_diagnostics(rows)
     return "\n".join(lines)
+
+
+def render_peers(rows: list[dict[str, Any]]) -> list[str]:
+    """TOPAS against the best of all on the same engine, the peers included
+    (the tables above keep the paper's five as the comparator)."""
+    lines = ["### Same engine, against the best of all: the paper's baselines and the peers",
+             "", f"Peers: {', '.join(PEERS)} (docs/topas.md, \"Peers\"); `bench/peers.py` "
+             "gives every policy's average.", "",
+             "| workload | mean JCT: best of all | TOPAS | change | p99 JCT: best of all "
+             "| TOPAS | change |", "|---|---|---|---|---|---|---|"]
+    for name in _names(rows):
+        t = workload_table(rows, name, "same")
+        m, p = t["mean_jct_s"], t["p99_jct_s"]
+        lines.append(f"| {name} | {m['best_all']} {m['best_all_value']:.1f} s "
+                     f"| {m['topas']:.1f} s | {-m['reduction_all_pct']:+.1f}% "
+                     f"| {p['best_all']} {p['best_all_value']:.1f} s | {p['topas']:.1f} s "
+                     f"| {-p['reduction_all_pct']:+.1f}% |")
+    return [*lines, ""]
 
 
 def _vs(metric: dict[str, Any]) -> str:
@@ -241,7 +276,8 @@ def render_ablation(rows: list[dict[str, Any]]) -> list[str]:
 
 def render_diagnostics(rows: list[dict[str, Any]]) -> list[str]:
     """Decision data at each workload's heaviest point, TOPAS beside the baseline
-    with the lowest mean JCT there (same engine), for the explanations."""
+    and the peer with the lowest mean JCT there (same engine), for the
+    explanations."""
     lines = ["### Decision data at the heaviest point (same engine)", "",
              "| workload | policy | mean / p50 / p99 JCT s | makespan s | mean batch "
              "| prefix loads "
@@ -251,11 +287,12 @@ def render_diagnostics(rows: list[dict[str, Any]]) -> list[str]:
     for name in _names(rows):
         mine = [r for r in rows if r["workload"] == name]
         rate = max(r["rate"] for r in mine)
-        best = min((point(rows, name, rate, p, "same") for p in BASELINES),
-                   key=lambda r: r["mean_jct_s"])
+        best = [min((point(rows, name, rate, p, "same") for p in group),
+                    key=lambda r: r["mean_jct_s"])
+                for group in (BASELINES, PEERS) if any(r["policy"] in group for r in mine)]
         ours = [point(rows, name, rate, p, "same") for p in ("topas", "topas-paper")
                 if any(r["policy"] == p for r in mine)]
-        for r in (best, *ours):
+        for r in (*best, *ours):
             waits = ", ".join(f"{s} {w:.1f}" for s, w in r["stage_waits"].items())
             lines.append(
                 f"| {name} @ {rate} | {r['policy']} | {r['mean_jct_s']:.0f} / "

@@ -17,6 +17,7 @@ def load_bench(name: str) -> ModuleType:
         spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCH / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # a dataclass looks its module up there
         spec.loader.exec_module(module)
         return module
     finally:

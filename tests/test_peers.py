@@ -33,7 +33,7 @@ from topasd.scheduler.peers import (
 )
 from topasd.scheduler.peers.astraea import hrrn, waste
 from topasd.scheduler.peers.continuum import ttl
-from topasd.scheduler.peers.estimates import remaining_latency
+from topasd.scheduler.peers.estimates import allocated, remaining_latency
 from topasd.scheduler.peers.saga import evict_score, percentile95, tool_ttl, urgency
 from topasd.scheduler.peers.tokencake import next_ratio, reserves, shared_use
 
@@ -182,22 +182,23 @@ def test_astraea_keeps_tool_waits_below_its_watermark_and_evicts_above() -> None
     assert policy.tool_wait_evictions(v, set()) == ("A/1/a.0.1",)  # W_pres 1e4 > W_disc 300
 
 
-def run_react(policy: str, host: bool):
-    return run_checked(react(tasks=6), policy, {"budget_tokens": 1500, "host_cache": host},
+def run_react(policy: str | AstraeaPolicy, host: bool, budget: int = 1500):
+    return run_checked(react(tasks=6), policy, {"budget_tokens": budget, "host_cache": host},
                        False, True)
 
 
 def test_astraea_offloads_conversations_in_tool_waits_and_loads_them_back() -> None:
     """With a host tier its evictions are swaps: each offloaded copy comes back
-    over the link when its next round is admitted (nothing recomputed)."""
-    _, sink, backend = run_react("astraea", True)
+    over the link when its next round is admitted (nothing recomputed). The
+    watermark at half the budget: six tasks' conversations never fill 90% of it."""
+    _, sink, backend = run_react(AstraeaPolicy(watermark=0.5), True)
     kinds = [e.kind for e in sink.events]
     offloads = kinds.count(EventKind.CONTEXT_OFFLOAD)
     assert offloads > 0 and backend.stats.context_loads == offloads
     assert backend.stats.context_computes == 0
     first = kinds.index(EventKind.CONTEXT_OFFLOAD)
     assert EventKind.CONTEXT_LOAD_START in kinds[first:]
-    _, _, dropped = run_react("astraea", False)  # no host tier: discarded, recomputed
+    _, _, dropped = run_react(AstraeaPolicy(watermark=0.5), False)  # no host: recomputed
     assert dropped.stats.context_computes > 0 and dropped.stats.context_loads == 0
 
 
@@ -323,7 +324,8 @@ CHAIN0 = workflow("chain0", {"a": (), "b": ("a",), "c": ("b",)}, prefix=0)
 
 def test_tokencake_reserve_ratio_and_shares_follow_alg_2() -> None:
     assert next_ratio(0.05, 0.8) == pytest.approx(0.10)
-    assert next_ratio(0.05, 0.2) == 0.05 and next_ratio(0.30, 0.9) == 0.30
+    assert next_ratio(0.05, 0.2) == 0.05 and next_ratio(0.10, 0.9) == 0.10
+    assert next_ratio(0.30, 0.9, most=0.30) == 0.30  # the later version's clamp
     # scores (depth + 1)(out-degree + 1) on a chain: a 2, b 4, c 3; the top
     # 75% of three agents are two: B and C, sharing R = 100 by use and score
     got = reserves({"A": 2.0, "B": 4.0, "C": 3.0}, {"B": 100.0}, 100.0, 1000)
@@ -347,6 +349,26 @@ def test_tokencake_refuses_a_non_critical_request_its_shared_pool_cannot_hold() 
     assert TokencakePolicy().decide(v).admit == (2,)
     bigger_pool = replace(v, budget_tokens=1020)  # pool 969: it fits
     assert set(TokencakePolicy().decide(bigger_pool).admit) == {1, 2}
+
+
+def test_tokencake_counts_an_idle_cached_prefix_as_free_not_as_use() -> None:
+    """A's 400-token prefix is cached on the GPU with no request of A: the
+    engine's to evict, as vLLM counts such blocks free. In use are only C's
+    prefix and running request (410 of 1000: the ratio stays 0.05), so B's
+    request (100 tokens and its prefix's 400) fits the shared pool of 950
+    beside them; counting A's idle prefix (1,310) refused it and raised the
+    ratio on a machine nobody crowds."""
+    wf = workflow("chain400", {"a": (), "b": ("a",), "c": ("b",)}, prefix=400)
+    busy = request(3, 3, wf, "c", running=True, input_tokens=5, output_tokens=5,
+                   started_at=0.0)
+    new = request(2, 2, wf, "b", input_tokens=50, output_tokens=50)
+    tasks = [task(2, wf, a="done", b="active"), task(3, wf, a="done", b="done", c="active")]
+    v = view(wf, tasks, [busy], [new], budget=1000, gpu=("A", "C"))
+    assert make_policy("fcfs").decide(v).admit == (2,)
+    policy = TokencakePolicy()
+    assert allocated(v) == {"C": 410.0}
+    assert policy.decide(v).admit == (2,)
+    assert policy.ratio == 0.05
 
 
 def tokencake_view(call_s: float, running_tokens: int = 100) -> tuple[TokencakePolicy, EngineView]:
@@ -376,8 +398,9 @@ def test_tokencake_offloads_a_call_longer_than_its_round_trip_under_pressure() -
 
 
 def test_tokencake_conversations_come_back_from_the_host() -> None:
-    """An offloaded copy is loaded back when its next round is admitted."""
-    _, sink, backend = run_react("tokencake", True)
+    """An offloaded copy is loaded back when its next round is admitted (a
+    budget of 1,000 tokens: six tasks' KV in use passes 60% of it)."""
+    _, sink, backend = run_react("tokencake", True, budget=1000)
     kinds = [e.kind for e in sink.events]
     assert kinds.count(EventKind.CONTEXT_OFFLOAD) == backend.stats.context_loads > 0
 

@@ -37,7 +37,7 @@ from topasd.scheduler.peers.estimates import (
 )
 
 LEVELS = 4  # m [ours]
-BASE_TOKENS = 2048  # level q's quota: BASE_TOKENS * 2^q tokens of one round [ours]
+BASE_TOKENS = 8192  # level q's quota: BASE_TOKENS * 2^q tokens of a round [ours: swept]
 AGING = 8.0  # response ratio that lifts a last-level task to level 0 [ours]
 WATERMARK = 0.9  # KV share above which tool waits' KV may leave the GPU [ours]
 

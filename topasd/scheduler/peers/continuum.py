@@ -56,9 +56,10 @@ def ttl(samples: Sequence[float], benefit: float, prior_mean: float) -> float:
 class ContinuumPolicy:
     """Continuum-style TTL pins over the engine's admission (module docstring)."""
 
-    def __init__(self, name: str = "continuum", min_samples: int = MIN_SAMPLES) -> None:
+    def __init__(self, name: str = "continuum", min_samples: int = MIN_SAMPLES,
+                 eta: float = ETA) -> None:
         self.name = name
-        self.min_samples = min_samples
+        self.min_samples, self.eta = min_samples, eta
         self.est = Estimates()
         self.waits, self.origins = self.est.waits, self.est.origins
         self.pins: dict[tuple[int, str, float], float] = {}  # conversation -> pinned until
@@ -84,7 +85,7 @@ class ContinuumPolicy:
         key = (conv.task_id, conv.agent, conv.since)
         if key not in self.pins:
             samples, prior = self.tool_samples(conv, view)
-            benefit = self.est.mean_queue_wait() * ETA + view.costs.t_prefill(conv.tokens)
+            benefit = self.est.mean_queue_wait() * self.eta + view.costs.t_prefill(conv.tokens)
             self.pins[key] = conv.since + ttl(samples, benefit, prior)
         return self.pins[key]
 

@@ -174,16 +174,29 @@ def expected_wait(conv: Conversation, view: EngineView, origins: Origins,
     return waits.mean(pair, tool_prior(view, origin))
 
 
+def allocated(view: EngineView) -> dict[str, float]:
+    """KV each agent holds allocated: its prefix while a request of it runs,
+    its running requests and the shared copies they hold, and its
+    conversations waiting out a tool call. An idle prefix or cached copy is
+    the engine's cache, free to evict: nobody's use (vLLM counts the cached
+    blocks of no running request as free)."""
+    use: dict[str, float] = defaultdict(float)
+    for a in {r.agent for r in view.running}:
+        if view.prefixes[a].on_gpu:
+            use[a] += view.prefixes[a].tokens
+    for r in view.running:
+        use[r.agent] += r.demand(view.new_token_ratio)
+    for key, tokens in shared_kv(view.running).items():
+        if key in view.contexts:
+            use[view.contexts[key].agent] += tokens
+    for conv in conversations(view):
+        use[conv.agent] += conv.tokens
+    return dict(use)
+
+
 def kv_in_use(view: EngineView) -> float:
-    """KV the view holds: GPU prefixes, running requests' demand, the shared
-    copies they hold (each once) and the cached copies nobody holds."""
-    used = float(sum(p.tokens for p in view.prefixes.values() if p.on_gpu))
-    used += sum(r.demand(view.new_token_ratio) for r in view.running)
-    held = shared_kv(view.running)
-    used += sum(held.values())
-    used += sum(c.tokens for k, c in view.contexts.items()
-                if c.location is Location.GPU and k not in held)
-    return used
+    """KV the view holds allocated (`allocated`, every agent's)."""
+    return sum(allocated(view).values())
 
 
 def stage_service(wf: Workflow, stage: str, view: EngineView, model: ServiceModel) -> float:

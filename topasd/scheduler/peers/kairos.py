@@ -36,10 +36,10 @@ MAX_SLOTS = 512  # projection horizon, in slots [ours]
 
 
 def peak_kv(base: float, held: np.ndarray, grow: np.ndarray, cap: np.ndarray,
-            end: np.ndarray, slot_s: float) -> float:
+            end: np.ndarray, slot_s: float, max_slots: int = MAX_SLOTS) -> float:
     """The largest projected KV over the slots: `base` plus, for each request
     until its predicted `end`, min(cap, held + grow * elapsed)."""
-    horizon = min(MAX_SLOTS, int(np.ceil(float(end.max(initial=0.0)) / slot_s)) + 1)
+    horizon = min(max_slots, int(np.ceil(float(end.max(initial=0.0)) / slot_s)) + 1)
     s = np.arange(horizon) * slot_s
     kv = np.minimum(cap[:, None], held[:, None] + grow[:, None] * s[None, :])
     kv = np.where(s[None, :] < end[:, None], kv, 0.0)
@@ -49,9 +49,10 @@ def peak_kv(base: float, held: np.ndarray, grow: np.ndarray, cap: np.ndarray,
 class KairosPolicy:
     """Kairos-style workflow priority over a time-slot KV admission gate."""
 
-    def __init__(self, name: str = "kairos", slot_s: float = SLOT_S) -> None:
+    def __init__(self, name: str = "kairos", slot_s: float = SLOT_S,
+                 max_slots: int = MAX_SLOTS) -> None:
         self.name = name
-        self.slot_s = slot_s
+        self.slot_s, self.max_slots = slot_s, max_slots
         self.est = Estimates()
         self.model, self.waits = self.est.model, self.est.waits
 
@@ -93,7 +94,7 @@ class KairosPolicy:
             extra += missing_shared(r, held)
             reqs = [*out, r, *view.running]
             if peak_kv(base + extra, *self.projection(view, reqs, len(out) + 1),
-                       self.slot_s) > view.budget_tokens:
+                       self.slot_s, self.max_slots) > view.budget_tokens:
                 break
             out.append(r)
             agents.add(r.agent)

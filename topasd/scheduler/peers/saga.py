@@ -60,17 +60,18 @@ def percentile95(samples: Sequence[float]) -> float:
     return samples[max(0, math.ceil(0.95 * len(samples)) - 1)]
 
 
-def tool_ttl(base: float, usage: float) -> float:
+def tool_ttl(base: float, usage: float, cap_s: float = TTL_CAP_S) -> float:
     """Eq. 6: min(base (1 - 0.5 m), 300 s), m the memory pressure."""
     m = min(1.0, max(0.0, (usage - PRESSURE_FROM) / PRESSURE_SPAN))
-    return min(base * (1.0 - 0.5 * m), TTL_CAP_S)
+    return min(base * (1.0 - 0.5 * m), cap_s)
 
 
-def urgency(task: TaskView, work: float, tct: float, t: float) -> float:
+def urgency(task: TaskView, work: float, tct: float, t: float,
+            slack: float = DEADLINE_SLACK) -> float:
     """AFS urgency (Eq. 8): (W - S) / (deadline - t), deadline = arrival +
     1.5 E[TCT]; a deadline passed counts as 1 ms away."""
     left = max(0.0, work - task.service_s)
-    return left / max(task.arrival + DEADLINE_SLACK * tct - t, 1e-3)
+    return left / max(task.arrival + slack * tct - t, 1e-3)
 
 
 def evict_score(idle: float, idle_max: float, reuse: float, tokens: int, largest: int) -> float:
@@ -82,8 +83,10 @@ def evict_score(idle: float, idle_max: float, reuse: float, tokens: int, largest
 class SagaPolicy:
     """SAGA-style Agent Fair Share, tool-call TTL and WA-LRU (module docstring)."""
 
-    def __init__(self, name: str = "saga") -> None:
+    def __init__(self, name: str = "saga", deadline_slack: float = DEADLINE_SLACK,
+                 ttl_cap_s: float = TTL_CAP_S, prior_p95: float = PRIOR_P95) -> None:
         self.name = name
+        self.slack, self.ttl_cap_s, self.prior_p95 = deadline_slack, ttl_cap_s, prior_p95
         self.est = Estimates()
         self.model, self.waits, self.origins = self.est.model, self.est.waits, self.est.origins
         self.protect: dict[tuple[int, str, float], float] = {}  # conversation -> until
@@ -106,7 +109,8 @@ class SagaPolicy:
         """Agent Fair Share: the most urgent task first, then task arrival."""
         expected = {name: self.work_and_tct(view, name)
                     for name in sorted({r.workflow for r in view.waiting})}
-        urgent = {r.task_id: urgency(view.tasks[r.task_id], *expected[r.workflow], view.t)
+        urgent = {r.task_id: urgency(view.tasks[r.task_id], *expected[r.workflow], view.t,
+                                       self.slack)
                   for r in view.waiting if r.task_id in view.tasks}
         return sorted(view.waiting, key=lambda r: (
             -urgent.get(r.task_id, 0.0), r.task_arrival, r.task_id, r.ready_at, r.id))
@@ -118,7 +122,8 @@ class SagaPolicy:
         for conv in conversations(view):
             key = (conv.task_id, conv.agent, conv.since)
             if key not in self.protect:
-                self.protect[key] = conv.since + tool_ttl(self.base(conv, view), usage)
+                self.protect[key] = conv.since + tool_ttl(self.base(conv, view), usage,
+                                                          self.ttl_cap_s)
             if view.t <= self.protect[key]:
                 out.append(conv)
         return out
@@ -128,7 +133,7 @@ class SagaPolicy:
         that of an exponential with the trace mean)."""
         origin = conversation_origin(conv, self.origins)
         seen = self.waits.samples((origin.agent, origin.stage) if origin else None)
-        return percentile95(seen) if seen else PRIOR_P95 * tool_prior(view, origin)
+        return percentile95(seen) if seen else self.prior_p95 * tool_prior(view, origin)
 
     def decide(self, view: EngineView) -> Decision:
         self.origins.learn(view)

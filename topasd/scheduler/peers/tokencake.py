@@ -40,35 +40,38 @@ from topasd.scheduler.baselines import admit_in_order
 from topasd.scheduler.peers.estimates import (
     Conversation,
     Estimates,
+    allocated,
     conversation_origin,
     conversations,
     kv_in_use,
     tool_prior,
 )
 
-RATIO_START, RATIO_STEP, RATIO_MIN, RATIO_MAX = 0.05, 0.05, 0.05, 0.30
+RATIO_START, RATIO_STEP, RATIO_MIN = 0.05, 0.05, 0.05
+RATIO_MAX = 0.10  # [ours: the later version clamps at 0.30; bench/peer_sweeps.py]
 HIGH_USE, LOW_USE = 0.75, 0.40
 CRITICAL_SHARE = 0.75
 OFFLOAD_USE = 0.60
+AGING = 1.0  # score per second waited [ours]
 HINT_WEIGHT = 0.5  # beta: hint against history
 EWMA_ALPHA = 0.5
 
 
-def next_ratio(ratio: float, use: float) -> float:
+def next_ratio(ratio: float, use: float, most: float = RATIO_MAX) -> float:
     """Alg. 2's reserve ratio after one period at KV use `use` (a share of B)."""
     if use > HIGH_USE:
         ratio += RATIO_STEP
     elif use < LOW_USE:
         ratio -= RATIO_STEP
-    return min(RATIO_MAX, max(RATIO_MIN, ratio))
+    return min(most, max(RATIO_MIN, ratio))
 
 
 def reserves(scores: Mapping[str, float], use: Mapping[str, float], reserve: float,
-             budget: int) -> dict[str, float]:
+             budget: int, share: float = CRITICAL_SHARE) -> dict[str, float]:
     """Each critical agent's reserve: R ((use_a / B) + (score_a / sum)) / 2,
     the critical agents being the top 75% by score (at least one; ties by name)."""
     ranked = sorted(scores, key=lambda a: (-scores[a], a))
-    critical = ranked[:max(1, math.floor(CRITICAL_SHARE * len(ranked)))] if ranked else []
+    critical = ranked[:max(1, math.floor(share * len(ranked)))] if ranked else []
     total = sum(scores[a] for a in critical) or 1.0
     return {a: reserve * (use.get(a, 0.0) / budget + scores[a] / total) / 2 for a in critical}
 
@@ -81,8 +84,12 @@ def shared_use(use: Mapping[str, float], reserved: Mapping[str, float]) -> float
 class TokencakePolicy:
     """Tokencake-style memory partitions and tool-wait offload (module docstring)."""
 
-    def __init__(self, name: str = "tokencake") -> None:
+    def __init__(self, name: str = "tokencake", critical_share: float = CRITICAL_SHARE,
+                 ratio_max: float = RATIO_MAX, offload_use: float = OFFLOAD_USE,
+                 aging: float = AGING) -> None:
         self.name = name
+        self.critical_share, self.ratio_max = critical_share, ratio_max
+        self.offload_use, self.aging = offload_use, aging
         self.ratio = RATIO_START
         self.est = Estimates()
         self.origins = self.est.origins
@@ -104,40 +111,30 @@ class TokencakePolicy:
         return float((wf.depth[r.stage] + 1) * (len(wf.succs[r.stage]) + 1))
 
     def order(self, view: EngineView) -> list[Request]:
-        score = {r.id: self.static(view, r) + max(0.0, view.t - r.queued_at)
+        score = {r.id: self.static(view, r) + self.aging * max(0.0, view.t - r.queued_at)
                  for r in view.waiting}
         return sorted(view.waiting, key=lambda r: (-score[r.id], r.task_arrival, r.task_id, r.id))
 
-    def agent_use(self, view: EngineView) -> dict[str, float]:
-        """KV each agent holds: its resident prefix, its running requests and
-        the shared copies they hold."""
-        use: dict[str, float] = {a: float(p.tokens) for a, p in view.prefixes.items() if p.on_gpu}
-        for r in view.running:
-            use[r.agent] = use.get(r.agent, 0.0) + r.demand(view.new_token_ratio)
-        for key, tokens in shared_kv(view.running).items():
-            if key in view.contexts:
-                owner = view.contexts[key].agent
-                use[owner] = use.get(owner, 0.0) + tokens
-        return use
-
     def partition(self, view: EngineView, order: Sequence[Request]) -> list[Request]:
         """The requests of `order` their partitions hold, in order."""
-        use = self.agent_use(view)
+        use = allocated(view)
         scores: dict[str, float] = {}
         for r in (*view.waiting, *view.running):
             scores[r.agent] = max(scores.get(r.agent, 0.0), self.static(view, r))
-        reserved = reserves(scores, use, self.ratio * view.budget_tokens, view.budget_tokens)
+        reserved = reserves(scores, use, self.ratio * view.budget_tokens, view.budget_tokens,
+                            self.critical_share)
         pool = view.budget_tokens * (1 - self.ratio)
         held = set(shared_kv(view.running))
+        locked = {r.agent for r in view.running}  # agents whose prefix is counted in `use`
         out: list[Request] = []
         for r in order:
             need = held_demand(r, held, Reservation.OPTIMISTIC, view.new_request_ratio)
-            need += 0 if view.prefixes[r.agent].on_gpu or r.agent in {
-                x.agent for x in out} else r.prefix_tokens
+            need += 0 if r.agent in locked else r.prefix_tokens
             after = {**use, r.agent: use.get(r.agent, 0.0) + need}
             if shared_use(after, reserved) <= pool:
                 use = after
                 held |= {s.key for s in r.shared}
+                locked.add(r.agent)
                 out.append(r)
         if not out and not view.running:  # the engine idles otherwise: the pools give way
             return list(order)
@@ -145,7 +142,8 @@ class TokencakePolicy:
 
     def decide(self, view: EngineView) -> Decision:
         self.origins.learn(view)
-        self.ratio = next_ratio(self.ratio, kv_in_use(view) / view.budget_tokens)
+        self.ratio = next_ratio(self.ratio, kv_in_use(view) / view.budget_tokens,
+                                self.ratio_max)
         order = self.partition(view, self.order(view)) if view.waiting else []
         d = admit_in_order(view, order, self.name)
         offload = self.offloads(view)
@@ -165,7 +163,7 @@ class TokencakePolicy:
         for conv in conversations(view):
             key = (conv.task_id, conv.agent, conv.since)
             if key not in self.offloaded:
-                self.offloaded[key] = use >= OFFLOAD_USE and self.worth(conv, view)
+                self.offloaded[key] = use >= self.offload_use and self.worth(conv, view)
                 if self.offloaded[key]:
                     out.extend(conv.keys)
         return tuple(out)
