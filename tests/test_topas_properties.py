@@ -220,8 +220,8 @@ def test_decode_peak_is_never_retracted(case: tuple[Trace, int], defaults: bool)
     """With `decode_peak`, the running requests' decode growth always fits, so
     the engine never retracts (outputs are known to the simulator's views)."""
     trace, budget = case
-    params = TopasParams(decode_peak="always", samples=16,
-                         **({} if defaults else PAPER))
+    params = TopasParams(**{**({} if defaults else PAPER), "decode_peak": "always",
+                            "samples": 16})
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     result = Run(trace, TopasPolicy(params), SimBackend(profile)).execute()
     assert set(result.jct) == {t.id for t in trace.tasks}, "every task finishes"

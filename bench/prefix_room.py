@@ -1,0 +1,141 @@
+"""The room prefixes hold: one generated case replayed through TOPAS and
+baselines, following the engine's events to measure how many agents run at
+once and how much of the KV pool their prefixes pin.
+
+    python bench/prefix_room.py [--family fork_join] [--draw 0] [--load overload]
+        [-p topas -p lpm ...] [--tasks 100] [--write]
+
+The case is `bench/generalization.py`'s (the same trace, capacity from its
+cache). An agent *runs* while one of its requests is admitted and not yet
+finished, preempted or retracted; its prefix is then pinned on the GPU. Every
+quantity is a time average over the run (simulated seconds): the agents
+running, the prefix KV those agents pin, all prefix KV on the GPU (idle
+prefixes kept while free KV holds them included), and the mean batch. Under
+overload the pool is the bottleneck, so prefix KV pinned by running agents
+is room the batch does not get. `--write` records the table in
+docs/RESULTS.md (section "prefix-room").
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from _results import update_section  # bench/_results.py
+from generalization import CACHE, Cache, capacities, parse_params
+
+from backends.sim.engine import SimBackend
+from topasd.model import EngineEvent, EventKind
+from topasd.profiles import DEFAULT_PROFILE, get_profile
+from topasd.runner import Run
+from topasd.scheduler import make_policy
+from workflows.generator import FAMILIES, LOADS, case_trace, draw_workload
+
+ENDS = (EventKind.REQUEST_FINISH, EventKind.PREEMPT, EventKind.RETRACT,
+        EventKind.REQUEST_WITHDRAW)
+ON_GPU = (EventKind.PREFIX_LOAD_START, EventKind.PREFIX_COMPUTE_START)
+OFF_GPU = EventKind.PREFIX_EVICT  # (PREFIX_OFFLOAD_* is a host copy made beside the GPU's)
+
+
+@dataclass
+class PrefixRoom:
+    """A run sink: time integrals of the running agents and of the prefix KV
+    they pin, and of all prefix KV on the GPU."""
+
+    prefix_tokens: dict[str, int]
+    running: dict[int, str] = field(default_factory=dict)  # request -> agent
+    per_agent: Counter[str] = field(default_factory=Counter)
+    on_gpu: set[str] = field(default_factory=set)
+    t: float = 0.0
+    agent_s: float = 0.0
+    pinned_s: float = 0.0
+    resident_s: float = 0.0
+
+    def decision(self, decision: Any) -> None:
+        return None
+
+    def event(self, ev: EngineEvent) -> None:
+        dt = ev.t - self.t
+        if dt > 0:
+            busy = [a for a, n in self.per_agent.items() if n > 0]
+            self.agent_s += dt * len(busy)
+            self.pinned_s += dt * sum(self.prefix_tokens.get(a, 0) for a in busy)
+            self.resident_s += dt * sum(self.prefix_tokens.get(a, 0) for a in self.on_gpu)
+            self.t = ev.t
+        kind, rid, agent = ev.kind, ev.request_id, ev.agent or ""
+        if kind is EventKind.REQUEST_ADMIT and rid is not None and rid not in self.running:
+            self.running[rid] = agent
+            self.per_agent[agent] += 1
+        elif kind in ENDS and rid in self.running:
+            self.per_agent[self.running.pop(rid)] -= 1  # type: ignore[arg-type]
+        elif kind in ON_GPU:
+            self.on_gpu.add(agent)
+        elif kind is OFF_GPU:
+            self.on_gpu.discard(agent)
+
+    def averages(self) -> dict[str, float]:
+        span = self.t or 1.0
+        return {"agents_running": self.agent_s / span, "pinned_kv": self.pinned_s / span,
+                "resident_kv": self.resident_s / span}
+
+
+def replay(family: str, draw: int, load: str, policy: str, params: dict[str, Any],
+           tasks: int, capacity: float) -> dict[str, Any]:
+    """One policy on the case: its summary and the sink's averages."""
+    wl = draw_workload(family, draw)
+    sink = PrefixRoom({a.name: a.prefix_tokens for w in wl.workflows
+                       for a in w.agents.values()})
+    trace = case_trace(wl, load, tasks, capacity, draw)
+    result = Run(trace, make_policy(policy, **params), SimBackend(get_profile(DEFAULT_PROFILE)),
+                 sink=sink).execute()
+    label = " ".join([policy, *(f"{k}={v}" for k, v in params.items())])
+    return {**result.summary(), **sink.averages(), "policy": label}
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    head = ("| policy | mean JCT s | makespan s | mean batch | agents running | prefix KV "
+            "pinned by running agents (tokens) | prefix KV on the GPU (tokens) | prefix loads |")
+    out = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['policy']} | {r['mean_jct_s']:.1f} | {r['makespan_s']:.0f} | "
+                   f"{r['mean_batch']:.2f} | {r['agents_running']:.2f} | "
+                   f"{r['pinned_kv']:,.0f} | {r['resident_kv']:,.0f} | {r['prefix_loads']} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", choices=FAMILIES, default="fork_join")
+    ap.add_argument("--draw", type=int, default=0, help="the family's draw seed (0)")
+    ap.add_argument("--load", choices=LOADS, default="overload")
+    ap.add_argument("--policy", "-p", action="append", metavar="'POLICY [NAME=VALUE]...'",
+                    help="a policy replayed, with its parameters (default: topas and lpm)")
+    ap.add_argument("--tasks", type=int, default=100)
+    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
+    args = ap.parse_args(argv)
+    policies = [(words[0], dict(parse_params(words[1:])))
+                for words in (p.split() for p in args.policy or ["topas", "lpm"])]
+    caps = capacities([(args.family, args.draw, args.load)], args.tasks, Cache(CACHE), 2)
+    cap = caps[(args.family, args.draw)]
+    rows = [replay(args.family, args.draw, args.load, p, params, args.tasks, cap)
+            for p, params in policies]
+    command = "python bench/prefix_room.py " + " ".join(
+        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a != "--write")
+    body = "\n".join([
+        "## The room prefixes hold (`bench/prefix_room.py`)", "",
+        f"Command: `{command.strip()}`. Case `{args.family}` #{args.draw}, {args.load} load, "
+        f"{args.tasks} tasks ({cap:.4f} task/s capacity), as `bench/generalization.py` "
+        "replays it; 18,000-token pool. Time averages over the run: agents with a request "
+        "admitted, the prefix KV those agents pin, and all prefix KV on the GPU.", "",
+        *table(rows)])
+    print(body)
+    if args.write:
+        print(f"wrote {update_section('prefix-room', body)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""bench/prefix_room.py's time averages, on hand-made events and on a replay:
+an agent runs (and pins its prefix) from a request's admission to its end,
+and the prefix KV on the GPU follows loads and evictions."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.benchkit import load_bench
+from topasd.model import EngineEvent, EventKind
+
+
+def test_the_averages_follow_admissions_ends_and_residency() -> None:
+    bench = load_bench("prefix_room")
+    sink = bench.PrefixRoom({"A": 100, "B": 300})
+    for ev in (
+        EngineEvent(0.0, EventKind.PREFIX_LOAD_START, agent="A"),
+        EngineEvent(0.0, EventKind.REQUEST_ADMIT, request_id=1, agent="A"),
+        EngineEvent(2.0, EventKind.PREFIX_LOAD_START, agent="B"),
+        EngineEvent(2.0, EventKind.REQUEST_ADMIT, request_id=2, agent="B"),
+        EngineEvent(2.0, EventKind.REQUEST_ADMIT, request_id=3, agent="B"),
+        EngineEvent(4.0, EventKind.REQUEST_FINISH, request_id=1, agent="A"),
+        EngineEvent(6.0, EventKind.PREEMPT, request_id=2, agent="B"),
+        EngineEvent(8.0, EventKind.RETRACT, request_id=3, agent="B"),
+        EngineEvent(8.0, EventKind.PREFIX_EVICT, agent="B"),
+        EngineEvent(10.0, EventKind.TASK_FINISH, task_id=1),
+    ):
+        sink.event(ev)
+    avg = sink.averages()
+    # running agents: A over [0, 4), B over [2, 8): 10 agent-seconds in 10 s
+    assert avg["agents_running"] == pytest.approx(1.0)
+    # pinned: 100 x 4 + 300 x 6 = 2,200 token-seconds
+    assert avg["pinned_kv"] == pytest.approx(220.0)
+    # on the GPU: A all 10 s (never evicted), B over [2, 8)
+    assert avg["resident_kv"] == pytest.approx((100 * 10 + 300 * 6) / 10)
+
+
+def test_a_replay_pins_no_more_than_it_holds_and_runs_some_agent() -> None:
+    bench = load_bench("prefix_room")
+    row = bench.replay("fork_join", 0, "overload", "lpm", {}, 20, 0.0234)
+    assert row["agents_running"] > 0.0 and row["policy"] == "lpm"
+    assert 0.0 < row["pinned_kv"] <= row["resident_kv"] <= 18_000
