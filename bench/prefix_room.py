@@ -18,22 +18,20 @@ docs/RESULTS.md (section "prefix-room").
 
 from __future__ import annotations
 
-import argparse
-import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from _one_case import case_heading, case_parser, replay_policies  # bench/_one_case.py
 from _results import update_section  # bench/_results.py
-from generalization import CACHE, Cache, capacities, parse_params
 
 from backends.sim.engine import SimBackend
 from topasd.model import EngineEvent, EventKind
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
-from workflows.generator import FAMILIES, LOADS, case_trace, draw_workload
+from workflows.generator import case_trace, draw_workload
 
 ENDS = (EventKind.REQUEST_FINISH, EventKind.PREEMPT, EventKind.RETRACT,
         EventKind.REQUEST_WITHDRAW)
@@ -108,28 +106,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", choices=FAMILIES, default="fork_join")
-    ap.add_argument("--draw", type=int, default=0, help="the family's draw seed (0)")
-    ap.add_argument("--load", choices=LOADS, default="overload")
-    ap.add_argument("--policy", "-p", action="append", metavar="'POLICY [NAME=VALUE]...'",
-                    help="a policy replayed, with its parameters (default: topas and lpm)")
-    ap.add_argument("--tasks", type=int, default=100)
-    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
-    args = ap.parse_args(argv)
-    policies = [(words[0], dict(parse_params(words[1:])))
-                for words in (p.split() for p in args.policy or ["topas", "lpm"])]
-    caps = capacities([(args.family, args.draw, args.load)], args.tasks, Cache(CACHE), 2)
-    cap = caps[(args.family, args.draw)]
-    rows = [replay(args.family, args.draw, args.load, p, params, args.tasks, cap)
-            for p, params in policies]
-    command = "python bench/prefix_room.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a != "--write")
+    args = case_parser(__doc__.split("\n\n")[0], 0, "overload").parse_args(argv)
+    cap, rows, command = replay_policies(args, replay, "prefix_room.py", argv)
     body = "\n".join([
-        "## The room prefixes hold (`bench/prefix_room.py`)", "",
-        f"Command: `{command.strip()}`. Case `{args.family}` #{args.draw}, {args.load} load, "
-        f"{args.tasks} tasks ({cap:.4f} task/s capacity), as `bench/generalization.py` "
-        "replays it; 18,000-token pool. Time averages over the run: agents with a request "
+        case_heading("The room prefixes hold (`bench/prefix_room.py`)", command, args, cap)
+        + " 18,000-token pool. Time averages over the run: agents with a request "
         "admitted, the prefix KV those agents pin, and all prefix KV on the GPU.", "",
         *table(rows)])
     print(body)

@@ -17,14 +17,12 @@ table in docs/RESULTS.md (section "retractions").
 
 from __future__ import annotations
 
-import argparse
-import shlex
 import statistics
 import sys
 from typing import Any
 
+from _one_case import case_heading, case_parser, replay_policies  # bench/_one_case.py
 from _results import update_section  # bench/_results.py
-from generalization import CACHE, Cache, capacities, parse_params
 
 from backends.sim.engine import SimBackend
 from topasd.model import Decision, Location
@@ -32,7 +30,7 @@ from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.topas import decode_peak
-from workflows.generator import FAMILIES, LOADS, case_trace, draw_workload
+from workflows.generator import case_trace, draw_workload
 
 
 class WatchedSim(SimBackend):
@@ -116,30 +114,14 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--family", choices=FAMILIES, default="fork_join")
-    ap.add_argument("--draw", type=int, default=4, help="the family's draw seed (4)")
-    ap.add_argument("--load", choices=LOADS, default="light")
-    ap.add_argument("--policy", "-p", action="append", metavar="'POLICY [NAME=VALUE]...'",
-                    help="a policy replayed, with its parameters (default: topas and lpm)")
-    ap.add_argument("--tasks", type=int, default=100)
-    ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
-    args = ap.parse_args(argv)
-    policies = [(words[0], dict(parse_params(words[1:])))
-                for words in (p.split() for p in args.policy or ["topas", "lpm"])]
-    caps = capacities([(args.family, args.draw, args.load)], args.tasks, Cache(CACHE), 2)
-    cap = caps[(args.family, args.draw)]
-    rows = [replay(args.family, args.draw, args.load, p, params, args.tasks, cap)
-            for p, params in policies]
-    command = "python bench/retractions.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a != "--write")
+    args = case_parser(__doc__.split("\n\n")[0], 4, "light").parse_args(argv)
+    cap, rows, command = replay_policies(args, replay, "retractions.py", argv)
     body = "\n".join([
-        "## Why the engine retracts (`bench/retractions.py`)", "",
-        f"Command: `{command.strip()}`. Case `{args.family}` #{args.draw}, {args.load} load, "
-        f"{args.tasks} tasks ({cap:.4f} task/s capacity), as `bench/generalization.py` "
-        "replays it. An admission dooms the batch when its state's decode peak (each "
+        case_heading("Why the engine retracts (`bench/retractions.py`)", command, args, cap)
+        + " An admission dooms the batch when its state's decode peak (each "
         "running request growing to its whole output, a finished one freeing its KV) "
-        "exceeds the pool.", "", *table(rows)])
+        "exceeds the pool.", "",
+        *table(rows)])
     print(body)
     if args.write:
         print(f"wrote {update_section('retractions', body)}", file=sys.stderr)
