@@ -8,11 +8,13 @@ from typing import Any, Self
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual._two_way_dict import TwoWayDict
 from textual.app import ComposeResult
 from textual.cache import LRUCache
 from textual.containers import Vertical
 from textual.geometry import Region
 from textual.widgets import DataTable
+from textual.widgets.data_table import CellKey, RowKey
 
 from console.snapshot import CandidateRow, DecisionDetail, DecisionRow
 from console.widgets.format import ids
@@ -164,12 +166,7 @@ class DecisionFeed(DataTable[Text | str]):
             self.rows_shown.append(d)
         extra = len(self.rows_shown) - FEED_ROWS
         if extra > 0:
-            self._trimming = True  # its own layout request: the new size, if any, asks
-            try:
-                for d in self.rows_shown[:extra]:
-                    self.remove_row(str(d.seq))
-            finally:
-                self._trimming = False
+            self._remove_rows([str(d.seq) for d in self.rows_shown[:extra]])
             del self.rows_shown[:extra]
         if self.follow and was_last and self.row_count:
             last = self.row_count - 1
@@ -182,6 +179,28 @@ class DecisionFeed(DataTable[Text | str]):
             # to the very end once laid out: a horizontal scrollbar would hide the last row
             self.call_after_refresh(self.scroll_end, animate=False, x_axis=False)
         self._title()
+
+    def _remove_rows(self, keys: Sequence[str]) -> None:
+        """`DataTable.remove_row` for many rows at once: the rows' places are
+        renumbered, the cursor re-checked and the caches dropped once, not once
+        per row (each of those passes walks every row of the feed)."""
+        gone = {RowKey(k) for k in keys}
+        for key in gone:
+            for column_key in self._data.pop(key):
+                self._updated_cells.discard(CellKey(key, column_key))
+            del self.rows[key]
+        places = self._row_locations
+        kept = sorted((places.get(k), k) for k in places if k not in gone)
+        self._row_locations = TwoWayDict({k: i for i, (_, k) in enumerate(kept)})
+        self._require_update_dimensions = True
+        self.cursor_coordinate = self.cursor_coordinate  # clamped; Textual's watchers run
+        self.hover_coordinate = self.hover_coordinate
+        self._update_count += 1
+        self._trimming = True  # its own layout request: the new size, if any, asks
+        try:
+            self.refresh(layout=True)
+        finally:
+            self._trimming = False
 
     def replace(self, rows: Sequence[DecisionRow], select: int | None = None) -> None:
         """Show `rows` (the last FEED_ROWS of them), the cursor on decision `select`."""
