@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
 from rich.segment import Segment
@@ -12,7 +12,7 @@ from textual._two_way_dict import TwoWayDict
 from textual.app import ComposeResult
 from textual.cache import LRUCache
 from textual.containers import Vertical
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellKey, RowKey
 
@@ -241,6 +241,39 @@ class DecisionFeed(DataTable[Text | str]):
         return [str(d.seq), f"{d.t:.2f}", num(d.total), f"{d.wall_ms:.2f}", actions(d)]
 
 
+class CandidateTable(DataTable[Text | str]):
+    """The candidate states. Its size is the panel's; a new decision's rows
+    that fit in it, as the last one's did, ask for no new layout of the screen
+    (Textual lays out the screen for any new scrollable size; with neither
+    overflowing, no scrollbar comes or goes and nothing else moves)."""
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self._fitted = False  # a new scrollable size that needs no layout
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        before = self.virtual_size
+        self._fitted = self._fits(before)
+        try:
+            super()._update_dimensions(new_rows)
+        finally:
+            self._fitted = False
+
+    def _fits(self, size: Size) -> bool:
+        shown = self.size
+        return (self.is_mounted and not self.scrollbars_enabled[0] and
+                not self.scrollbars_enabled[1] and size.width <= shown.width and
+                size.height <= shown.height)
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> Self:
+        """As a DataTable's, but a new size that fits, as the last did, asks
+        for a repaint only."""
+        if layout and self._fitted and self._fits(self.virtual_size):
+            layout = False
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+
 class DecisionDetailView(Vertical):
     """What a decision did, and every candidate state with its score terms."""
 
@@ -251,9 +284,7 @@ class DecisionDetailView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Phrases("select a decision", id="detail-summary", min_lines=3)
-        table: DataTable[Text | str] = DataTable(id="candidates", cursor_type="row",
-                                                 zebra_stripes=True)
-        yield table
+        yield CandidateTable(id="candidates")
 
     def on_mount(self) -> None:
         self._columns(TERMS)
