@@ -189,7 +189,7 @@ def report(args: argparse.Namespace, res: dict[str, Any]) -> str:
         lines.append(
             f"| {m['poll_s']:g} s / {m['render_s']:g} s | {m['renders_per_s']:.1f} "
             f"(polls {m['states_per_s']:.1f}/s, {m['tasks_shown']} tasks each) "
-            f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.0%} "
+            f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.1%} "
             f"| {m['key_p50_ms']:.0f} / {m['key_max_ms']:.0f} ms "
             f"| {np.percentile(m['form_ms'], 50):.0f} / {max(m['form_ms']):.0f} ms |")
     lines += ["", f"`python bench/console_load.py --tasks {args.tasks} --seconds "

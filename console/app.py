@@ -192,14 +192,18 @@ class ConsoleApp(App[None]):
     # ------------------------------------------------------------ workers
 
     async def _poll(self) -> None:
-        """Poll /v1/state; report (dis)connection; reset the feed on a new daemon."""
+        """Poll /v1/state (brief once connected: what the panels draw); report
+        (dis)connection; reset the feed on a new daemon (from its full state)."""
         assert self.client is not None
         client = self.client
         attempt, started = 0, None
         while True:
             try:
-                state = await client.state()
+                state = await client.state(brief=started is not None)
                 snap = _snapshot(state)
+                if snap.started_ts != started and "recent_decisions" not in state:
+                    state = await client.state()  # a new daemon: its recent decisions too
+                    snap = _snapshot(state)
             except (ConnectionLost, ApiError, ValueError, KeyError, TypeError) as exc:
                 attempt += 1
                 why = exc.message if isinstance(exc, ApiError) else str(exc)

@@ -246,11 +246,16 @@ def _f(x: Any) -> float | None:
     return None if x is None else float(x)
 
 
+def _count(x: int | Sequence[Any]) -> int:
+    """A count, or the length of a list (`/v1/state`'s waiting requests, brief or not)."""
+    return x if isinstance(x, int) else len(x)
+
+
 def snapshot_from_state(state: Mapping[str, Any]) -> Snapshot:
     """A snapshot of the daemon's `GET /v1/state` body."""
     t = float(state["t"])
     running: Mapping[str, Sequence[Mapping[str, Any]]] = state.get("running", {})
-    waiting: Mapping[str, Sequence[Mapping[str, Any]]] = state.get("waiting", {})
+    waiting: Mapping[str, int | Sequence[Any]] = state.get("waiting", {})  # brief: counts
     counts = state.get("counts", {})
     agents = []
     names = [p["agent"] for p in state.get("prefixes", [])]
@@ -264,7 +269,7 @@ def snapshot_from_state(state: Mapping[str, Any]) -> Snapshot:
             agent=name, tokens=int(p.get("tokens", 0)), location=str(p.get("location", "none")),
             ready=bool(p.get("ready", False)), transfer=tr.get("kind"),
             transfer_until=_f(tr.get("until")), running=len(runs),
-            waiting=len(waiting.get(name, [])),
+            waiting=_count(waiting.get(name, 0)),
             kv_running=sum(int(r["input_tokens"]) + int(r["generated"]) for r in runs)))
     tasks = []
     for item in state.get("tasks", []):
@@ -272,16 +277,17 @@ def snapshot_from_state(state: Mapping[str, Any]) -> Snapshot:
             continue
         running_stages = tuple(item.get("stages_running", ()))
         waiting_stages = tuple(item.get("stages_waiting", ()))
-        stages = item.get("stages") or {}
+        since = item.get("stages_since") or {  # brief: only the active stages'
+            v: st.get("started_at") for v, st in (item.get("stages") or {}).items()}
         tasks.append(TaskRow(
             id=int(item["id"]), workflow=str(item["workflow"]), arrival=float(item["arrival"]),
             age=max(0.0, t - float(item["arrival"])), stages_done=int(item["stages_done"]),
             stages_total=int(item["stages_total"]), running=running_stages,
             waiting=waiting_stages, remaining_s=_f(item.get("remaining_s")),
             client_id=item.get("client_task_id"),
-            stage_since=tuple((v, float(stages[v]["started_at"]))
+            stage_since=tuple((v, float(since[v]))
                               for v in sorted({*running_stages, *waiting_stages})
-                              if stages.get(v, {}).get("started_at") is not None)))
+                              if since.get(v) is not None)))
     stats = state.get("stats") or {}
     budget = state.get("budget", {})
     numbers = Numbers(

@@ -134,8 +134,12 @@ class LiveClient:
         except ValueError:
             raise ConnectionLost(f"{path} answered with non-JSON") from None
 
-    async def state(self, limit: int = STATE_LIMIT) -> dict[str, Any]:
-        return await self._call("GET", "/v1/state", params={"limit": limit})
+    async def state(self, limit: int = STATE_LIMIT, brief: bool = False) -> dict[str, Any]:
+        """`/v1/state` (`brief`: what the panels draw, without the recent decisions)."""
+        params: dict[str, Any] = {"limit": limit}
+        if brief:
+            params["brief"] = "true"
+        return await self._call("GET", "/v1/state", params=params)
 
     async def params(self) -> dict[str, Any]:
         return await self._call("GET", "/v1/params")

@@ -142,3 +142,29 @@ def test_metrics_track_prefix_moves() -> None:
     ev(4.0, EventKind.PREFIX_COMPUTE_START, "C")
     ev(4.1, EventKind.PREFIX_EVICT, "C")  # a cancelled recompute ends
     assert m.transfers == {}
+
+
+def test_a_brief_state_gives_the_console_the_same_snapshot(tmp_path: Path) -> None:
+    """`/v1/state?brief=true`: waiting requests counted by agent, each task's
+    active stages' first ready times in place of its stage table, no recent
+    decisions; the console's snapshot of it is that of the full state."""
+    from console.snapshot import snapshot_from_state
+    from topasd.daemon.state import BRIEF_TASK, brief
+
+    with Daemon(tmp_path, "--grace", "0", speed="10") as d:
+        for _ in range(60):
+            d.http.post("/v1/tasks", json={"workflow": "dag4"}).raise_for_status()
+        d.wait_for(lambda s: s["counts"]["requests_waiting"] > 0)
+        full_r = d.http.get("/v1/state", params={"limit": 500})
+        brief_r = d.http.get("/v1/state", params={"limit": 500, "brief": "true"})
+        assert d.stop() == 0
+    full, short = full_r.json(), brief_r.json()
+    assert full["recent_decisions"] and "recent_decisions" not in short
+    assert sum(len(rs) for rs in full["waiting"].values()) > 0
+    assert all(isinstance(n, int) for n in short["waiting"].values())
+    assert {k for t in short["tasks"] for k in t} == {*BRIEF_TASK, "stages_since"}
+    assert len(brief_r.content) < len(full_r.content) / 2
+    reduced = brief(full)
+    assert reduced["waiting"] == {a: len(rs) for a, rs in full["waiting"].items()}
+    assert snapshot_from_state(reduced) == snapshot_from_state(full)
+    assert any(r.stage_since for r in snapshot_from_state(full).tasks)

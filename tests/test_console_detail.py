@@ -78,3 +78,58 @@ def test_the_feed_keeps_evictions_when_the_loads_do_not_fit() -> None:
     assert text.startswith("+3 −1 ⇣") and "⇡4" in text and len(text) <= 24
     short = actions(DecisionRow(1, 0.0, (1,), (), ("A",), ("B",), False, 0.1, 1, 1.0)).plain
     assert short == "+1 ⇣B ⇡A "  # named while they fit: evictions first
+
+
+def test_the_candidates_table_shows_every_new_decisions_rows_and_scrolls_when_they_overflow(
+        ) -> None:
+    """Decisions of 2, 4, 40 and 3 candidates one after the other: each shows
+    all its rows (the 4 that fit drawn without a new layout of the screen), a
+    scrollbar only while the 40 overflow the panel."""
+    from textual.app import App, ComposeResult
+    from textual.geometry import Region
+
+    from console.snapshot import CandidateRow, DecisionDetail
+
+    def detail(seq: int, n: int) -> DecisionDetail:
+        row = DecisionRow(seq=seq, t=float(seq), admit=(1,), preempt=(), load=(), evict=(),
+                          blocked=False, wall_ms=0.5, n_candidates=n, total=float(n))
+        cands = tuple(CandidateRow(i, i == 0, ("A",), (1,), (), float(n - i), 0.0, 0.0, 0.0,
+                                   0.0, float(n - i)) for i in range(n))
+        return DecisionDetail(row, "topas", "none", 0, cands, f"{n} of {n} candidates")
+
+    class DetailApp(App[None]):
+        CSS_PATH = Path(__file__).parent.parent / "console" / "console.tcss"  # the console's
+
+        def compose(self) -> ComposeResult:
+            yield DecisionDetailView(id="detail")
+
+    seen: list[tuple[int, bool, list[str]]] = []
+    layouts: list[int] = []  # the decisions whose showing laid the screen out
+
+    async def main() -> None:
+        app = DetailApp()
+        async with app.run_test(size=(120, 20)) as pilot:
+            view = app.query_one(DecisionDetailView)
+            table = view.query_one("#candidates", DataTable)
+            screen = app.screen
+            relayout = screen._refresh_layout
+
+            def counted(*args: Any, **kwargs: Any) -> None:
+                layouts.append(seq)
+                relayout(*args, **kwargs)
+
+            screen._refresh_layout = counted  # type: ignore[method-assign]
+            for seq, n in ((1, 2), (2, 4), (3, 40), (4, 3)):
+                view.show(detail(seq, n))
+                await pilot.pause()
+                await pilot.pause()
+                lines = table.render_lines(Region(0, 0, table.size.width, table.size.height))
+                firsts = [line.text.split()[0] for line in lines[1:] if line.text.strip()]
+                seen.append((table.row_count, table.show_vertical_scrollbar, firsts))
+
+    asyncio.run(main())
+    assert 2 not in layouts and 3 in layouts  # the 4 fit as the 2 did; the 40 overflow
+    assert [(rows, bar) for rows, bar, _ in seen] == [(2, False), (4, False), (40, True),
+                                                      (3, False)]
+    assert seen[0][2] == ["0", "1"] and seen[1][2] == ["0", "1", "2", "3"]
+    assert seen[3][2] == ["0", "1", "2"] and seen[2][2][:3] == ["0", "1", "2"]

@@ -6,6 +6,7 @@ rows under it move)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.widgets import DataTable
@@ -64,3 +65,28 @@ def test_a_baseline_decision_says_it_has_no_candidate_states() -> None:
         {"idx": 0, "won": True, "resident": ["A"], "admit": [3], "preempt": [], "j_admit": 1.0,
          "j_move": 0.0, "j_redo": 0.0, "j_revoke": 0.0, "v_reuse": 0.0, "total": 1.0}]}
     assert detail_from_api(scored).note == "1 of 5 candidates"
+
+
+def test_a_full_feed_trims_many_rows_at_once_and_keeps_their_order() -> None:
+    """A batch larger than one row trims the oldest decisions in one pass: the
+    rest keep their order, each row index names its decision and the cursor
+    follows to the newest."""
+    from textual.coordinate import Coordinate
+
+    async def run() -> tuple[list[str | None], list[Any], int | None, int]:
+        app = FeedApp()
+        async with app.run_test(size=(80, 20)) as pilot:
+            feed = app.query_one(DecisionFeed)
+            feed.append([_row(i) for i in range(1, FEED_ROWS + 1)])
+            await pilot.pause()
+            feed.append([_row(i) for i in range(FEED_ROWS + 1, FEED_ROWS + 51)])
+            await pilot.pause()
+            keys = [feed.coordinate_to_cell_key(Coordinate(i, 0)).row_key.value
+                    for i in range(feed.row_count)]
+            return keys, feed.get_row_at(0), feed.selected(), feed.get_row_index(
+                str(FEED_ROWS + 50))
+
+    keys, first, selected, last = asyncio.run(run())
+    assert keys == [str(i) for i in range(51, FEED_ROWS + 51)]
+    assert first[0] == "51"
+    assert selected == FEED_ROWS + 50 and last == FEED_ROWS - 1

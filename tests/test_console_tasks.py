@@ -127,3 +127,43 @@ def test_a_live_task_found_by_its_client_id_opens_with_its_decisions(tmp_path: P
 
         asyncio.run(main())
         assert d.stop() == 0
+
+
+def test_a_tasks_row_shows_what_rich_makes_of_its_cells() -> None:
+    """The tasks table builds a row's segments itself; they show what Rich's
+    `Text` makes of the same cells, cut to the column less one ('…'), padded to
+    it, styled (late in red, the progress bar), control codes dropped, at
+    both widths' columns."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+    from rich.text import Text
+
+    from console.widgets.tasks import COLUMNS, NARROW, WIDE, _Look, task_cells, task_runs
+
+    snap = Snapshot(t=100.0, budget=None, kv_prefixes=0, kv_requests=0, agents=(), tasks=(),
+                    numbers=None, tasks_in_flight=0, requests_running=0,  # type: ignore[arg-type]
+                    requests_waiting=0, decisions=0, policy="topas",
+                    groups={"dag4": q.GroupStats(10, 5.0, {})})
+    rows = [TaskRow(7, "dag4", 99.0, 1.0, 1, 4, ("b",), ("c",), 0.5),
+            TaskRow(123456789, "dag4", 0.0, 700.0, 120, 130, ("a", "b", "c", "d", "e"), ("f",),
+                    None, client_id="a-very-long-client-id\x1b[31m"),
+            TaskRow(3, "dag4-with-a-long-name", 40.0, 60.0, 0, None, (), ("x",), 12.0,
+                    client_id="日本語のクライアント")]
+    assert [snap.late(r) for r in rows] == [False, True, False]
+    console = Console(width=200, color_system="truecolor")
+    row_style = Style(color="white", bgcolor="#202020")
+    for columns in (WIDE, NARROW):
+        look = _Look(row_style, Style(), Style(), columns)
+        for r in rows:
+            text = Text(no_wrap=True)
+            cells = task_cells(snap, r)
+            for i in columns:
+                cell, w = cells[i], COLUMNS[i][1]
+                cell.truncate(w - 1, overflow="ellipsis")
+                cell.pad_right(w - cell.cell_len)
+                text.append_text(cell)
+            want = Segment.simplify(Segment.apply_style(text.render(console), row_style))
+            got = look.segments(task_runs(snap, r, snap.late(r)), row_style, console)
+            assert list(Segment.simplify(got)) == list(want)
+            assert sum(s.cell_length for s in got) == sum(COLUMNS[i][1] for i in columns)

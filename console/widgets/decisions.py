@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual._two_way_dict import TwoWayDict
 from textual.app import ComposeResult
 from textual.cache import LRUCache
 from textual.containers import Vertical
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.widgets import DataTable
+from textual.widgets.data_table import CellKey, RowKey
 
 from console.snapshot import CandidateRow, DecisionDetail, DecisionRow
 from console.widgets.format import ids
@@ -164,12 +166,7 @@ class DecisionFeed(DataTable[Text | str]):
             self.rows_shown.append(d)
         extra = len(self.rows_shown) - FEED_ROWS
         if extra > 0:
-            self._trimming = True  # its own layout request: the new size, if any, asks
-            try:
-                for d in self.rows_shown[:extra]:
-                    self.remove_row(str(d.seq))
-            finally:
-                self._trimming = False
+            self._remove_rows([str(d.seq) for d in self.rows_shown[:extra]])
             del self.rows_shown[:extra]
         if self.follow and was_last and self.row_count:
             last = self.row_count - 1
@@ -182,6 +179,28 @@ class DecisionFeed(DataTable[Text | str]):
             # to the very end once laid out: a horizontal scrollbar would hide the last row
             self.call_after_refresh(self.scroll_end, animate=False, x_axis=False)
         self._title()
+
+    def _remove_rows(self, keys: Sequence[str]) -> None:
+        """`DataTable.remove_row` for many rows at once: the rows' places are
+        renumbered, the cursor re-checked and the caches dropped once, not once
+        per row (each of those passes walks every row of the feed)."""
+        gone = {RowKey(k) for k in keys}
+        for key in gone:
+            for column_key in self._data.pop(key):
+                self._updated_cells.discard(CellKey(key, column_key))
+            del self.rows[key]
+        places = self._row_locations
+        kept = sorted((places.get(k), k) for k in places if k not in gone)
+        self._row_locations = TwoWayDict({k: i for i, (_, k) in enumerate(kept)})
+        self._require_update_dimensions = True
+        self.cursor_coordinate = self.cursor_coordinate  # clamped; Textual's watchers run
+        self.hover_coordinate = self.hover_coordinate
+        self._update_count += 1
+        self._trimming = True  # its own layout request: the new size, if any, asks
+        try:
+            self.refresh(layout=True)
+        finally:
+            self._trimming = False
 
     def replace(self, rows: Sequence[DecisionRow], select: int | None = None) -> None:
         """Show `rows` (the last FEED_ROWS of them), the cursor on decision `select`."""
@@ -222,6 +241,39 @@ class DecisionFeed(DataTable[Text | str]):
         return [str(d.seq), f"{d.t:.2f}", num(d.total), f"{d.wall_ms:.2f}", actions(d)]
 
 
+class CandidateTable(DataTable[Text | str]):
+    """The candidate states. Its size is the panel's; a new decision's rows
+    that fit in it, as the last one's did, ask for no new layout of the screen
+    (Textual lays out the screen for any new scrollable size; with neither
+    overflowing, no scrollbar comes or goes and nothing else moves)."""
+
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self._fitted = False  # a new scrollable size that needs no layout
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        before = self.virtual_size
+        self._fitted = self._fits(before)
+        try:
+            super()._update_dimensions(new_rows)
+        finally:
+            self._fitted = False
+
+    def _fits(self, size: Size) -> bool:
+        shown = self.size
+        return (self.is_mounted and not self.scrollbars_enabled[0] and
+                not self.scrollbars_enabled[1] and size.width <= shown.width and
+                size.height <= shown.height)
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> Self:
+        """As a DataTable's, but a new size that fits, as the last did, asks
+        for a repaint only."""
+        if layout and self._fitted and self._fits(self.virtual_size):
+            layout = False
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+
 class DecisionDetailView(Vertical):
     """What a decision did, and every candidate state with its score terms."""
 
@@ -232,9 +284,7 @@ class DecisionDetailView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Phrases("select a decision", id="detail-summary", min_lines=3)
-        table: DataTable[Text | str] = DataTable(id="candidates", cursor_type="row",
-                                                 zebra_stripes=True)
-        yield table
+        yield CandidateTable(id="candidates")
 
     def on_mount(self) -> None:
         self._columns(TERMS)

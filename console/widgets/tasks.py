@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import ClassVar
 
+from rich.cells import cell_len
+from rich.console import Console
+from rich.control import strip_control_codes
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -46,29 +49,81 @@ NARROW = tuple(next(i for i, c in enumerate(COLUMNS) if c[0] == name)
 WIDE = tuple(range(len(COLUMNS)))
 
 
-def progress_bar(row: TaskRow, width: int = 8) -> Text:
+Run = tuple[str, str]  # (text, style)
+Cell = tuple[str, tuple[Run, ...]]  # (the style of the whole cell, its runs of text)
+
+
+def progress_runs(row: TaskRow, width: int = 8) -> Cell:
     """Stages done (█), running (▶) and waiting (·) as a bar, then 'done/total'."""
     total = row.stages_total or max(row.stages_done + len(row.running) + len(row.waiting), 1)
     done = min(width, round(width * row.stages_done / total))
     run = min(width - done, round(width * len(row.running) / total))
     wait = min(width - done - run, round(width * len(row.waiting) / total))
-    text = Text("█" * done, style="green")
-    text.append("▶" * run, style="yellow")
-    text.append("·" * wait, style="cyan")
-    text.append("░" * (width - done - run - wait), style="grey35")
-    text.append(f" {row.stages_done}/{row.stages_total if row.stages_total else '?'}")
+    return "green", (("█" * done, ""), ("▶" * run, "yellow"), ("·" * wait, "cyan"),
+                     ("░" * (width - done - run - wait), "grey35"),
+                     (f" {row.stages_done}/{row.stages_total if row.stages_total else '?'}", ""))
+
+
+def task_runs(s: Snapshot, r: TaskRow, late: bool) -> list[Cell]:
+    """The cells of one task's line (`late`: `s.late(r)`), in COLUMNS' order."""
+    style = "bold red" if late else ""
+    return [(style, ((f"{'⚠' if late else ' '}{r.id}", ""),)), ("", ((r.client_id or "—", ""),)),
+            ("", ((r.workflow, ""),)), (style, ((secs(r.age), ""),)), progress_runs(r),
+            ("", ((secs(r.remaining_s), ""),)), (style, ((secs(r.expected_jct), ""),)),
+            ("", ((",".join(r.running) or "—", ""),)), ("", ((",".join(r.waiting) or "—", ""),))]
+
+
+def cell_text(cell: Cell) -> Text:
+    style, runs = cell
+    text = Text(style=style)
+    for part, run_style in runs:
+        text.append(part, style=run_style)
     return text
 
 
 def task_cells(s: Snapshot, r: TaskRow) -> list[Text]:
-    """The cells of one task's line."""
-    late = s.late(r)
-    style = "bold red" if late else ""
-    return [Text(f"{'⚠' if late else ' '}{r.id}", style=style), Text(r.client_id or "—"),
-            Text(r.workflow),
-            Text(secs(r.age), style=style), progress_bar(r),
-            Text(secs(r.remaining_s)), Text(secs(r.expected_jct), style=style),
-            Text(",".join(r.running) or "—"), Text(",".join(r.waiting) or "—")]
+    """The cells of one task's line, as Rich text."""
+    return [cell_text(c) for c in task_runs(s, r, s.late(r))]
+
+
+class _Look:
+    """What one repaint of the tasks table renders rows with: the widget's
+    style, the cursor's and odd rows' styles, the columns shown; and the
+    styles of the cells' runs on a row's style, as Rich combines them."""
+
+    def __init__(self, base: Style, cursor: Style, odd: Style, columns: tuple[int, ...]) -> None:
+        self.base, self.cursor, self.odd, self.columns = base, cursor, odd, columns
+        self._styles: dict[tuple[Style, str, str], Style] = {}
+
+    def style(self, row: Style, cell: str, run: str) -> Style:
+        key = (row, cell, run)
+        style = self._styles.get(key)
+        if style is None:
+            style = self._styles[key] = row + Style.parse(cell) + Style.parse(run)
+        return style
+
+    def segments(self, cells: list[Cell], row: Style, console: Console) -> list[Segment]:
+        """A row's segments: each shown cell cut to its column's width less one
+        ('…' ends a cut) and padded to the width, as `Text.truncate` and
+        `Text.pad_right` make them (those do it when a cell must be cut)."""
+        out: list[Segment] = []
+        for i in self.columns:
+            (cell_style, runs), w = cells[i], COLUMNS[i][1]
+            parts = [(strip_control_codes(text), style) for text, style in runs]
+            used = sum(cell_len(text) for text, _ in parts)
+            if used >= w:
+                cell = cell_text((cell_style, tuple(parts)))
+                cell.truncate(w - 1, overflow="ellipsis")
+                cell.pad_right(w - cell.cell_len)
+                text = Text()
+                text.append_text(cell)  # the cell's style as a span: `render` draws spans
+                out += [Segment(s.text, row + s.style if s.style else row)
+                        for s in text.render(console)]
+                continue
+            out += [Segment(text, self.style(row, cell_style, style)) for text, style in parts
+                    if text]
+            out.append(Segment(" " * (w - used), self.style(row, cell_style, "")))
+        return out
 
 
 ROWS_STEP = 64  # the scrolled height grows and shrinks in steps (each costs a layout)
@@ -121,6 +176,8 @@ class TaskList(ScrollView, can_focus=True):
         self.snapshot: Snapshot | None = None
         self.shown: list[TaskRow] = []
         self._lines: dict[int, Strip] = {}  # rendered rows of this update, by index
+        self._late: frozenset[int] = frozenset()  # the shown tasks that are late
+        self._look: _Look | None = None  # styles and columns of one repaint
         self.border_title = "Tasks"
 
     # ------------------------------------------------------------ data
@@ -154,12 +211,13 @@ class TaskList(ScrollView, can_focus=True):
     def show(self, snapshot: Snapshot) -> None:
         self.snapshot = snapshot
         _, _, key = SORTS[self.sort_index]
-        rows = [r for r in snapshot.tasks if matches(r, self.filter_text)]
+        rows = ([r for r in snapshot.tasks if matches(r, self.filter_text)] if self.filter_text
+                else snapshot.tasks)
         self.shown = sorted(rows, key=lambda r: (key(r), r.id))
-        late = sum(1 for r in self.shown if snapshot.late(r))
+        self._late = frozenset(r.id for r in self.shown if snapshot.late(r))
         shown = (f"{len(self.shown)} of {len(snapshot.tasks)} match /{self.filter_text}"
                  if self.filter_text else f"{len(self.shown)} in flight")
-        self.border_title = escape(f"Tasks · {shown} · {late} late · "
+        self.border_title = escape(f"Tasks · {shown} · {len(self._late)} late · "
                                    f"by {SORTS[self.sort_index][1]}")
         self.border_subtitle = "⚠ late: past its workflow's p99 +25% · / filter · enter open"
         self._lines.clear()
@@ -220,37 +278,48 @@ class TaskList(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------ rendering
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """Textual's, with the styles and columns looked up once per repaint
+        (a widget's `rich_style` walks its ancestors' styles each time)."""
+        self._look = None
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._look = None
+
+    def _current_look(self) -> _Look:
+        if self._look is None:
+            self._look = _Look(self.rich_style, self.get_component_rich_style("tasklist--cursor"),
+                               self.get_component_rich_style("tasklist--odd"), self.columns())
+        return self._look
+
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         scroll_x = int(self.scroll_x)
+        look = self._current_look()
         if y == 0:
             style = self.get_component_rich_style("tasklist--header")
             text = Text()
-            for label, w, _ in (COLUMNS[i] for i in self.columns()):
+            for label, w, _ in (COLUMNS[i] for i in look.columns):
                 text.append(label.ljust(w)[:w])
             return self._strip(text, style, scroll_x, width)
         index = int(self.scroll_y) + y - 1
         if index >= len(self.shown) or self.snapshot is None:
-            return Strip.blank(width, self.rich_style)
+            return Strip.blank(width, look.base)
         strip = self._lines.get(index)
         if strip is None:
-            text = Text(no_wrap=True)
-            cells = task_cells(self.snapshot, self.shown[index])
-            for i in self.columns():
-                cell, w = cells[i], COLUMNS[i][1]
-                cell.truncate(w - 1, overflow="ellipsis")
-                cell.pad_right(w - cell.cell_len)
-                text.append_text(cell)
-            base = self.rich_style
+            row = self.shown[index]
+            base = look.base
             if index == self.cursor:
-                base += self.get_component_rich_style("tasklist--cursor")
+                base += look.cursor
                 if not self.has_focus:
                     base += Style(dim=True)
             elif index % 2:
-                base += self.get_component_rich_style("tasklist--odd")
-            strip = Strip(list(text.render(self.app.console))).apply_style(base)
+                base += look.odd
+            cells = task_runs(self.snapshot, row, row.id in self._late)
+            strip = Strip(look.segments(cells, base, self.app.console))
             self._lines[index] = strip
-        return strip.crop_extend(scroll_x, scroll_x + width, self.rich_style)
+        return strip.crop_extend(scroll_x, scroll_x + width, look.base)
 
     def _strip(self, text: Text, style: Style, scroll_x: int, width: int) -> Strip:
         segments = [Segment(s.text, style + s.style if s.style else style)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topasd.api.sse import EventFeed
+from topasd.daemon import state
 from topasd.daemon.errors import Unavailable
 from topasd.daemon.service import Service
 
@@ -28,30 +29,32 @@ async def wait(fut: Future[Any], timeout: float | None = QUERY_TIMEOUT_S) -> Any
 
 class StateCache:
     """/v1/state for any number of pollers: at most one engine-loop snapshot (and
-    one JSON encoding) per `limit` every STATE_MAX_AGE_S, so reads take little of
+    one JSON encoding) per `limit` and `brief` every STATE_MAX_AGE_S, so reads take little of
     the loop's time from the scheduler. A change through the API starts afresh."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
         self.lock = asyncio.Lock()
-        self.kept: dict[int, tuple[float, bytes]] = {}
+        self.kept: dict[tuple[int, bool], tuple[float, bytes]] = {}
 
     def invalidate(self) -> None:
         self.kept.clear()
 
-    async def get(self, limit: int) -> bytes:
+    async def get(self, limit: int, brief: bool = False) -> bytes:
+        """The state's JSON (`brief`: `state.brief` of it)."""
         async with self.lock:  # concurrent pollers wait for one snapshot
-            hit = self.kept.get(limit)
+            hit = self.kept.get((limit, brief))
             if hit is not None and time.monotonic() - hit[0] < STATE_MAX_AGE_S:
                 return hit[1]
-            state = await wait(self.service.state(limit))
+            full = await wait(self.service.state(limit))
             # plain JSON types already: skip FastAPI's encoder (7x the cost of json.dumps on
             # a state of hundreds of tasks); the encoding of Starlette's JSONResponse
-            body = json.dumps(state, ensure_ascii=False, allow_nan=False, indent=None,
-                              separators=(",", ":")).encode("utf-8")
+            body = json.dumps(state.brief(full) if brief else full, ensure_ascii=False,
+                              allow_nan=False, indent=None, separators=(",", ":")
+                              ).encode("utf-8")
             if len(self.kept) >= 8:
                 self.kept.clear()
-            self.kept[limit] = (time.monotonic(), body)
+            self.kept[(limit, brief)] = (time.monotonic(), body)
             return body
 
 

@@ -94,12 +94,14 @@ def control(ctx: Context) -> APIRouter:
 
     @router.get("/v1/state", response_class=JSONResponse, dependencies=ctx.reads.guarded,
                 responses={**_STATE_SCHEMA, **responses(*ctx.reads.errors, 422, 503)})
-    async def state(limit: int = Query(50, ge=1, le=10_000, description="Entries per list."
-                                       )) -> Response:
+    async def state(limit: int = Query(50, ge=1, le=10_000, description="Entries per list."),
+                    brief: bool = Query(False, description="What a dashboard draws: waiting "
+                                        "requests counted by agent, tasks without their "
+                                        "stage tables, no recent decisions.")) -> Response:
         """Engine time, KV budget, resident prefixes and where they live, running and
         waiting requests by agent, tasks in flight with their stage progress and
         expected remaining path, recent decisions, counters, headline statistics."""
-        return Response(await ctx.states.get(limit), media_type="application/json")
+        return Response(await ctx.states.get(limit, brief), media_type="application/json")
 
     @router.get("/v1/events", dependencies=ctx.reads.guarded, responses={
         200: {**_STREAM, "description": "Server-sent events: `decision`, `engine`, `lag`, "

@@ -75,6 +75,31 @@ def tasks(view: EngineView, in_flight: Mapping[int, TaskView], ledger: TaskLedge
     return out
 
 
+BRIEF_TASK = ("id", "workflow", "client_task_id", "arrival", "stages_done", "stages_total",
+              "stages_running", "stages_waiting", "remaining_s")
+
+
+def brief(state: Mapping[str, Any]) -> dict[str, Any]:
+    """`/v1/state?brief=true`: what a dashboard draws, a fraction of the bytes.
+    The waiting requests as a count per agent (of the listed ones); each task
+    with BRIEF_TASK's fields and `stages_since` (its running and waiting
+    stages' first ready time) for its stage table; no `recent_decisions`."""
+    out = {k: v for k, v in state.items() if k != "recent_decisions"}
+    out["waiting"] = {agent: len(reqs) for agent, reqs in state["waiting"].items()}
+    out["tasks"] = [_brief_task(t) for t in state["tasks"]]
+    return out
+
+
+def _brief_task(task: Mapping[str, Any]) -> dict[str, Any]:
+    item = {k: task[k] for k in BRIEF_TASK if k in task}
+    if "stages" in task:
+        stages = task["stages"] or {}
+        active = (*task.get("stages_running", ()), *task.get("stages_waiting", ()))
+        item["stages_since"] = {v: stages[v]["started_at"] for v in active
+                                if stages.get(v, {}).get("started_at") is not None}
+    return item
+
+
 def headline(metrics: Metrics, decision_ms: Sequence[float], t: float) -> dict[str, Any]:
     """Headline numbers: throughput and mean JCT over the whole run, p99 JCT and
     decision latency over the last STATS_WINDOW values (None before the first)."""
