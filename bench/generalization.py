@@ -5,14 +5,16 @@
     python bench/generalization.py --ablation --draws 3 [--write]
 
 A case is (family draw, load, seed): a workload drawn by
-`workflows/generator.py` (chains, fork/joins, ReAct loops with tool waits,
-a recurring central agent, one agent serving parallel branches, debates,
-coding rounds, and mixes of them sharing agents), replayed at a load
-relative to its measured capacity (light 0.5x, heavy 0.85x, overload 1.3x;
-Poisson arrivals) or as a burst (every task within a tenth of the time the
-capacity needs). Capacity is the best baseline's throughput on the same
-tasks all arriving at once. Every policy replays the same trace of each
-case on the default profile; the comparator of a case is its best baseline
+`workflows/generator.py` from one of 9 families (chains, fork/joins, ReAct
+loops with tool waits, a recurring central agent, one agent serving
+parallel branches, debates, coding rounds, mixes of them sharing agents,
+and `agent_loop`: tool-calling agents keeping their conversation across
+tool waits), replayed at a load relative to its measured capacity (light
+0.5x, heavy 0.85x, overload 1.3x; Poisson arrivals) or as a burst (every
+task within a tenth of the time the capacity needs). Capacity is the best
+baseline's throughput on the same tasks all arriving at once. Every
+policy replays the same trace of each case on the default profile; the
+comparator of a case is its best baseline
 (lowest mean, and separately lowest p99, of fcfs, lpm, parrot-fcfs,
 autellix-las and spf: issue 25's reading). With `--versus all` the peers
 (continuum, astraea, kairos, saga, tokencake) replay every case too, and the
@@ -20,7 +22,9 @@ report sets TOPAS against both comparators: the best paper baseline and the
 best of all (peers included); capacity stays the paper baselines', so the
 cases are the same.
 
-The fixed case list (draw seeds 0..draws-1) keeps runs comparable;
+The fixed case list (draw seeds 0..draws-1; 9 families x 4 loads, 360 cases
+at the default 10 draws; `--family agent_loop` for one family) keeps runs
+comparable: a family's draws never change when one is added;
 `--fresh-seed` draws a new list (its base seed is printed, to rerun it).
 Results are cached per job under `.bench-cache/generalization` keyed by the
 sources that decide them, so rerunning after a change to TOPAS replays only
@@ -601,8 +605,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--draws", type=at_least(1), default=10, help="draws per family (10)")
     ap.add_argument("--tasks", type=at_least(2), default=100, help="tasks per case (100)")
     ap.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1)
-    ap.add_argument("--family", action="append", choices=FAMILIES)
-    ap.add_argument("--load", action="append", choices=LOADS)
+    ap.add_argument("--family", action="append", choices=FAMILIES,
+                    help=f"only this family (repeatable; default: all {len(FAMILIES)})")
+    ap.add_argument("--load", action="append", choices=LOADS,
+                    help=f"only this load (repeatable; default: all {len(LOADS)})")
     ap.add_argument("--policy", "-p", default="topas", help="the policy judged (topas)")
     ap.add_argument("--param", action="append", metavar="NAME=VALUE",
                     help="a parameter of the judged TOPAS policy (repeatable)")

@@ -11,10 +11,16 @@ multi-agent workflow shapes, with every size drawn from the seed:
     debate         2-4 debaters over 1-4 rounds, each round seeing the last, then a judge
     coding         an architect, 2-8 programmers in parallel, review and revision rounds
     mixed          two or three of the above in one trace, sharing agents
+    agent_loop     1-3 ReAct agents (1-8 rounds) keeping their conversation across tool
+                   waits (`share_rounds`), optionally reading a task document held once
+                   (`share_history`) and fanning out over 2-6 branches of one agent
 
 Token sizes are lognormal with a wide spread (sigma 0.3-1.2), prefixes from 0
 to 10k tokens; every draw keeps each request within `budget` KV tokens
 (prefix + input + output), so a trace fits the engine it is replayed on.
+A family's draws depend only on its index in `FAMILIES` and the seed, so a
+family added at the end leaves every earlier draw (and case) as it was;
+`mixed` draws from `MIXABLE`, the shapes it always drew from.
 `case_trace` turns a workload into a trace at a load relative to a measured
 capacity (Poisson arrivals) or as a burst (every task within a short window).
 """
@@ -33,13 +39,18 @@ from workflows.builtin import Workload, workload_from_dict
 from workflows.trace import TaskRecord, Trace, sample_task
 
 FAMILIES = ("chain", "fork_join", "react", "recurrent", "shared_fanout", "debate", "coding",
-            "mixed")
+            "mixed", "agent_loop")
 LOADS = ("light", "heavy", "overload", "burst")
 # arrival rate as a share of the measured capacity (tasks/s a saturated engine finishes)
 LOAD_SHARE = {"light": 0.5, "heavy": 0.85, "overload": 1.3}
 BURST_WINDOW = 0.1  # a burst's tasks arrive within this share of the time capacity needs
 DEFAULT_BUDGET = 18_000  # the default profile's KV pool (qwen2.5-32b-a100)
 MAX_PREFIX = 10_000
+# medians of the token sizes and tool waits, drawn log-uniform in these ranges
+INPUT_MEDIAN = (60.0, 2500.0)  # a stage's first input
+OBSERVATION_MEDIAN = (20.0, 600.0)  # a tool's observation
+TOOL_WAIT_MEDIAN = (0.3, 20.0)  # s
+TOOL_WAIT_HIGH = 300.0  # s
 
 Spec = dict[str, Any]
 
@@ -94,14 +105,58 @@ def stage(draw: Draw, name: str, agent: str, after: list[str], *, rounds: Any = 
     out_med = out_median if out_median is not None else draw.log_uniform(40, 900)
     spec: Spec = {
         "name": name, "agent": agent, "after": after, "rounds": rounds, "history": history,
-        "input_tokens": lognormal(draw, draw.log_uniform(60, 2500), 1, max(1, room // 4)),
+        "input_tokens": lognormal(draw, draw.log_uniform(*INPUT_MEDIAN), 1, max(1, room // 4)),
         "output_tokens": lognormal(draw, out_med, 1, out_hi),
     }
     if rounds != 1:
-        spec["tool_wait_s"] = {"lognormal": {"median": round(draw.log_uniform(0.3, 20), 2),
-                                             "sigma": 1.0, "low": 0.0, "high": 300.0}}
-        spec["observation_tokens"] = lognormal(draw, draw.log_uniform(20, 600), 0,
+        spec["tool_wait_s"] = tool_wait(draw.log_uniform(*TOOL_WAIT_MEDIAN), 1.0)
+        spec["observation_tokens"] = lognormal(draw, draw.log_uniform(*OBSERVATION_MEDIAN), 0,
                                                max(1, room // 16))
+    return spec
+
+
+def tool_wait(median: float, sigma: float) -> Spec:
+    """A lognormal tool wait (s) clipped to [0, `TOOL_WAIT_HIGH`]."""
+    return {"lognormal": {"median": round(median, 2), "sigma": sigma, "low": 0.0,
+                          "high": TOOL_WAIT_HIGH}}
+
+
+def conversation_clips(room: int, rounds: int) -> tuple[int, int, int]:
+    """Clips (first input, output, observation) of a stage's sizes such that its
+    longest conversation, `rounds` rounds each carrying the earlier ones, fits
+    `room` tokens: first input + rounds x output + (rounds - 1) x observation.
+    `stage`'s clips where they fit, else each scaled down by one factor."""
+    clips = (max(1, room // 4), max(32, min(2048, room // 4)), max(1, room // 16))
+    longest = clips[0] + rounds * clips[1] + (rounds - 1) * clips[2]
+    if longest <= room:
+        return clips
+    f = room / longest
+    return max(1, int(clips[0] * f)), max(1, int(clips[1] * f)), int(clips[2] * f)
+
+
+def loop_stage(draw: Draw, name: str, agent: str, after: list[str], upstream: int,
+               **keys: Any) -> Spec:
+    """A ReAct stage of 1-8 rounds whose conversation is kept across its tool
+    waits (`share_rounds`): round k+1's prompt is rounds 1..k (inputs and
+    outputs) plus the tool's observation. Its clips keep the longest
+    conversation, after the agent's prefix and at most `upstream` carried
+    tokens, within the budget, so `fit_budget` never cuts a kept conversation.
+    Tool waits are heavy-tailed (sigma 1-2: some far shorter than a round's
+    service, some far longer); `keys` adds spec keys (branches, history...)."""
+    cap = draw.integer(1, 8)
+    in_hi, out_hi, obs_hi = conversation_clips(draw.budget - draw.agents[agent] - upstream, cap)
+    spec: Spec = {
+        "name": name, "agent": agent, "after": after, "share_rounds": True,
+        "rounds": 1 if cap == 1 else {"uniform_int": [1, cap]},
+        "input_tokens": lognormal(draw, draw.log_uniform(*INPUT_MEDIAN), 1, in_hi),
+        "output_tokens": lognormal(draw, draw.log_uniform(30, 500), 1, out_hi),
+        **keys,
+    }
+    if cap > 1:
+        spec["tool_wait_s"] = tool_wait(draw.log_uniform(*TOOL_WAIT_MEDIAN),
+                                        round(draw.uniform(1.0, 2.0), 3))
+        spec["observation_tokens"] = lognormal(draw, draw.log_uniform(*OBSERVATION_MEDIAN), 0,
+                                               obs_hi)
     return spec
 
 
@@ -217,10 +272,51 @@ def coding(draw: Draw, name: str) -> list[Spec]:
     return stages
 
 
+SUMMARY_HIGH = 1024  # an agent's hand-off to the next: a summary of at most this many tokens
+
+
+def agent_loop(draw: Draw, name: str) -> list[Spec]:
+    """Tool-calling agents as real frameworks run them: an optional task
+    document (a reading stage's output), then 1-3 ReAct agents in turn, each
+    keeping its conversation across its tool waits. An agent reads the
+    document whole and held once (`share_history`: one copy for its rounds
+    and branches); a later one reads its predecessor's hand-off as a summary,
+    and the document again with some chance. An agent may fan out over 2-6
+    branches of itself (`branches`), each its own kept conversation."""
+    stages: list[Spec] = []
+    prev: list[str] = []
+    doc_high = 0
+    if draw.chance(0.5):
+        stages.append(stage(draw, "doc", draw.agent("doc"), [],
+                            out_median=draw.log_uniform(200, 2000)))
+        doc_high = stages[-1]["output_tokens"]["lognormal"]["high"]
+        prev = ["doc"]
+    for i in range(draw.integer(1, 3)):
+        agent = draw.agent("agent", reuse=0.3)
+        keys: Spec = {}
+        if i and doc_high and draw.chance(0.5):
+            prev = ["doc", *prev]
+        if i:  # the predecessor's hand-off (and the document) summarized
+            keys["summary_tokens"] = lognormal(draw, draw.log_uniform(100, 800), 0,
+                                               SUMMARY_HIGH)
+        if draw.chance(0.4):
+            keys["branches"] = {"uniform_int": [2, draw.integer(2, 6)]}
+        upstream = len(prev) * SUMMARY_HIGH if i else doc_high
+        stages.append(loop_stage(draw, f"a{i}", agent, prev, upstream,
+                                 history="parents" if prev else "none",
+                                 share_history=bool(prev), **keys))
+        prev = [f"a{i}"]
+    return stages
+
+
 SHAPES: dict[str, Callable[[Draw, str], list[Spec]]] = {
     "chain": chain, "fork_join": fork_join, "react": react, "recurrent": recurrent,
     "shared_fanout": shared_fanout, "debate": debate, "coding": coding,
+    "agent_loop": agent_loop,
 }
+# what `mixed` draws from: the shapes it always drew from (a shape added since
+# would change every `mixed` draw, and with it the fixed case list)
+MIXABLE = ("chain", "coding", "debate", "fork_join", "react", "recurrent", "shared_fanout")
 
 
 # ----------------------------------------------------------------- workloads
@@ -234,9 +330,8 @@ def draw_workload(family: str, seed: int, budget: int = DEFAULT_BUDGET) -> Workl
     draw = Draw(np.random.default_rng([FAMILIES.index(family), seed]), {}, budget, "")
     shapes = [family]
     if family == "mixed":
-        names = sorted(SHAPES)
-        picks = draw.rng.choice(len(names), size=draw.integer(2, 3), replace=False)
-        shapes = [names[int(i)] for i in sorted(picks)]
+        picks = draw.rng.choice(len(MIXABLE), size=draw.integer(2, 3), replace=False)
+        shapes = [MIXABLE[int(i)] for i in sorted(picks)]
     wfs = []
     for i, shape in enumerate(shapes):
         wf_name = f"{family}-{seed}" if len(shapes) == 1 else f"{family}-{seed}-{shape}{i}"
@@ -261,14 +356,20 @@ def _workload_spec(name: str, wfs: list[tuple[str, list[Spec]]],
 
 def fit_budget(task: TaskRecord, wl: Workload, budget: int) -> TaskRecord:
     """The task with each round's input cut so that prefix + input + output
-    fits `budget` (carried history can outgrow any clip of the spec)."""
+    fits `budget` (carried history can outgrow any clip of the spec). A round
+    starting with shared segments (a kept conversation, a shared document) is
+    never cut: its draw's clips must keep it within the budget."""
     wf = next(w for w in wl.workflows if w.name == task.workflow)
     stages = {}
     for v, rounds in task.stages.items():
         room = budget - wf.prefix_tokens(v)
-        stages[v] = tuple(replace(r, input_tokens=min(r.input_tokens,
-                                                      max(0, room - r.output_tokens)))
-                          for r in rounds)
+        cut = tuple(replace(r, input_tokens=min(r.input_tokens, max(0, room - r.output_tokens)))
+                    for r in rounds)
+        if any(c != r and r.shared for c, r in zip(cut, rounds, strict=True)):
+            raise TopasError(f"workload {wl.name!r}, task {task.id}, stage {v!r}: a round "
+                             f"that starts with shared segments exceeds the {budget}-token "
+                             "budget; clip the stage's sizes (`conversation_clips`)")
+        stages[v] = cut
     return replace(task, stages=stages)
 
 
