@@ -18,13 +18,11 @@ docs/RESULTS.md (section "prefix-room").
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from _one_case import case_heading, case_parser, replay_policies  # bench/_one_case.py
-from _results import update_section  # bench/_results.py
+from _one_case import CaseBench  # bench/_one_case.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import EngineEvent, EventKind
@@ -90,8 +88,7 @@ def replay(family: str, draw: int, load: str, policy: str, params: dict[str, Any
     trace = case_trace(wl, load, tasks, capacity, draw)
     result = Run(trace, make_policy(policy, **params), SimBackend(get_profile(DEFAULT_PROFILE)),
                  sink=sink).execute()
-    label = " ".join([policy, *(f"{k}={v}" for k, v in params.items())])
-    return {**result.summary(), **sink.averages(), "policy": label}
+    return {**result.summary(), **sink.averages()}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -105,17 +102,15 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+BENCH = CaseBench(
+    "prefix_room.py", "The room prefixes hold (`bench/prefix_room.py`)",
+    f"{get_profile(DEFAULT_PROFILE).budget_tokens:,}-token pool. Time averages over the run: "
+    "agents with a request admitted, the prefix KV those agents pin, and all prefix KV on "
+    "the GPU.", "prefix-room", draw=0, load="overload", replay=replay, table=table)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = case_parser(__doc__.split("\n\n")[0], 0, "overload").parse_args(argv)
-    cap, rows, command = replay_policies(args, replay, "prefix_room.py", argv)
-    body = "\n".join([
-        case_heading("The room prefixes hold (`bench/prefix_room.py`)", command, args, cap)
-        + " 18,000-token pool. Time averages over the run: agents with a request "
-        "admitted, the prefix KV those agents pin, and all prefix KV on the GPU.", "",
-        *table(rows)])
-    print(body)
-    if args.write:
-        print(f"wrote {update_section('prefix-room', body)}", file=sys.stderr)
+    BENCH.main(__doc__, argv)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,9 @@ table in docs/RESULTS.md (section "retractions").
 from __future__ import annotations
 
 import statistics
-import sys
 from typing import Any
 
-from _one_case import case_heading, case_parser, replay_policies  # bench/_one_case.py
-from _results import update_section  # bench/_results.py
+from _one_case import CaseBench  # bench/_one_case.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import Decision, Location
@@ -86,7 +84,6 @@ def replay(family: str, draw: int, load: str, policy: str, params: dict[str, Any
     adm, dooms = sim.admissions, [a for a in sim.admissions if a["dooms"]]
     med = statistics.median
     return {
-        "policy": policy + "".join(f" {k}={v}" for k, v in params.items()),
         "mean": summary["mean_jct_s"], "retractions": summary["retractions"],
         "preemptions": summary["preemptions"], "again": summary["recomputed_tokens"],
         "admitting": len(adm), "dooming": len(dooms),
@@ -113,18 +110,15 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+BENCH = CaseBench(
+    "retractions.py", "Why the engine retracts (`bench/retractions.py`)",
+    "An admission dooms the batch when its state's decode peak (each running request "
+    "growing to its whole output, a finished one freeing its KV) exceeds the pool.",
+    "retractions", draw=4, load="light", replay=replay, table=table)
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = case_parser(__doc__.split("\n\n")[0], 4, "light").parse_args(argv)
-    cap, rows, command = replay_policies(args, replay, "retractions.py", argv)
-    body = "\n".join([
-        case_heading("Why the engine retracts (`bench/retractions.py`)", command, args, cap)
-        + " An admission dooms the batch when its state's decode peak (each "
-        "running request growing to its whole output, a finished one freeing its KV) "
-        "exceeds the pool.", "",
-        *table(rows)])
-    print(body)
-    if args.write:
-        print(f"wrote {update_section('retractions', body)}", file=sys.stderr)
+    BENCH.main(__doc__, argv)
 
 
 if __name__ == "__main__":
