@@ -74,7 +74,7 @@ TIE = 0.02  # a ratio within 2% of 1 is a tie
 BOUNDS = (("mean", 1.02, 0.95), ("mean", 1.10, 1.0), ("p99", 1.10, 0.95), ("p99", 1.25, 1.0))
 GEOMEAN_BOUND = 0.93
 PACKAGES = ("topasd", "backends", "workflows")  # whose imported modules decide a result
-TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "native.py")
+TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "param_specs.py", "native.py")
 PEER_SHARED = ("estimates.py", "__init__.py", "residual.py")  # what every peer's replay reads
 
 

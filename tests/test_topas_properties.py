@@ -135,10 +135,11 @@ def test_topas_decisions_keep_the_papers_constraints(
     preempt, hol_age, preempt_margin = extensions
     # keep_idle, preempt_exchange, swap_only, overdue, linear aging, srpt and the
     # candidate window (at every decision, past 3 waiting, or the default's 64) with
-    # the search budget (the default's 256 fills, or 2): as by default, or all off
-    # as in the paper
+    # the search budget (the default's 256 fills, or 2): as by default (and the
+    # optional `head_reserve`), or all off as in the paper
     window_cap, search_budget = bounds
-    later = {"window_cap": window_cap, "search_budget": search_budget} if later_extensions else {
+    later = {"window_cap": window_cap, "search_budget": search_budget,
+             "head_reserve": True} if later_extensions else {
         k: v for k, v in PAPER.items() if k not in ("start_gate", "preempt_margin", "pack_order")}
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
                          preempt=preempt, hol_age=hol_age, pack_order=pack_order,
@@ -261,15 +262,17 @@ def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]),
-       st.sampled_from(["off", "backfill", "always"]))
+       st.sampled_from(["off", "backfill", "always"]), st.booleans())
 def test_the_solo_fill_shortcut_decides_exactly_like_the_general_fill(
-        case: tuple[Trace, int], k: int, pack_order: str, peak: str) -> None:
+        case: tuple[Trace, int], k: int, pack_order: str, peak: str, head: bool) -> None:
     """GreedyPack's vectorized solo fill (no same-task marginals to update)
-    and its general heap give identical decision logs, in either order and
-    whichever room `decode_peak` leaves."""
+    and its general heap give identical decision logs, in either order,
+    whichever room `decode_peak` leaves, and with `head_reserve`'s EASY
+    reservation."""
     trace, budget = case
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    params = TopasParams(k=k, samples=16, pack_order=pack_order, decode_peak=peak)
+    params = TopasParams(k=k, samples=16, pack_order=pack_order, decode_peak=peak,
+                         head_reserve=head)
     assert _decision_log(trace, profile, params, True) == _decision_log(
         trace, profile, params, False)
 
@@ -291,8 +294,8 @@ def test_the_solo_fill_matches_on_crowded_single_stage_pools(
                   for j in range(n_tasks))
     trace = Trace(wfs, tasks, {})
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    for peak in ("off", "backfill"):
-        params = TopasParams(k=k, samples=16, decode_peak=peak)
+    for peak, head in (("off", False), ("backfill", False), ("backfill", True)):
+        params = TopasParams(k=k, samples=16, decode_peak=peak, head_reserve=head)
         assert _decision_log(trace, profile, params, True) == _decision_log(
             trace, profile, params, False)
 

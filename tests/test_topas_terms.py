@@ -508,6 +508,27 @@ def test_head_of_line_reservation_keeps_room_for_the_oldest_request(
     assert tuple(sorted(d.admit)) == admitted
 
 
+@pytest.mark.parametrize(("head_reserve", "admitted"), [(False, (2, 3)), (True, (2,))])
+def test_head_reserve_backfills_only_what_leaves_the_head_its_room(
+        head_reserve: bool, admitted: tuple[int, ...]) -> None:
+    """EASY backfilling. The old task's request (150 KV tokens) does not fit
+    in the 130 free; the running one (110) is expected to end in 9 s (100
+    output tokens at 0.1 s, 1 s done), which leaves t* = 9 s and a spare of
+    130 + 110 - 150 = 90. A short request (20 tokens, 1 s) ends before t*
+    and is backfilled; a long one (100 tokens, 9.9 s) would still hold more
+    than the spare at t*, so with `head_reserve` it waits."""
+    pol = policy(pack_order="arrival", head_reserve=head_reserve)
+    running = request(9, 9, CHAIN, "a", running=True, generated=1, started_at=99.0,
+                      input_tokens=10, output_tokens=100, arrival=100.0)
+    head = request(1, 1, CHAIN, "a", input_tokens=140, output_tokens=10, arrival=0.0)
+    short = request(2, 2, CHAIN, "a", input_tokens=10, output_tokens=10, arrival=100.0)
+    long = request(3, 3, CHAIN, "a", input_tokens=1, output_tokens=99, arrival=100.0)
+    tasks = [task(i, CHAIN, arrival=0.0 if i == 1 else 100.0, a="active") for i in (1, 2, 3, 9)]
+    d = pol.decide(view(CHAIN, tasks, [running], [head, short, long], t=100.0, budget=340,
+                        gpu=("A",)))
+    assert tuple(sorted(d.admit)) == admitted
+
+
 def test_without_preemption_every_candidate_keeps_the_running_requests() -> None:
     """A long-running low-value request blocks a valuable one of another agent;
     TOPAS preempts it unless `preempt` is off."""

@@ -47,6 +47,10 @@ class TopasParams:
     # that did not fit (the engine's own admission stops there); "always" everywhere
     # (decoding then never outgrows the pool)
     decode_peak: str = "backfill"
+    # EASY backfilling: past the first request of a fill that did not fit (the head),
+    # admit only what leaves the head its room once the kept running requests free
+    # enough, or what is expected to end before then
+    head_reserve: bool = False
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
     pack_order: str = "arrival"
@@ -90,7 +94,7 @@ class TopasParams:
                 raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
                                  f"use a number in [{lo}, {hi}]")
         for name in ("reuse", "aging", "preempt", "start_gate", "keep_idle",
-                     "preempt_exchange", "swap_only"):
+                     "preempt_exchange", "swap_only", "head_reserve"):
             if not isinstance(getattr(self, name), bool):
                 raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
                                  "true or false")
@@ -142,7 +146,8 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
-                         "decode_peak": "off", "window": None, "search_budget": 0}
+                         "decode_peak": "off", "head_reserve": False,
+                         "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,

@@ -448,6 +448,7 @@ class _Search(SearchBounds):
         self.gpu_moves = sorted(self.move_out.items())
         self.move_in: dict[str, float] = {}
         self._peaks: dict[frozenset[str], float] = {}
+        self._releases: dict[frozenset[str], list[tuple[float, float]]] = {}
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
@@ -867,6 +868,25 @@ class _Search(SearchBounds):
                 [g for a in sorted(kept) for g in self.run_growth[a]])
         return max(0.0, sum((self.ell[a] for a in sorted(resident)), 0.0) + peak - used)
 
+    def head_reservation(self, resident: frozenset[str], free: float,
+                         need: float) -> tuple[float, float]:
+        """`head_reserve` (EASY backfilling): (t*, spare) for a head request that
+        needs `need` KV beyond `free`. t* is when the running requests R keeps,
+        each freeing its d_r at its expected end, have freed enough for it; the
+        spare is what is free beyond the head's need then. (inf, inf) when they
+        never free enough: no reservation binds."""
+        kept = resident & self.running_agents
+        curve = self._releases.get(kept)
+        if curve is None:
+            ends = sorted((self._remaining(r), r.demand(self.view.new_token_ratio), r.id)
+                          for r in self.view.running if r.agent in kept)
+            curve = self._releases[kept] = [(t, kv) for t, kv, _ in ends]
+        for t, kv in curve:
+            free += kv
+            if free >= need:
+                return t, free - need
+        return math.inf, math.inf
+
     def _fill(self, pack: _Pack, uncovered: set[str], used: float,
               reserved: float, headroom: float) -> list[_State]:
         """Admit by largest age-weighted progress per additional KV token (or
@@ -1154,8 +1174,9 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "gated", "headroom", "hol_pending", "j_admit", "limit", "pack",
-                 "reserved", "search", "states", "tasks_in", "uncovered", "used")
+    __slots__ = ("charged", "gated", "headroom", "hol_pending", "j_admit", "late_used", "limit",
+                 "pack", "reserved", "search", "spare", "states", "t_star", "tasks_in",
+                 "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float, headroom: float) -> None:
@@ -1169,6 +1190,10 @@ class _Filler:
         if headroom and search.params.decode_peak == "always":
             self.limit = search.budget - headroom
         self.j_admit = 0.0
+        # `head_reserve`: once the head did not fit, admissions expected to run past
+        # t* (when the kept running requests have freed its room) share `spare`
+        self.t_star = self.spare = math.inf
+        self.late_used = 0.0
         self.tasks_in: set[int] = set()
         self.charged: set[str] = set()  # shared copies an admission here already locks
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
@@ -1197,16 +1222,29 @@ class _Filler:
             slots += 0 if in_slot else 1
         k = s.params.k
         if self.used + self.reserved + extra > self.limit:
-            self._past_misfit()
+            self._past_misfit(extra)
             return False
+        if self.late(r) and self.late_used + extra > self.spare and (hol is None
+                                                                    or r.id != hol.id):
+            return False  # it would still hold the head's room at t*
         return not (k and slots > k)
 
-    def _past_misfit(self) -> None:
-        """A request did not fit: with `decode_peak` "backfill", the requests
-        admitted past it (filling the room the engine's admission leaves,
-        since it stops there) must also leave the decode headroom free."""
-        if self.headroom and self.limit == self.search.budget:
-            self.limit = self.search.budget - self.headroom
+    def _past_misfit(self, need: float) -> None:
+        """A request needing `need` more KV did not fit: with `decode_peak`
+        "backfill", the requests admitted past it (filling the room the
+        engine's admission leaves, since it stops there) must also leave the
+        decode headroom free; with `head_reserve`, the first such request is
+        the head, whose room they must leave it at t*."""
+        s = self.search
+        if s.params.head_reserve and self.t_star == math.inf and self.spare == math.inf:
+            free = self.limit - self.used - self.reserved
+            self.t_star, self.spare = s.head_reservation(self.pack.resident, free, need)
+        if self.headroom and self.limit == s.budget:
+            self.limit = s.budget - self.headroom
+
+    def late(self, r: Request) -> bool:
+        """Whether r is expected to run past the head's t* (`head_reserve`)."""
+        return self.t_star < math.inf and self.search._dhat(r) > self.t_star
 
     def demand(self, r: Request) -> float:
         """d_r (Eq. 2) in this fill: a shared copy an earlier admission of the
@@ -1235,6 +1273,8 @@ class _Filler:
             self.hol_pending = False
         pack.seq.append(r.id)
         pack.gains.append(gain)
+        if self.late(r):
+            self.late_used += self.demand(r)
         self.used += self.demand(r)
         if r.shared:
             self.charged.update(seg.key for seg in r.shared)
@@ -1255,7 +1295,9 @@ class _Filler:
             return len(d)
         ok = (self.used + self.reserved) + d[pos:] <= self.limit
         if not ok[0]:  # as `fits` has it
-            self._past_misfit()
+            self._past_misfit(float(d[pos]))
+            if self.t_star < math.inf:
+                return pos + 1  # `head_reserve` binds: request by request from here
             ok = (self.used + self.reserved) + d[pos:] <= self.limit
         return pos + int(np.argmax(ok)) if ok.any() else len(d)
 
@@ -1346,13 +1388,28 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
     requests at once; whether every one of them was taken."""
     every = True
     while pos < len(d):
+        if fill.t_star < math.inf:  # `head_reserve` binds: each request is checked
+            return _fill_each(fill, order, sel, pos, len(d)) and every
         nxt = fill.next_fit(pos, d)
         every = every and nxt == pos
         pos = nxt
-        if pos < len(d):
+        if pos < len(d) and fill.t_star == math.inf:
             taken = fill.fitting_run(d[pos:])
             fill.take_run(sel[pos:pos + taken], order)
             pos += taken
+    return every
+
+
+def _fill_each(fill: _Filler, order: _SoloOrder, sel: np.ndarray, pos: int, end: int) -> bool:
+    """Take sel[pos:end] request by request (`fits`, then `take`); whether
+    every one was taken."""
+    every = True
+    for i in sel[pos:end].tolist():
+        r = fill.search.requests[order.rids[i]]
+        if fill.fits(r):
+            fill.take(r, order.gains[i])
+        else:
+            every = False
     return every
 
 
