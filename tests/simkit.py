@@ -58,12 +58,15 @@ class CheckedSim(SimBackend):
         prefixes = sum(p.tokens for p in self._prefixes.values()
                        if p.location is Location.GPU or p.kept)  # a kept copy holds KV too
         # shared task context: every copy a running request holds is on the GPU,
-        # counted once; an unheld copy is on the GPU only cached (in `_kept`)
+        # counted once; an unheld copy is on the GPU only cached (in `_kept`) or
+        # loading back ahead of its holder (in `_uploads`, not ready)
         held = {s.key: s.tokens for lv in self._running.values() for s in lv.req.shared}
         contexts = {k: c.tokens for k, c in self._contexts.items()
                     if c.location is Location.GPU}
         assert held.keys() <= contexts.keys()
-        assert all(k in held or k in self._kept for k in contexts), "a copy nobody holds"
+        assert all(k in held or k in self._kept or k in self._uploads
+                   for k in contexts), "a copy nobody holds"
+        assert not any(self._contexts[k].ready for k in self._uploads), "an upload ended"
         requests = sum(lv.req.input_tokens - sum(s.tokens for s in lv.req.shared)
                        + lv.generated for lv in self._running.values())
         assert prefixes + sum(contexts.values()) + requests == used
