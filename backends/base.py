@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -119,15 +120,20 @@ def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mappi
                       resident: Collection[str], known: Collection[str],
                       demand: Callable[[set[str], list[int], list[Request]], float],
                       budget: float, unit: str = "KV tokens",
-                      droppable: Collection[str] = ()) -> list[str]:
+                      droppable: Collection[str] = (),
+                      uploadable: Collection[str] = ()) -> list[str]:
     """The rules every backend checks before carrying out a decision: ids exist
     and appear once, evicted prefixes are resident and idle after preemptions,
     loaded ones known and not resident, admitted requests' prefixes resident
-    afterwards, and the state within the budget (Eq. 2). `running` maps running
-    request ids to agents; `demand(resident_after, kept_ids, admitted)` prices
-    the target state in the backend's own accounting. `evict` may also name a
-    shared context copy in `droppable` (cached, no holder): it is dropped."""
+    afterwards, the state within the budget (Eq. 2), and a wake-up a finite
+    time. `running` maps running request ids to agents;
+    `demand(resident_after, kept_ids, admitted)` prices the target state in
+    the backend's own accounting (copies `load` names included). `evict` may
+    also name a shared context copy in `droppable` (cached, no holder): it is
+    dropped; `load` one in `uploadable` (on the host): it is loaded back."""
     problems = []
+    if d.wake_at is not None and not math.isfinite(d.wake_at):
+        problems.append(f"wake_at must be a finite engine time, got {d.wake_at}")
     pre, adm = set(d.preempt), set(d.admit)
     if len(pre) != len(d.preempt) or len(adm) != len(d.admit):
         problems.append("a request id is listed twice")
@@ -146,6 +152,8 @@ def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mappi
             problems.append(f"evict {agent!r}: requests of this agent keep running")
         after.discard(agent)
     for agent in d.load:
+        if agent in uploadable:
+            continue
         if agent not in known or agent in resident:
             problems.append(f"load {agent!r}: unknown agent or already resident")
         after.add(agent)

@@ -25,7 +25,11 @@ clock, `*_ts` unix wall time):
   chosen_resident (JSON) and the chosen state's score terms. `load` lists
   the prefixes the decision makes resident, whether the engine then moves
   them from host memory or computes them again by prefill: the
-  `engine_events` say which (`prefix_load_start` or `prefix_compute_start`).
+  `engine_events` say which (`prefix_load_start` or `prefix_compute_start`);
+  and the shared context copies it loads back from the host ahead of their
+  holders (`context_load_start` with no request). A decision's `wake_at`
+  (a scheduling point it asked for) is not a column: the decision it brings
+  is the row at that `t` with no engine event before it there.
 - `candidates`: (run_id, decision_seq, idx): resident/admit/preempt (JSON),
   score terms, total, won.
 - `engine_events`: id, run_id, t, kind (`EventKind` value), request_id,

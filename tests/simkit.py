@@ -18,7 +18,7 @@ from topasd.runner import Run
 from topasd.scheduler import make_policy
 from topasd.scheduler.base import Policy
 from workflows.spec import workflow_from_dict
-from workflows.trace import RoundSpec, TaskRecord, Trace, name_rounds
+from workflows.trace import RoundSpec, TaskRecord, Trace, generate_trace, name_rounds
 
 BUILTIN_DIR = Path(__file__).resolve().parents[1] / "workflows" / "builtin"
 
@@ -58,12 +58,15 @@ class CheckedSim(SimBackend):
         prefixes = sum(p.tokens for p in self._prefixes.values()
                        if p.location is Location.GPU or p.kept)  # a kept copy holds KV too
         # shared task context: every copy a running request holds is on the GPU,
-        # counted once; an unheld copy is on the GPU only cached (in `_kept`)
+        # counted once; an unheld copy is on the GPU only cached (in `_kept`) or
+        # loading back ahead of its holder (in `_uploads`, not ready)
         held = {s.key: s.tokens for lv in self._running.values() for s in lv.req.shared}
         contexts = {k: c.tokens for k, c in self._contexts.items()
                     if c.location is Location.GPU}
         assert held.keys() <= contexts.keys()
-        assert all(k in held or k in self._kept for k in contexts), "a copy nobody holds"
+        assert all(k in held or k in self._kept or k in self._uploads
+                   for k in contexts), "a copy nobody holds"
+        assert not any(self._contexts[k].ready for k in self._uploads), "an upload ended"
         requests = sum(lv.req.input_tokens - sum(s.tokens for s in lv.req.shared)
                        + lv.generated for lv in self._running.values())
         assert prefixes + sum(contexts.values()) + requests == used
@@ -206,6 +209,35 @@ def stage_rounds(draw, stage: str, doc: int, converse: bool,
                                 shared=rounds[0].shared)
         rounds = name_rounds(rounds, f"{stage}.c", context)
     return tuple(rounds)
+
+
+@st.composite
+def tool_wait_scenarios(draw):
+    """(trace, profile overrides, warm_host, closed_form): ReAct tasks of 1-2
+    agents whose conversations are kept through tool waits that are long
+    against the host link (fixed, or exponential: calls end before and after
+    their mean), on a tight budget with a host tier: Tokencake offloads them
+    and loads them back ahead of their holders."""
+    stages = []
+    for name, agent in (("r", "A"), ("s", "B"))[:draw(st.integers(1, 2))]:
+        wait = draw(st.sampled_from([0.3, 1.0, 3.0]))
+        stages.append({"name": name, "agent": agent, "after": ["r"] if name == "s" else [],
+                       "rounds": draw(st.integers(2, 4)),
+                       "input_tokens": draw(st.integers(20, 150)),
+                       "output_tokens": draw(st.integers(5, 60)),
+                       "tool_wait_s": draw(st.sampled_from(
+                           [wait, {"exponential": {"mean": wait, "high": 10 * wait}}])),
+                       "observation_tokens": draw(st.integers(0, 40)), "share_rounds": True})
+    spec = {"name": "calls", "stages": stages,
+            "agents": {a: {"prefix_tokens": draw(st.sampled_from([0, 64, 200]))} for a in "AB"}}
+    trace = generate_trace([workflow_from_dict(spec)], draw(st.sampled_from([0.5, 2.0, 20.0])),
+                           draw(st.integers(2, 8)), draw(st.integers(0, 1000)))
+    need = max(trace.workflows["calls"].prefix_tokens(v) + r.input_tokens + r.output_tokens
+               for t in trace.tasks for v, rounds in t.stages.items() for r in rounds)
+    knobs = {"budget_tokens": need + draw(st.integers(0, 3 * need)), "host_cache": True,
+             "mixed_chunk": draw(st.booleans()),
+             "swap_bytes_per_s": draw(st.sampled_from([1e9, 3e7, 3e6]))}
+    return trace, knobs, draw(st.booleans()), draw(st.booleans())
 
 
 def run_checked(trace: Trace, policy: str | Policy, knobs: dict, warm: bool,

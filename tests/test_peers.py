@@ -22,6 +22,7 @@ from topasd.model import (
     StageProgress,
     StageStatus,
 )
+from topasd.profiles import get_profile
 from topasd.scheduler import ALL_POLICY_NAMES, POLICY_NAMES, make_policy
 from topasd.scheduler.peers import (
     PEERS,
@@ -397,12 +398,87 @@ def test_tokencake_offloads_a_call_longer_than_its_round_trip_under_pressure() -
     assert policy.decide(v).evict == ()
 
 
-def test_tokencake_conversations_come_back_from_the_host() -> None:
-    """An offloaded copy is loaded back when its next round is admitted (a
-    budget of 1,000 tokens: six tasks' KV in use passes 60% of it)."""
+def test_tokencake_schedules_the_upload_at_the_predicted_return_minus_t_up() -> None:
+    """T_fc = 10 s, T_up = T_swap(500) = 0.5 s: the conversation offloaded at
+    its call's start (0) is due back at 9.5 s, a scheduling point the policy
+    asks for. Then, on the host, it is loaded back if the room allows beside
+    the engine's state and displaces no admission; its holder ready first
+    (waiting), the upload is dropped: the admission loads it."""
+    policy, v = tokencake_view(20.0)
+    d = policy.decide(v)
+    assert d.evict == ("A/1/a.0.1",) and d.wake_at == pytest.approx(9.5)
+    host = {k: replace(c, location=Location.HOST) for k, c in v.contexts.items()}
+    early = replace(v, t=9.0, contexts=host)
+    assert policy.decide(early).load == () and policy.decide(early).wake_at == pytest.approx(9.5)
+    due = replace(early, t=9.5)
+    for budget, load in ((1000, ("A/1/a.0.1",)), (600, ())):
+        # 1000: 100 running + 500 uploading + 60 admitted fit; 600: the
+        # upload would leave no room for the waiting request's 60 tokens
+        policy, _ = tokencake_view(20.0)
+        policy.decide(v)
+        got = policy.decide(replace(due, budget_tokens=budget))
+        assert got.load == load and got.admit == (5,)
+        assert got.wake_at is None and bool(policy.uploads) is not bool(load)
+    policy, _ = tokencake_view(20.0)
+    policy.decide(v)
+    holder = replace(request(6, 1, ONE, "a"), shared=(Segment("A/1/a.0.1", 500),))
+    ready = replace(due, waiting=(*due.waiting, holder))
+    assert policy.decide(ready).load == () and not policy.uploads
+
+
+def first_upload(sink) -> tuple[EngineEvent, list[EngineEvent]]:
+    """The first copy loaded back ahead of its holder, and the events of its task."""
+    up = next(e for e in sink.events if e.kind is EventKind.CONTEXT_LOAD_START
+              and e.request_id is None)
+    task_id = int(up.note.split("/")[1])
+    return up, [e for e in sink.events if e.task_id == task_id or e.note.startswith(
+        f"A/{task_id}/")]
+
+
+def test_tokencake_uploads_a_conversation_before_its_tool_call_ends() -> None:
+    """Six ReAct tasks on 1,000 tokens (KV use passes 60%): a round ends at t0
+    and its conversation (140 + 60 + 60 tokens) goes to the host; every call
+    took 2 s, so T_fc = 0.5 x 2 + 0.5 x 2 = 2 s and T_up = 260 x 16,384 B /
+    1 GB/s. A scheduling point comes at t0 + 2 - T_up (asked for, no engine
+    event) and the copies go back over the link then, each after the one
+    before: the last is back at t0 + 2, when the call ends. The next round
+    finds them all ready: admitted and started at t0 + 2, loading nothing."""
     _, sink, backend = run_react("tokencake", True, budget=1000)
-    kinds = [e.kind for e in sink.events]
+    up, events = first_upload(sink)
+    t0 = next(e.t for e in events if e.kind is EventKind.CONTEXT_OFFLOAD)
+    offloaded = [e for e in events if e.kind is EventKind.CONTEXT_OFFLOAD and e.t == t0]
+    assert [e.tokens for e in offloaded] == [140, 60, 60]
+    t_up = get_profile("small").t_swap(260)
+    assert up.t == pytest.approx(t0 + 2.0 - t_up)
+    assert up.t in {d.wake_at for d in sink.decisions if d.t < up.t}
+    assert {e.kind for e in sink.events if e.t == up.t} <= {EventKind.CONTEXT_LOAD_START}
+    ends = [e.t for e in events if e.kind is EventKind.CONTEXT_LOAD_END]
+    assert ends[-1] == pytest.approx(t0 + 2.0)
+    call_end = next(e for e in events if e.kind is EventKind.TOOL_CALL_END and e.t > t0)
+    at_end = [e.kind for e in events if e.t == call_end.t and e.request_id == call_end.request_id]
+    assert at_end[-2:] == [EventKind.REQUEST_ADMIT, EventKind.REQUEST_START]
+    assert at_end.count(EventKind.CONTEXT_HIT) == 3
+    assert EventKind.CONTEXT_LOAD_START not in at_end
+    kinds = [e.kind for e in sink.events]  # each offloaded copy is loaded back once
     assert kinds.count(EventKind.CONTEXT_OFFLOAD) == backend.stats.context_loads > 0
+
+
+def test_tokencake_loads_a_conversation_whose_call_ends_early_at_its_admission() -> None:
+    """Observed calls of 20 s make T_fc 11 s for a call that takes 2 s: the
+    holder is ready long before the upload is due, and its admission loads
+    the conversation back (its request waiting for the transfer)."""
+    policy = TokencakePolicy()
+    policy.observe(EngineEvent(0.0, EventKind.TOOL_CALL_END, agent="A", stage="r",
+                               value=20.0))
+    _, sink, _ = run_react(policy, True, budget=1000)
+    loads = [e for e in sink.events if e.kind is EventKind.CONTEXT_LOAD_START]
+    first = loads[0]
+    assert first.request_id is not None  # with its holder
+    start = next(e for e in sink.events if e.kind is EventKind.REQUEST_START
+                 and e.request_id == first.request_id)
+    assert start.t >= first.t + first.value - 1e-9
+    offload = next(e for e in sink.events if e.kind is EventKind.CONTEXT_OFFLOAD)
+    assert first.t == pytest.approx(offload.t + 2.0)  # the call's true end
 
 
 def test_astraea_oracle_reads_the_true_length_where_astraea_reads_history() -> None:

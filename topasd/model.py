@@ -524,10 +524,12 @@ class ContextState:
     """A copy of shared task context (`Segment`) on the engine: on the GPU
     (`ready` once computed or loaded), on the host (offloaded by a policy's
     eviction where the engine has a host tier: loaded back by its next
-    holder) or gone (NONE: recomputed by its next holder).
+    holder, or before it by a decision's `load` naming its key) or gone
+    (NONE: recomputed by its next holder).
     `holders`: running requests that hold it (locked); with none it stays
     cached in free KV, given up when the room is needed (a radix cache's
-    evictable node)."""
+    evictable node), except while it loads back with no holder (`uploading`):
+    a transfer in flight holds its room."""
 
     key: str
     agent: str
@@ -538,6 +540,11 @@ class ContextState:
     holders: int = 0
     last_used: float = 0.0  # when its last holder left (a tool wait's start)
     next_use: float | None = None  # when a request holding it is next ready (the wait's end)
+
+    @property
+    def uploading(self) -> bool:
+        """Loading back from the host ahead of any holder: its room is taken."""
+        return self.location is Location.GPU and not self.ready and not self.holders
 
 
 class StageStatus(StrEnum):
@@ -694,6 +701,9 @@ class Decision:
     reservation: Reservation = Reservation.FULL
     blocked: bool = False  # admission stopped at a request that did not fit (KV)
     retry: bool = False  # ask to decide again after the next engine step
+    # ask for a scheduling point at this engine time even if no event comes then
+    # (a policy's own timer: a predicted tool return); None: nothing asked
+    wake_at: float | None = None
     candidates: Sequence[Candidate] = ()
     chosen: int | None = None
     wall_ms: float = 0.0
@@ -740,7 +750,9 @@ class EventKind(StrEnum):
     CONTEXT_DROP = "context_drop"  # an unheld copy gave up its room (or its compute)
     CONTEXT_KEEP = "context_keep"  # a finished round's sequence kept as its next round's
     CONTEXT_OFFLOAD = "context_offload"  # an unheld copy to host (`value`: the transfer)
-    CONTEXT_LOAD_START = "context_load_start"  # a holder admitted: its copy back from host
+    # a copy back from host: its holder admitted, or ahead of any holder by a
+    # decision's `load` (no request id)
+    CONTEXT_LOAD_START = "context_load_start"
     CONTEXT_LOAD_END = "context_load_end"
     # a ReAct round's tool call, between its request's finish and the next round's
     # readiness (`request_id`: the finished request; `value`: the wait)

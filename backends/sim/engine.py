@@ -22,7 +22,10 @@ wait for it), and with no holder stays cached in free KV like a kept prefix
 ReAct round's own input and output stay as the copy its next round starts
 with (`Request.keeps`, `CONTEXT_KEEP`); a policy's eviction of a cached copy
 offloads it to the host (with `host_cache`; loaded back over the link by its
-next holder) or drops it.
+next holder) or drops it. A decision's `load` naming a copy on the host loads
+it back ahead of any holder: its room is held while it loads, and loaded
+with no holder yet it is cached in free KV again, as before its offload.
+A decision's `wake_at` is a timed event: a scheduling point at that time.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,7 +66,7 @@ from topasd.profiles import HardwareProfile
 
 NEW_REQUEST_RATIO = 1.0  # SGLang 0.5.3 charges a new request its whole max_new
 
-_READY, _LOAD_END, _BACKUP_END = 0, 1, 2
+_READY, _LOAD_END, _BACKUP_END, _WAKE = 0, 1, 2, 3
 
 
 class _Prefix:
@@ -198,6 +201,8 @@ class SimBackend(ContextCopies):
         self._contexts: dict[str, _Context] = {}  # shared task context by key
         self._next_use: dict[str, float] = {}  # copy -> when a submitted holder is ready
         self._kept: dict[str, None] = {}  # kept prefixes and unheld contexts, oldest first
+        self._uploads: dict[str, None] = {}  # copies loading back with no holder yet
+        self._wakes: set[float] = set()  # scheduling points decisions asked for
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
         self._timed: list[tuple[float, int, int, Any]] = []  # payload: by kind
@@ -321,7 +326,10 @@ class SimBackend(ContextCopies):
             else:
                 self._evict(agent, "policy")
         for agent in decision.load:
-            self._load(agent)
+            if agent in self._contexts:
+                self._upload(self._contexts[agent])
+            else:
+                self._load(agent)
         for rid in decision.admit:
             self._admit(self._waiting.pop(rid), decision.reservation)
         if self._kept:  # the room the decision's state holds, counted as `_validate` does
@@ -336,6 +344,10 @@ class SimBackend(ContextCopies):
         self._retry = decision.retry
         for agent in {self._running[r].req.agent for r in decision.admit}:
             self._prefixes[agent].last_used = t
+        wake = decision.wake_at
+        if wake is not None and wake > t and wake not in self._wakes:
+            self._wakes.add(wake)
+            self._push(wake, _WAKE, None)
 
     def _answer_retry(self) -> None:
         """Something happened (or nothing will): decide again on a pending retry."""
@@ -353,19 +365,23 @@ class SimBackend(ContextCopies):
     def _validate(self, d: Decision) -> None:
         """Refuse a decision that breaks a rule, before changing anything."""
         gpu = {a for a, p in self._prefixes.items() if p.location is Location.GPU}
+        uploads = self._host_copies(d.load)
         problems = decision_problems(
             d, running={rid: lv.req.agent for rid, lv in self._running.items()},
             waiting=self._waiting, resident=gpu, known=self._prefixes,
             demand=lambda after, kept, admitted: self._demand(
-                after, [self._running[r] for r in kept], admitted, d.reservation),
+                after, [self._running[r] for r in kept], admitted, d.reservation, uploads),
             budget=self.profile.budget_tokens,
-            droppable=[k for k in self._kept if k in self._contexts])
+            droppable=[k for k in self._kept if k in self._contexts], uploadable=uploads)
         if problems:
             raise InfeasibleDecision(f"{d.policy} decision at t={self._t:.3f}s refused: "
                                      + "; ".join(problems))
 
     def _demand(self, gpu: set[str], kept: list[_Live], admitted: list[Request],
-                reservation: Reservation) -> float:
+                reservation: Reservation, uploads: Collection[str] = ()) -> float:
+        """KV the state holds: prefixes `gpu`, the `kept` running and the
+        `admitted` requests' reservations, the copies they hold, and the
+        copies loading back with no holder (`_uploads`, and `uploads` to start)."""
         clip = self.profile.clip_max_new_tokens
         total = float(sum(self._prefixes[a].tokens for a in gpu))
         for lv in kept:
@@ -376,8 +392,17 @@ class SimBackend(ContextCopies):
                 total += lv.held + self.ratio * min(rem, clip)
         total += sum(r.admit_demand(reservation, NEW_REQUEST_RATIO, clip) for r in admitted)
         if self._contexts:  # each held copy once
-            total += sum(shared_kv([*(lv.req for lv in kept), *admitted]).values())
+            held = shared_kv([*(lv.req for lv in kept), *admitted])
+            total += sum(held.values())
+            if self._uploads or uploads:
+                total += sum(self._contexts[k].tokens for k in {*self._uploads, *uploads}
+                             if k not in held)
         return total
+
+    def _host_copies(self, keys: Iterable[str]) -> list[str]:
+        """The copies among `keys` that are on the host (a `load` uploads them)."""
+        return [k for k in keys if k in self._contexts
+                and self._contexts[k].location is Location.HOST]
 
     # ------------------------------------------------------- state changes
 
@@ -481,6 +506,7 @@ class SimBackend(ContextCopies):
         if c is None:
             c = self._contexts[seg.key] = _Context(seg.key, seg.tokens, req.agent, req.task_id)
         self._hold_copy(c, req, lambda: self._compute_by(c, live), lambda: self._load_copy(c, req))
+        self._uploads.pop(seg.key, None)  # loading back: its holder waits for it
 
     def _offload_copy(self, c: _Context) -> None:
         """A policy's eviction of an unheld copy where there is a host tier: it
@@ -492,16 +518,38 @@ class SimBackend(ContextCopies):
         self._emit(self._t, EventKind.CONTEXT_OFFLOAD, agent=c.owner, tokens=c.tokens,
                    value=self._link_free_at - self._t, note=c.agent)
 
-    def _load_copy(self, c: _Context, req: Request) -> None:
-        """A holder is admitted while its copy is on the host: loaded back over
-        the link (after whatever is on it), the holders waiting."""
+    def _load_copy(self, c: _Context, req: Request | None) -> None:
+        """A copy on the host is loaded back over the link (after whatever is
+        on it): its holder `req` is admitted and waits, or (None) a decision
+        loads it ahead of any holder."""
         c.location, c.ready = Location.GPU, False
         start = max(self._t, self._link_free_at)
         self._link_free_at = c.ready_at = start + self.profile.t_swap(c.tokens)
         self._push(c.ready_at, _LOAD_END, (c.agent, c.cancelled))
         self.stats.context_loads += 1
-        self._emit(self._t, EventKind.CONTEXT_LOAD_START, req, tokens=c.tokens,
+        self._emit(self._t, EventKind.CONTEXT_LOAD_START, req, agent=c.owner, tokens=c.tokens,
                    value=c.ready_at - self._t, note=c.agent)
+
+    def _stop_uploads(self, tokens: int) -> None:
+        """Copies loading back ahead of their holders give their room up, the
+        latest first, until `tokens` are free: each stays on the host (its
+        holder loads it back), as a load no holder waits for does."""
+        for key in reversed(list(self._uploads)):
+            if self.profile.budget_tokens - self._used_tokens() >= tokens:
+                return
+            c = self._contexts[key]
+            del self._uploads[key]
+            c.cancelled += 1
+            c.location, c.ready_at = Location.HOST, None
+            self._emit(self._t, EventKind.CONTEXT_OFFLOAD, agent=c.owner, tokens=c.tokens,
+                       note=key)
+
+    def _upload(self, c: _Context) -> None:
+        """A decision loads a copy back ahead of its holder: its room is held
+        from now (`_uploads`) until a holder takes it or the load ends."""
+        if c.location is Location.HOST:  # (named twice: loaded once)
+            self._uploads[c.agent] = None
+            self._load_copy(c, None)
 
     def _compute_by(self, c: _Context, live: _Live) -> None:
         """`live` computes copy `c` in its prefill, after the copies it already
@@ -612,7 +660,15 @@ class SimBackend(ContextCopies):
                 p = self._piece(agent)
                 if gen == p.cancelled and p.location is Location.GPU:
                     self._prefix_ready(p, EventKind.PREFIX_LOAD_END)
+                    if agent in self._uploads:  # loaded with no holder yet: cached,
+                        del self._uploads[agent]  # its room free to take again
+                        p.kept = True
+                        self._kept[agent] = None
+                        self.batch_is_full = False
                     self._need_schedule = True
+            elif kind == _WAKE:
+                self._wakes.discard(t_ev)
+                self._need_schedule = True
             else:
                 p = self._prefixes[payload]
                 p.backup_pending = False
@@ -676,6 +732,8 @@ class SimBackend(ContextCopies):
         decoding = self._mixed_decoders() if self.profile.mixed_chunk else []
         if self._kept:  # first tokens and decode tokens come before kept copies
             self._drop_kept(self._room_beside(self._first_tokens_due() + len(decoding)))
+        if self._uploads:  # ... and first tokens before uploads
+            self._stop_uploads(self._first_tokens_due())
         if decoding and (self.profile.budget_tokens - self._used_tokens()
                          - self._first_tokens_due() < len(decoding)):
             decoding = []  # no KV for the decode tokens: prefill alone this step
@@ -832,9 +890,12 @@ class SimBackend(ContextCopies):
         return used + sum(lv.held for lv in self._running.values())
 
     def _make_room(self, batch: int) -> bool:
-        """Decode is out of KV: evict idle prefixes (LRU), then retract (SGLang)."""
+        """Decode is out of KV: drop kept copies, stop uploads, evict idle
+        prefixes (LRU), then retract (SGLang)."""
         budget = self.profile.budget_tokens
         self._drop_kept(self._room_beside(batch))
+        if self._uploads:
+            self._stop_uploads(batch)
         busy = {lv.req.agent for lv in self._running.values()}
         idle = sorted((p.last_used, p.agent) for p in self._prefixes.values()
                       if p.location is Location.GPU and p.ready and p.agent not in busy)

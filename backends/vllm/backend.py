@@ -231,7 +231,8 @@ class VllmBackend(ContextCopies):
         self.cached_tokens: dict[int, int] = {}  # topasd id -> vLLM's prefix-cache hit
         self._t = 0.0
         self._wall0: float | None = None
-        self._timed: list[tuple[float, int, Request]] = []
+        self._timed: list[tuple[float, int, Request | None]] = []  # None: a wake-up
+        self._wakes: set[float] = set()  # scheduling points decisions asked for
         self._tseq = 0
         self._waiting: dict[int, Request] = {}
         self._running: dict[int, _Live] = {}
@@ -433,6 +434,11 @@ class VllmBackend(ContextCopies):
             self._drop_kept(plan)
         self.batch_is_full = decision.blocked
         self._retry = decision.retry
+        wake = decision.wake_at
+        if wake is not None and wake > t and wake not in self._wakes:
+            self._wakes.add(wake)
+            self._tseq += 1
+            heapq.heappush(self._timed, (wake, self._tseq, None))
         self.sched.plan(plan)
         if plan.preempt or plan.admit or any(op == "evict" for op, _ in plan.residency):
             self._pending.append(_Pending(decision.seq, list(decision.preempt)))
@@ -621,7 +627,11 @@ class VllmBackend(ContextCopies):
     def _fire_timed(self) -> None:
         while self._timed and self._timed[0][0] <= self._t:
             t_ev, _, req = heapq.heappop(self._timed)
-            self._enqueue(req, t_ev)
+            if req is None:  # a decision's wake-up: a scheduling point now
+                self._wakes.discard(t_ev)
+                self._need_schedule = True
+            else:
+                self._enqueue(req, t_ev)
 
     def _wait(self, target: float) -> None:
         """Nothing runs: jump (steps clock) or sleep (wall clock) to `target`."""

@@ -39,11 +39,7 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
                         blocked=view.batch_is_full)
     gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
     locked = {r.agent for r in view.running}
-    used: float = sum(view.prefixes[a].tokens for a in gpu)
-    used += sum(r.demand(view.new_token_ratio) for r in view.running)
-    held = shared_kv(view.running)  # shared segments locked: each copy counted once
-    if held:
-        used += sum(held.values())
+    used, held = committed(view)
     cached = set(view.cached_contexts())  # copies on the GPU: not prefilled again
     idle = [a for _, a in sorted((view.prefixes[a].last_used, a) for a in gpu - locked)]
     admit: list[int] = []
@@ -85,6 +81,22 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
         input_left -= extend
     return Decision(view.t, policy, admit=tuple(admit), load=tuple(load), evict=tuple(evict),
                     reservation=Reservation.OPTIMISTIC, blocked=blocked, retry=retry)
+
+
+def committed(view: EngineView) -> tuple[float, dict[str, int]]:
+    """KV the engine's admission counts taken (Eq. 2): prefixes on the GPU,
+    running requests' reservations, and the copies held (by running requests,
+    each once, or loading back ahead of any holder); and those copies (key ->
+    tokens), which an admitted request holding one adds nothing for."""
+    used: float = sum(p.tokens for p in view.prefixes.values() if p.on_gpu)
+    used += sum(r.demand(view.new_token_ratio) for r in view.running)
+    held = shared_kv(view.running)  # shared segments locked: each copy counted once
+    for key, c in view.contexts.items():
+        if c.uploading:
+            held[key] = c.tokens
+    if held:
+        used += sum(held.values())
+    return used, held
 
 
 # ----------------------------------------------------------------- orders

@@ -148,12 +148,12 @@ class Conversation:
 
 
 def conversations(view: EngineView) -> list[Conversation]:
-    """The conversations in a tool wait: ready GPU copies nobody holds whose
-    next holder is not ready yet, grouped by (task, agent, wait start), in
-    that order."""
+    """The conversations in a tool wait: GPU copies nobody holds (ready, or
+    loading back ahead of their holder) whose next holder is not ready yet,
+    grouped by (task, agent, wait start), in that order."""
     groups: dict[tuple[int, str, float], list[tuple[str, ContextState]]] = defaultdict(list)
     for key, c in view.contexts.items():
-        if c.location is Location.GPU and c.ready and not c.holders and c.next_use is not None:
+        if c.location is Location.GPU and not c.holders and c.next_use is not None:
             groups[(c.task_id, c.agent, c.last_used)].append((key, c))
     return [Conversation(tid, agent, since, tuple(sorted(k for k, _ in copies)),
                          sum(c.tokens for _, c in copies))

@@ -16,7 +16,12 @@ its later version where v2 gives none).
   KV use is at least 60% of the budget, the predicted call T_fc (0.5 x the
   trace mean + 0.5 x an EWMA, alpha 0.5, of observed calls) exceeds the
   round trip 2 T_swap(N), and a waiting request needs at most
-  min(N, (T_fc - 2 T_swap(N)) / T_decode) tokens. Its holder loads it back.
+  min(N, (T_fc - 2 T_swap(N)) / T_decode) tokens. It is loaded back ahead of
+  its holder at start + T_fc - T_up (T_up = T_swap(N), the upload's
+  transfer), the policy asking the engine for a scheduling point then
+  (`Decision.wake_at`), if the engine's KV has room beside what it holds
+  (else at a later decision with room); a holder ready first loads it back
+  at its admission.
 Never preempts.
 """
 
@@ -24,19 +29,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from topasd.model import (
     Decision,
     EngineEvent,
     EngineView,
     EventKind,
+    Location,
     Request,
     Reservation,
     held_demand,
-    shared_kv,
 )
-from topasd.scheduler.baselines import admit_in_order
+from topasd.scheduler.baselines import admit_in_order, committed
 from topasd.scheduler.peers.estimates import (
     Conversation,
     Estimates,
@@ -55,6 +60,8 @@ OFFLOAD_USE = 0.60
 AGING = 1.0  # score per second waited [ours]
 HINT_WEIGHT = 0.5  # beta: hint against history
 EWMA_ALPHA = 0.5
+
+Conv = tuple[int, str, float]  # a conversation in a tool wait: (task, agent, wait start)
 
 
 def next_ratio(ratio: float, use: float, most: float = RATIO_MAX) -> float:
@@ -81,6 +88,24 @@ def shared_use(use: Mapping[str, float], reserved: Mapping[str, float]) -> float
     return sum(max(0.0, u - reserved.get(a, 0.0)) for a, u in use.items())
 
 
+@dataclass(frozen=True, slots=True)
+class Upload:
+    """An offloaded conversation's predictive upload (Alg. 1): its copies,
+    loaded back from `due` = start + T_fc - T_up on."""
+
+    due: float
+    keys: tuple[str, ...]
+
+
+def uploaded(view: EngineView, keys: Sequence[str]) -> EngineView:
+    """The view as the engine shows it once the copies `keys` start loading
+    back ahead of their holders (their room taken: `ContextState.uploading`)."""
+    contexts = dict(view.contexts)
+    for k in keys:
+        contexts[k] = replace(contexts[k], location=Location.GPU, ready=False)
+    return replace(view, contexts=contexts)
+
+
 class TokencakePolicy:
     """Tokencake-style memory partitions and tool-wait offload (module docstring)."""
 
@@ -94,7 +119,8 @@ class TokencakePolicy:
         self.est = Estimates()
         self.origins = self.est.origins
         self.history: dict[tuple[str, str], float] = {}  # (agent, stage) -> EWMA of calls
-        self.offloaded: dict[tuple[int, str, float], bool] = {}  # conversation -> decided
+        self.offloaded: dict[Conv, bool] = {}  # conversation -> decided
+        self.uploads: dict[Conv, Upload] = {}  # offloaded, not loaded back yet
 
     def observe(self, event: EngineEvent) -> None:
         self.est.observe(event)
@@ -105,6 +131,7 @@ class TokencakePolicy:
                 EWMA_ALPHA * event.value + (1 - EWMA_ALPHA) * old)
         elif event.kind in (EventKind.TASK_FINISH, EventKind.TASK_ABANDON):
             self.offloaded = {k: v for k, v in self.offloaded.items() if k[0] != event.task_id}
+            self.uploads = {k: v for k, v in self.uploads.items() if k[0] != event.task_id}
 
     def static(self, view: EngineView, r: Request) -> float:
         wf = view.workflows[r.workflow]
@@ -124,7 +151,7 @@ class TokencakePolicy:
         reserved = reserves(scores, use, self.ratio * view.budget_tokens, view.budget_tokens,
                             self.critical_share)
         pool = view.budget_tokens * (1 - self.ratio)
-        held = set(shared_kv(view.running))
+        held = set(committed(view)[1])
         locked = {r.agent for r in view.running}  # agents whose prefix is counted in `use`
         out: list[Request] = []
         for r in order:
@@ -144,10 +171,26 @@ class TokencakePolicy:
         self.origins.learn(view)
         self.ratio = next_ratio(self.ratio, kv_in_use(view) / view.budget_tokens,
                                 self.ratio_max)
-        order = self.partition(view, self.order(view)) if view.waiting else []
-        d = admit_in_order(view, order, self.name)
+        d = self.admit(view)
+        load: tuple[str, ...] = ()
+        for conv, keys in self.uploads_due(view) if self.uploads else ():
+            room = uploaded(view, load + keys)
+            if committed(room)[0] <= view.budget_tokens:
+                beside = self.admit(room)
+                if beside.admit == d.admit:  # it displaces no admission
+                    d, load = beside, load + keys
+                    del self.uploads[conv]
         offload = self.offloads(view)
-        return replace(d, evict=d.evict + offload) if offload else d
+        if offload:
+            d = replace(d, evict=d.evict + offload)
+        if self.uploads or load:
+            d = replace(d, load=d.load + load, wake_at=self.next_wake(view))
+        return d
+
+    def admit(self, view: EngineView) -> Decision:
+        """The engine's admission in score order, within the partitions."""
+        order = self.partition(view, self.order(view)) if view.waiting else []
+        return admit_in_order(view, order, self.name)
 
     def predicted_call(self, conv: Conversation, view: EngineView) -> float:
         """T_fc: the hint (trace mean) blended with the observed EWMA."""
@@ -157,21 +200,45 @@ class TokencakePolicy:
         return hint if seen is None else HINT_WEIGHT * hint + (1 - HINT_WEIGHT) * seen
 
     def offloads(self, view: EngineView) -> tuple[str, ...]:
-        """Copies of conversations just entering a tool wait that Alg. 1 offloads."""
+        """Copies of conversations just entering a tool wait that Alg. 1
+        offloads, each with its upload due at start + T_fc - T_up."""
         use = kv_in_use(view) / view.budget_tokens
         out: list[str] = []
         for conv in conversations(view):
             key = (conv.task_id, conv.agent, conv.since)
             if key not in self.offloaded:
-                self.offloaded[key] = use >= self.offload_use and self.worth(conv, view)
+                call = self.predicted_call(conv, view)
+                self.offloaded[key] = use >= self.offload_use and self.worth(conv, view, call)
                 if self.offloaded[key]:
                     out.extend(conv.keys)
+                    due = conv.since + call - view.costs.t_swap(conv.tokens)
+                    self.uploads[key] = Upload(due, conv.keys)
         return tuple(out)
 
-    def worth(self, conv: Conversation, view: EngineView) -> bool:
-        """T_fc > the round trip, and a waiting request fits the window's capacity."""
+    def uploads_due(self, view: EngineView) -> list[tuple[Conv, tuple[str, ...]]]:
+        """Each upload due by now, in due order: its conversation and its
+        copies on the host. An upload whose copies all left the host, or whose
+        holder is ready (its admission loads them), is done with."""
+        wanted = {s.key for r in view.waiting for s in r.shared}
+        out: list[tuple[Conv, tuple[str, ...]]] = []
+        for conv, up in sorted(self.uploads.items(), key=lambda kv: (kv[1].due, kv[0])):
+            keys = tuple(k for k in up.keys if k in view.contexts
+                         and view.contexts[k].location is Location.HOST)
+            if not keys or wanted.intersection(up.keys):
+                del self.uploads[conv]
+            elif up.due <= view.t:
+                out.append((conv, keys))
+        return out
+
+    def next_wake(self, view: EngineView) -> float | None:
+        """The earliest upload due after now: a scheduling point the policy asks for."""
+        return min((up.due for up in self.uploads.values() if up.due > view.t), default=None)
+
+    def worth(self, conv: Conversation, view: EngineView, call: float) -> bool:
+        """T_fc (`call`) > the round trip, and a waiting request fits the
+        window's capacity."""
         trip = 2 * view.costs.t_swap(conv.tokens)
-        window = self.predicted_call(conv, view) - trip
+        window = call - trip
         if window <= 0:
             return False
         cap = min(conv.tokens, window / max(view.costs.t_decode_s, 1e-9))
