@@ -20,7 +20,7 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import CellKey, RowKey
 
 from console.snapshot import CandidateRow, DecisionDetail, DecisionRow
-from console.widgets.format import ids
+from console.widgets.format import ids, retitle
 from console.widgets.phrases import Phrases
 
 FEED_ROWS = 120  # decisions the live feed keeps
@@ -308,7 +308,7 @@ class DecisionFeed(DataTable[Text | str]):
             flags.append("not following")
         elif not self.following():
             flags.append("not following (f or the last row follows)")
-        self.border_title = "Decisions" + "".join(f" · {f}" for f in flags)
+        retitle(self, "Decisions" + "".join(f" · {f}" for f in flags))
 
     @staticmethod
     def _runs(d: DecisionRow) -> list[list[Run]]:
@@ -431,7 +431,7 @@ class DecisionDetailView(Vertical):
             x += column.get_render_width(table)
             if x > table.scrollable_content_region.width + int(table.scroll_x):
                 hidden.append(str(column.label))
-        self.border_subtitle = f"→ scroll for {', '.join(hidden)}" if hidden else ""
+        retitle(self, subtitle=f"→ scroll for {', '.join(hidden)}" if hidden else "")
 
     def on_resize(self) -> None:
         if self.detail is not None:

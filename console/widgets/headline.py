@@ -13,7 +13,7 @@ from textual.strip import Strip
 from textual.widgets import Sparkline, Static
 
 from console.snapshot import Numbers
-from console.widgets.format import ms, secs
+from console.widgets.format import ms, retitle, secs
 
 Getter = Callable[[Numbers], float | None]
 Shown = Callable[[Numbers], tuple[str, str]]  # (the value, a note on the bottom border)
@@ -62,8 +62,7 @@ class Metric(Vertical):
         static = self.query_one(".value", Static)
         if str(static.content) != value:  # one line, always: no layout to redo
             static.update(value, layout=False)
-        if self.border_subtitle != note:
-            self.border_subtitle = note
+        retitle(self, subtitle=note)
         spark = self.query_one(Trend)
         if list(spark.data or ()) != list(trend):
             spark.data = list(trend)
