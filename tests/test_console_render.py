@@ -1,5 +1,6 @@
 """Panels that build their lines themselves draw what Textual's general path
-draws of the same data: the headline's trend lines."""
+draws of the same data (the headline's trend lines); panels redraw only when
+what they show changed."""
 
 from __future__ import annotations
 
@@ -7,9 +8,21 @@ import asyncio
 from typing import Any
 
 from textual.app import App, ComposeResult
+from textual.widget import Widget
 from textual.widgets import Sparkline
 
 from console.widgets.headline import Trend
+
+
+class Panel(App[None]):
+    """One panel on its own."""
+
+    def __init__(self, panel: Widget) -> None:
+        super().__init__()
+        self.panel = panel
+
+    def compose(self) -> ComposeResult:
+        yield self.panel
 
 
 def test_a_trend_line_is_textuals_sparkline() -> None:
@@ -55,12 +68,8 @@ def test_the_residency_redraws_only_when_what_it_shows_changed() -> None:
     moving = replace(snap, agents=(replace(agent, location="host", transfer="load",
                                            transfer_until=14.0),))
 
-    class Panel(App[None]):
-        def compose(self) -> ComposeResult:
-            yield Residency(id="residency")
-
     async def run() -> list[bool]:
-        app = Panel()
+        app = Panel(Residency(id="residency"))
         async with app.run_test(size=(80, 12)) as pilot:
             panel = app.query_one(Residency)
             redrawn = []
@@ -89,12 +98,8 @@ def test_the_tasks_table_redraws_only_when_its_rows_changed() -> None:
                     numbers=Numbers(10.0, 0, 0.0, None, None, None, None), tasks_in_flight=5,
                     requests_running=5, requests_waiting=0, decisions=3, policy="topas")
 
-    class Panel(App[None]):
-        def compose(self) -> ComposeResult:
-            yield TaskList(id="tasks")
-
     async def run() -> list[int]:
-        app = Panel()
+        app = Panel(TaskList(id="tasks"))
         async with app.run_test(size=(100, 12)) as pilot:
             table = app.query_one(TaskList)
             rendered: list[int] = []
