@@ -90,3 +90,52 @@ def test_a_full_feed_trims_many_rows_at_once_and_keeps_their_order() -> None:
     assert keys == [str(i) for i in range(51, FEED_ROWS + 51)]
     assert first[0] == "51"
     assert selected == FEED_ROWS + 50 and last == FEED_ROWS - 1
+
+
+def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
+    """The feed builds a decision's line from its runs of text; it is the line
+    Textual's DataTable renders of the same cells (styles, padding, the mouse
+    metadata naming row and column), on even and odd rows, under the cursor,
+    unfocused, under the hover cursor, scrolled sideways and after a trim."""
+    from textual.coordinate import Coordinate
+
+    def wide(seq: int) -> DecisionRow:  # every kind of action, a long agent name
+        return DecisionRow(seq=seq, t=seq * 1.5, admit=(1, 2, 3), preempt=(4,),
+                           load=("B", "a-very-long-agent\x1b[31m"), evict=("C",),
+                           blocked=seq % 3 == 0, wall_ms=12.25, n_candidates=4,
+                           total=None if seq % 4 == 0 else 1e-5 * seq)
+
+    class Focusable(FeedApp):
+        def compose(self) -> ComposeResult:
+            yield DecisionFeed(id="decisions")
+            yield DataTable(id="other")
+
+    async def run() -> tuple[int, int]:
+        app = Focusable()
+        async with app.run_test(size=(60, 20)) as pilot:
+            feed = app.query_one(DecisionFeed)
+            feed.append([_row(i) if i % 2 else wide(i) for i in range(1, 40)])
+            await pilot.pause()
+            lines = same = 0
+            for step in range(6):
+                if step == 1:
+                    feed.move_cursor(row=feed.row_count - 4)
+                elif step == 2:
+                    app.query_one("#other").focus()
+                elif step == 3:
+                    feed.hover_coordinate = Coordinate(feed.cursor_row - 1, 0)
+                    feed._show_hover_cursor = True
+                elif step == 4:
+                    feed.scroll_to(x=4, animate=False)
+                elif step == 5:
+                    feed.append([wide(i) for i in range(40, 40 + FEED_ROWS)])
+                await pilot.pause()
+                for y in range(feed.size.height):
+                    got = list(feed.render_line(y))
+                    feed._look = None
+                    lines += 1
+                    same += got == list(DataTable.render_line(feed, y))
+            return lines, same
+
+    lines, same = asyncio.run(run())
+    assert lines > 60 and same == lines

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
+from rich.cells import cell_len
+from rich.control import strip_control_codes
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
@@ -13,11 +15,12 @@ from textual.app import ComposeResult
 from textual.cache import LRUCache
 from textual.containers import Vertical
 from textual.geometry import Region, Size
+from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellKey, RowKey
 
 from console.snapshot import CandidateRow, DecisionDetail, DecisionRow
-from console.widgets.format import ids
+from console.widgets.format import ids, retitle
 from console.widgets.phrases import Phrases
 
 FEED_ROWS = 120  # decisions the live feed keeps
@@ -28,7 +31,7 @@ CANDIDATE_COLUMNS = ("#", "won", "total", *TERMS, "resident", "admit", "preempt"
 WIDE_DETAIL = 96  # the candidates panel from this many cells shows the terms in Eq. 13's order
 ACTIONS_WIDTH = 16  # the feed's actions past this many cells count loads instead of naming
 FEED_COLUMNS = (("seq", 6), ("t", 7), ("score", 7), ("ms", 5), ("actions", ACTIONS_WIDTH))
-CELL_CACHE = 4 * FEED_ROWS * len(FEED_COLUMNS)  # rendered cells kept (a row in a few looks)
+STRIP_CACHE = 4 * FEED_ROWS  # rendered lines kept (a row in a few looks)
 
 
 def term_values(c: CandidateRow) -> dict[str, float]:
@@ -63,25 +66,39 @@ def winner_phrase(detail: DecisionDetail) -> Text | None:
     return text
 
 
-def actions(d: DecisionRow, width: int = ACTIONS_WIDTH) -> Text:
-    """'+3 −1 ⇣C ⇡A' (admitted, preempted, prefixes evicted and loaded). Evictions
-    come before loads; past `width` cells the prefixes are counted ('⇣2 ⇡5'),
-    so a full column never hides an eviction."""
+Run = tuple[str, str]  # (text, style)
+
+
+def action_runs(d: DecisionRow, width: int = ACTIONS_WIDTH) -> list[Run]:
+    """'+3 −1 ⇣C ⇡A' (admitted, preempted, prefixes evicted and loaded) as runs
+    of text. Evictions come before loads; past `width` cells the prefixes are
+    counted ('⇣2 ⇡5'), so a full column never hides an eviction."""
     if d.noop:
-        return Text("no-op", style="grey50")
-    text = Text()
+        return [("no-op", "grey50")]
+    runs: list[Run] = []
     for n, sign, style in ((len(d.admit), "+", "green"), (len(d.preempt), "−", "red")):
         if n:
-            text.append(f"{sign}{n} ", style=style)
+            runs.append((f"{sign}{n} ", style))
     named = sum(len(a) + 2 for a in (*d.evict, *d.load))
     for names, arrow, style in ((d.evict, "⇣", "magenta"), (d.load, "⇡", "cyan")):
-        if names and text.cell_len + named > width:
-            text.append(f"{arrow}{len(names)} ", style=style)
+        if names and sum(cell_len(t) for t, _ in runs) + named > width:
+            runs.append((f"{arrow}{len(names)} ", style))
             continue
-        for a in names:
-            text.append(f"{arrow}{a} ", style=style)
+        runs += [(strip_control_codes(f"{arrow}{a} "), style) for a in names]
     if d.blocked:
-        text.append("blocked", style="yellow")
+        runs.append(("blocked", "yellow"))
+    return runs
+
+
+def actions(d: DecisionRow, width: int = ACTIONS_WIDTH) -> Text:
+    """`action_runs` as Rich text."""
+    return runs_text(action_runs(d, width))
+
+
+def runs_text(runs: Iterable[Run]) -> Text:
+    text = Text()
+    for part, style in runs:
+        text.append(part, style=style)
     return text
 
 
@@ -89,8 +106,65 @@ def num(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}" if abs(x) < 1e-3 and x else f"{x:.3f}"
 
 
+class _FeedLook:
+    """What one repaint of the feed renders rows with: the table's styles and
+    column widths, as Textual's DataTable looks them up for a row cursor."""
+
+    def __init__(self, table: DecisionFeed) -> None:
+        self.base = table.rich_style
+        self.width = table.size.width
+        self.widths = tuple(c.get_render_width(table) for c in table.ordered_columns)
+        self.rows = tuple(table.get_component_styles(f"datatable--{k}-row").rich_style
+                          for k in ("even", "odd"))
+        self.cursor = table.get_component_rich_style("datatable--cursor")
+        self.hover = table.get_component_rich_style("datatable--hover")
+        self.show_cursor = table.show_cursor
+        self.show_hover = table._show_hover_cursor
+        self.css_color = table.cursor_foreground_priority == "css"
+        self.css_bgcolor = table.cursor_background_priority == "css"
+        self.key = (self.base, self.width, self.widths, self.rows, self.cursor, self.hover,
+                    self.show_cursor, self.show_hover, self.css_color, self.css_bgcolor)
+
+    def component(self, cursor: bool, hover: bool) -> Style:
+        style = Style()
+        if hover and self.show_cursor and self.show_hover:
+            style += self.hover
+        if cursor and self.show_cursor:
+            style += self.cursor
+        return style
+
+    def segments(self, cells: Sequence[Sequence[Run]], index: int, cursor: bool,
+                 hover: bool) -> list[Segment] | None:
+        """Row `index`'s segments as the DataTable renders them (each cell padded
+        by one cell a side, its runs on the row's style plus the cursor's; the
+        mouse metadata naming the cell), or None when a cell must be cut (the
+        DataTable does that)."""
+        row = self.rows[index % 2]
+        component = self.component(cursor, hover)
+        post = (Style.from_color(color=component.color) if self.css_color else Style.null()) + (
+            Style.from_color(bgcolor=component.bgcolor) if self.css_bgcolor else Style.null())
+        out: list[Segment] = []
+        for column, (runs, width) in enumerate(zip(cells, self.widths, strict=True)):
+            pre = row + Style.from_meta({"row": index, "column": column}) + component
+            pad = pre + post
+            used = sum(cell_len(text) for text, _ in runs)
+            if used > width - 2:
+                return None
+            out.append(Segment(" ", pad))
+            out += [Segment(text, pre + Style.parse(style) + post) for text, style in runs
+                    if text]
+            out.append(Segment(" " * (width - 1 - used), pad))
+        extend = row + component + Style.from_meta({"row": index, "column": 0,
+                                                    "out_of_bounds": True})
+        out.append(Segment(" " * max(0, self.width - sum(self.widths)), extend))
+        return out
+
+
 class DecisionFeed(DataTable[Text | str]):
-    """Decisions, newest at the bottom; no-ops hidden unless asked for."""
+    """Decisions, newest at the bottom; no-ops hidden unless asked for. Its
+    rows render as Textual's DataTable renders them, from each decision's
+    runs of text, kept by decision and look (a decision's cells never change;
+    every added or trimmed row starts the DataTable's own caches over)."""
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
@@ -99,9 +173,8 @@ class DecisionFeed(DataTable[Text | str]):
         self._trimming = False
         self.rows_shown: list[DecisionRow] = []
         self.border_title = "Decisions"
-        # rendered cells by decision: (the row index their meta names, the lines)
-        self._cell_lines: LRUCache[tuple[Any, ...], tuple[int, list[list[Segment]]]] = \
-            LRUCache(CELL_CACHE)
+        self._look: _FeedLook | None = None  # styles and widths of one repaint
+        self._strips: LRUCache[tuple[Any, ...], Strip] = LRUCache(STRIP_CACHE)
 
     def on_mount(self) -> None:
         # fixed widths (a wider cell would cost the screen a new layout), the
@@ -117,38 +190,39 @@ class DecisionFeed(DataTable[Text | str]):
                                recompose=recompose)
 
     def clear(self, columns: bool = False) -> Self:
-        self._cell_lines.clear()  # a restarted daemon numbers its decisions from 1 again
+        self._strips.clear()  # a restarted daemon numbers its decisions from 1 again
         return super().clear(columns)
 
-    def notify_style_update(self) -> None:
-        self._cell_lines.clear()
-        super().notify_style_update()
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._look = None
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._look = None
 
-    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
-                     cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
-        """A cell as Textual's DataTable renders it, but kept by its decision and
-        its look (zebra stripe, cursor, focus), not by the table's update count:
-        every added or trimmed row starts Textual's count over, which would
-        render every cell on screen again each time decisions join (a decision's
-        cells never change). A row moved up by a trim only gets the new row
-        index in its mouse metadata."""
-        if row_index < 0 or column_index < 0:  # the header
-            return super()._render_cell(row_index, column_index, base_style, width, cursor,
-                                        hover)
-        key = (self._row_locations.get_key(row_index), column_index, base_style, width,
-               cursor, hover, self._show_hover_cursor, self._pseudo_class_state)
-        hit = self._cell_lines.get(key)
-        if hit is None:
-            lines = super()._render_cell(row_index, column_index, base_style, width, cursor,
-                                         hover)
-        elif hit[0] == row_index:
-            return hit[1]
-        else:
-            meta = Style.from_meta({"row": row_index, "column": column_index})
-            lines = [[Segment(s.text, s.style + meta if s.style else meta, s.control)
-                      for s in line] for line in hit[1]]
-        self._cell_lines[key] = (row_index, lines)
-        return lines
+    def render_line(self, y: int) -> Strip:
+        """A decision's line from its runs (the header, lines past the last row
+        and a cell that must be cut: the DataTable's)."""
+        scroll_x, scroll_y = self.scroll_offset
+        header = self.header_height if self.show_header else 0
+        index = y + scroll_y - header
+        if y < header or not 0 <= index < len(self.rows_shown) or self.cursor_type != "row":
+            return super().render_line(y)
+        if self._look is None:
+            self._look = _FeedLook(self)
+        look, d = self._look, self.rows_shown[index]
+        cursor = index == self.cursor_coordinate.row
+        hover = index == self.hover_coordinate.row
+        key = (d.seq, index, cursor, hover, scroll_x, look.key)
+        strip = self._strips.get(key)
+        if strip is None:
+            segments = look.segments(self._runs(d), index, cursor, hover)
+            if segments is None:
+                return super().render_line(y)
+            strip = Strip(segments).crop(scroll_x, scroll_x + look.width).adjust_cell_length(
+                look.width, look.base).simplify()
+            self._strips[key] = strip
+        return strip
 
     def shows(self, d: DecisionRow) -> bool:
         """Whether the feed lists `d` (no-ops only when they are shown)."""
@@ -234,11 +308,18 @@ class DecisionFeed(DataTable[Text | str]):
             flags.append("not following")
         elif not self.following():
             flags.append("not following (f or the last row follows)")
-        self.border_title = "Decisions" + "".join(f" · {f}" for f in flags)
+        retitle(self, "Decisions" + "".join(f" · {f}" for f in flags))
 
     @staticmethod
-    def _cells(d: DecisionRow) -> list[Text | str]:
-        return [str(d.seq), f"{d.t:.2f}", num(d.total), f"{d.wall_ms:.2f}", actions(d)]
+    def _runs(d: DecisionRow) -> list[list[Run]]:
+        """Each cell's runs of text, in FEED_COLUMNS' order."""
+        return [[(str(d.seq), "")], [(f"{d.t:.2f}", "")], [(num(d.total), "")],
+                [(f"{d.wall_ms:.2f}", "")], action_runs(d)]
+
+    @classmethod
+    def _cells(cls, d: DecisionRow) -> list[Text | str]:
+        *plain, acts = cls._runs(d)
+        return [*("".join(t for t, _ in runs) for runs in plain), runs_text(acts)]
 
 
 class CandidateTable(DataTable[Text | str]):
@@ -350,7 +431,7 @@ class DecisionDetailView(Vertical):
             x += column.get_render_width(table)
             if x > table.scrollable_content_region.width + int(table.scroll_x):
                 hidden.append(str(column.label))
-        self.border_subtitle = f"→ scroll for {', '.join(hidden)}" if hidden else ""
+        retitle(self, subtitle=f"→ scroll for {', '.join(hidden)}" if hidden else "")
 
     def on_resize(self) -> None:
         if self.detail is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from textual.widget import Widget
+
 AGENT_COLOURS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
                  "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac")
 
@@ -64,3 +66,12 @@ def split_cells(width: int, parts: Sequence[int]) -> list[int]:
         cells[order[k % len(order)]] += 1
         k += 1
     return cells
+
+
+def retitle(widget: Widget, title: str | None = None, subtitle: str | None = None) -> None:
+    """Set a border's title and subtitle (None: leave it) where they changed:
+    Textual repaints the whole widget for any assignment, of the same text too."""
+    if title is not None and widget.border_title != title:
+        widget.border_title = title
+    if subtitle is not None and widget.border_subtitle != subtitle:
+        widget.border_subtitle = subtitle

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import cast
 
+from rich.segment import Segment
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.renderables.sparkline import Sparkline as Bars
+from textual.strip import Strip
 from textual.widgets import Sparkline, Static
 
 from console.snapshot import Numbers
-from console.widgets.format import ms, secs
+from console.widgets.format import ms, retitle, secs
 
 Getter = Callable[[Numbers], float | None]
 Shown = Callable[[Numbers], tuple[str, str]]  # (the value, a note on the bottom border)
@@ -24,6 +28,22 @@ METRICS: tuple[tuple[str, str, Getter, Shown], ...] = (
 )
 
 
+class Trend(Sparkline):
+    """Textual's Sparkline, its line built straight from the bars (the same
+    bars and colours; Textual's general path for a Rich renderable costs a
+    few times more, and every poll redraws four of these)."""
+
+    def render_line(self, y: int) -> Strip:
+        width, height = self.size
+        if y or height != 1 or not width:
+            return super().render_line(y)
+        base = self.visual_style.rich_style
+        bars = cast(Bars[float], self.render())  # Textual's bars, on the widget's style
+        return Strip([Segment(s.text, base + s.style) for s in
+                      bars.__rich_console__(self.app.console, self.app.console_options)
+                      if isinstance(s, Segment)])
+
+
 class Metric(Vertical):
     """One number, its label and its trend."""
 
@@ -33,7 +53,7 @@ class Metric(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("—", classes="value")
-        yield Sparkline([], classes="trend")
+        yield Trend([], classes="trend")
 
     def set(self, shown: tuple[str, str], trend: Sequence[float]) -> None:
         """The value on its line, the note on the bottom border (a narrow box
@@ -42,9 +62,8 @@ class Metric(Vertical):
         static = self.query_one(".value", Static)
         if str(static.content) != value:  # one line, always: no layout to redo
             static.update(value, layout=False)
-        if self.border_subtitle != note:
-            self.border_subtitle = note
-        spark = self.query_one(Sparkline)
+        retitle(self, subtitle=note)
+        spark = self.query_one(Trend)
         if list(spark.data or ()) != list(trend):
             spark.data = list(trend)
 

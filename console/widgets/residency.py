@@ -24,14 +24,28 @@ class Residency(Static):
         super().__init__("waiting for the first state…", id=id)
         self.snapshot: Snapshot | None = None
         self.border_title = "Residency"
+        self.drawn: tuple[object, ...] | None = None  # what the panel shows (`shown`)
 
     def show(self, snapshot: Snapshot) -> None:
-        """Redraw (its height is the panel's, min and max 100%: no new layout)."""
+        """Redraw when what the panel shows changed (its height is the panel's,
+        min and max 100%: no new layout)."""
         self.snapshot = snapshot
-        self.update(self._render_snapshot(snapshot), layout=False)
+        shown = self.shown(snapshot)
+        if shown != self.drawn:
+            self.drawn = shown
+            self.update(self._render_snapshot(snapshot), layout=False)
+
+    def shown(self, s: Snapshot) -> tuple[object, ...]:
+        """Everything the panel draws of `s`: its width and rows, the budget, the
+        agents and the moves under way (their time left)."""
+        width = max(10, self.content_size.width or 60)
+        return (width, self._agent_rows(), s.budget, s.kv_prefixes, s.kv_requests, s.agents,
+                tuple(_moving(s, a.transfer, a.transfer_until, width < NARROW)
+                      for a in s.agents if a.transfer is not None))
 
     def on_resize(self) -> None:
         if self.snapshot is not None:
+            self.drawn = self.shown(self.snapshot)
             self.update(self._render_snapshot(self.snapshot))
 
     def _render_snapshot(self, s: Snapshot) -> RenderableType:

@@ -26,7 +26,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from console.snapshot import Snapshot, TaskRow
-from console.widgets.format import secs
+from console.widgets.format import retitle, secs
 
 SORTS: tuple[tuple[str, str, Callable[[TaskRow], float]], ...] = (
     ("age", "age ▼", lambda r: -r.age),
@@ -178,6 +178,7 @@ class TaskList(ScrollView, can_focus=True):
         self._lines: dict[int, Strip] = {}  # rendered rows of this update, by index
         self._late: frozenset[int] = frozenset()  # the shown tasks that are late
         self._look: _Look | None = None  # styles and columns of one repaint
+        self._drawn: tuple[object, ...] | None = None  # rows, lateness, columns on screen
         self.border_title = "Tasks"
 
     # ------------------------------------------------------------ data
@@ -217,9 +218,13 @@ class TaskList(ScrollView, can_focus=True):
         self._late = frozenset(r.id for r in self.shown if snapshot.late(r))
         shown = (f"{len(self.shown)} of {len(snapshot.tasks)} match /{self.filter_text}"
                  if self.filter_text else f"{len(self.shown)} in flight")
-        self.border_title = escape(f"Tasks · {shown} · {len(self._late)} late · "
-                                   f"by {SORTS[self.sort_index][1]}")
-        self.border_subtitle = "⚠ late: past its workflow's p99 +25% · / filter · enter open"
+        retitle(self, escape(f"Tasks · {shown} · {len(self._late)} late · "
+                             f"by {SORTS[self.sort_index][1]}"),
+                "⚠ late: past its workflow's p99 +25% · / filter · enter open")
+        drawn = (tuple(self.shown), self._late, self.columns())
+        if drawn == self._drawn:
+            return  # the same rows, lateness and columns: nothing to redraw
+        self._drawn = drawn
         self._lines.clear()
         height = self.virtual_size.height
         if not height - 2 * ROWS_STEP < len(self.shown) + 1 <= height:  # grows past its end,
@@ -325,6 +330,10 @@ class TaskList(ScrollView, can_focus=True):
         segments = [Segment(s.text, style + s.style if s.style else style)
                     for s in text.render(self.app.console)]
         return Strip(segments).crop_extend(scroll_x, scroll_x + width, style)
+
+    def notify_style_update(self) -> None:
+        self._lines.clear()  # drawn in the old styles (a theme changed)
+        super().notify_style_update()
 
     def on_focus(self) -> None:
         self._lines.pop(self.cursor, None)
