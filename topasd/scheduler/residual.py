@@ -234,24 +234,45 @@ class TaskPaths:
     def _dag_pass(self, wf: Workflow,
                   group: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
         """E[LP] of every (task, cut) of `group` (tasks of the DAG `wf`) into the
-        cache, averaged over the stratified samples in one longest-path pass."""
-        keys = [(task.id, cut) for task, _, todo in group for cut in todo]
-        cuts = np.zeros((len(wf.topo_order), len(keys)))  # D_hat per (stage, cut)
-        entries = [(row, j, d) for j, (_, cut) in enumerate(keys) for row, d in cut]
-        if entries:  # a cut has each stage row at most once
+        cache, averaged over the stratified samples in one longest-path pass.
+        Tasks whose residuals are the same objects (unstarted stages share
+        theirs) have the same samples: each distinct (samples, cut) pair is
+        one column of the pass, its value given to every key that has it."""
+        keys: list[tuple[int, Cut]] = []
+        column: list[int] = []  # of each key
+        columns: dict[tuple[int, Cut], int] = {}  # (samples, cut) -> column
+        samples: list[np.ndarray] = []
+        sample_of: dict[tuple[int, ...], int] = {}  # residuals' identities -> samples
+        picks: list[int] = []  # the samples of each column
+        entries: list[tuple[int, int, float]] = []  # (stage row, column, D_hat)
+        for task, running, todo in group:
+            res = self._residuals(task, wf, running)
+            sig = tuple([id(r) for r in res])
+            k = sample_of.get(sig)
+            if k is None:
+                k = sample_of[sig] = len(samples)
+                samples.append(self._sampled(task, res))
+            for cut in todo:
+                j = columns.get((k, cut))
+                if j is None:
+                    j = columns[(k, cut)] = len(picks)
+                    picks.append(k)
+                    entries.extend((row, j, d) for row, d in cut)  # each row at most once
+                keys.append((task.id, cut))
+                column.append(j)
+        cuts = np.zeros((len(wf.topo_order), len(picks)))  # D_hat per (stage, column)
+        if entries:
             rows, at, dhat = zip(*entries, strict=True)
             cuts[rows, at] = dhat
-        samples = [self._sampled(task, self._residuals(task, wf, running))
-                   for task, running, _ in group]
-        if len(samples) == 1:
-            z = samples[0][:, None] - cuts[:, :, None]  # (stage, cut, sample)
-        else:  # each task's samples once per cut of it, then the cuts
-            z = np.repeat(np.stack(samples, axis=1), [len(todo) for _, _, todo in group], axis=1)
+        if len(picks) == 1:
+            z = samples[0][:, None] - cuts[:, :, None]  # (stage, column, sample)
+        else:  # each column's samples, then its cut
+            z = np.stack(samples, axis=1)[:, picks]
             z -= cuts[:, :, None]  # x - 0.0 is x: a stage no cut holds is unchanged
         lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (IV-B, after Eq. 4)
         # the mean over samples, as ndarray.mean computes it (a sum, then / S)
-        self._lhat.update(zip(keys, (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist(),
-                              strict=True))
+        means = (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist()
+        self._lhat.update(zip(keys, [means[j] for j in column], strict=True))
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
