@@ -37,7 +37,6 @@ from topasd.model import (
     StageProgress,
     StageStatus,
     TaskView,
-    Workflow,
     held_demand,
     missing_shared,
     redo_tokens,
@@ -45,7 +44,7 @@ from topasd.model import (
 )
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
-from topasd.scheduler.residual import ServiceModel, TaskPaths, quantile_rows
+from topasd.scheduler.residual import Cut, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import candidate_window, is_fresh, oldest_by_workflow
 from topasd.score import score_total
 
@@ -160,14 +159,14 @@ class TopasPolicy:
     @staticmethod
     def fresh_paths(view: EngineView, paths: TaskPaths) -> dict[str, float]:
         """Each workflow's expected longest path of a fresh task (Eq. 5)."""
-        return {name: max(paths.lhat(_fresh_task(view.workflows[name], -1 - i), {}), 1e-3)
-                for i, name in enumerate(sorted(view.workflows))}
+        return {task.workflow: max(paths.lhat(task, {}), 1e-3) for task in _fresh_paths_tasks(view)}
 
 
-def _fresh_task(wf: Workflow, task_id: int) -> TaskView:
-    """A task of `wf` with no stage started (`task_id`: negative, one per
+def _fresh_paths_tasks(view: EngineView) -> list[TaskView]:
+    """A task of each workflow with no stage started (ids negative, one per
     workflow, as `TaskPaths` caches by task id)."""
-    return TaskView(task_id, wf.name, 0.0, {v: StageProgress() for v in wf.topo_order})
+    return [TaskView(-1 - i, name, 0.0, {v: StageProgress() for v in wf.topo_order})
+            for i, (name, wf) in enumerate(sorted(view.workflows.items()))]
 
 
 # --------------------------------------------------------------------------
@@ -349,7 +348,6 @@ class _Search(SearchBounds):
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
         self._reuse_terms()
-        self.g = self._aging()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
         self.step_cost = max(1.0, p.samples / 64)
@@ -377,6 +375,7 @@ class _Search(SearchBounds):
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
+        self.g = self._aging()  # reads the memos above
 
     def _index_waiting(self, view: EngineView) -> None:
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
@@ -1061,6 +1060,7 @@ class _Search(SearchBounds):
         g = dict.fromkeys(tasks, 1.0)
         if not (p.aging or p.srpt):
             return g
+        paths = self._remaining_paths(tasks) if p.srpt else {}
         scale = self.policy.age_scale(self.view, self.paths)
         if p.aging:
             fresh = self.policy.fresh_paths(self.view, self.paths) if p.age_curve == "linear" \
@@ -1071,17 +1071,33 @@ class _Search(SearchBounds):
                     g[tid] = 1.0 + p.rho * (age / fresh[task.workflow] if fresh is not None
                                             else math.log1p(age / scale[task.workflow]))
         if p.srpt:
-            for tid, path in self._remaining_paths(tasks).items():
+            for tid, path in paths.items():
                 h = scale[tasks[tid].workflow]  # type: ignore[union-attr]
                 g[tid] *= (h / max(path, 0.05 * h)) ** p.srpt
         return g
 
     def _remaining_paths(self, tasks: Mapping[int, TaskView | None]) -> dict[int, float]:
-        """L_hat_i({}, t) of each task (Eq. 5), DAG tasks in one pass per workflow."""
-        jobs = [(task, self.running_stage.get(tid, {}), [()])
-                for tid, task in tasks.items() if task is not None]
-        self.paths.lhat_batch(jobs)  # type: ignore[arg-type]
+        """L_hat_i({}, t) of each task (Eq. 5). DAG tasks share one pass per
+        workflow with the cuts their base gains read (`_gain_cuts`) and each
+        workflow's fresh task (`fresh_paths`)."""
+        jobs: list[tuple[TaskView, Mapping[str, Request], list[Cut]]] = [
+            (task, self.running_stage.get(tid, {}), self._gain_cuts(task))
+            for tid, task in tasks.items() if task is not None]
+        none: dict[str, Request] = {}
+        fresh: list[Cut] = [()]
+        self.paths.lhat_batch([*jobs, *((task, none, fresh)
+                                        for task in _fresh_paths_tasks(self.view))])
         return {task.id: self.paths.lhat(task, running, ()) for task, running, _ in jobs}
+
+    def _gain_cuts(self, task: TaskView) -> list[Cut]:
+        """Every cut of a task `_gains`, `_joint_gain` and `partial_cap` read
+        for its base gains: {}, each waiting request's, all of them, and each
+        agent's complement (only {} on a chain, whose gains are sums)."""
+        if self.view.workflows[task.workflow].is_chain:
+            return [()]
+        reqs = self.waiting_by_task[task.id]
+        return [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
+                self._joint_cut(reqs), *self._complement_cuts(task.id)]
 
     # ------------------------------------------------------------ progress
 
@@ -1115,10 +1131,8 @@ class _Search(SearchBounds):
             delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
             self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
                                   strict=True))
-        self.paths.lhat_batch([  # every cut `_gains`, `_joint_gain`, `partial_cap` read
-            (task, running, [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
-                             self._joint_cut(reqs), *self._complement_cuts(task.id)])
-            for task, running, reqs in dags])
+        self.paths.lhat_batch([(task, running, self._gain_cuts(task))
+                               for task, running, _ in dags])
         for task, _, reqs in dags:
             self._gains(task.id, (), reqs)
 
