@@ -73,6 +73,33 @@ class _Queue:
         self.arrival[tid] = r.task_arrival
 
 
+class DemandMemo:
+    """Each waiting request's d_r (`Request.admit_demand`) kept from one
+    decision to the next: a request is frozen, so while the same object
+    waits under the same reservation mode and ratio its d_r is the same
+    float. Holds only the requests of the last queue it priced."""
+
+    def __init__(self) -> None:
+        self._mode: tuple[Reservation, float] | None = None
+        self._held: dict[int, tuple[Request, float]] = {}
+
+    def demands(self, waiting: Iterable[Request], reservation: Reservation,
+                ratio: float) -> list[float]:
+        """d_r of each of `waiting`, in order."""
+        old: dict[int, tuple[Request, float]] = {}
+        if self._mode == (reservation, ratio):
+            old = self._held
+        held: dict[int, tuple[Request, float]] = {}
+        out: list[float] = []
+        for r in waiting:
+            hit = old.get(r.id)
+            d = hit[1] if hit is not None and hit[0] is r else r.admit_demand(reservation, ratio)
+            held[r.id] = (r, d)
+            out.append(d)
+        self._mode, self._held = (reservation, ratio), held
+        return out
+
+
 def oldest_by_workflow(waiting: Iterable[Request]) -> dict[str, Request]:
     """Each workflow's waiting request of its oldest task (then lowest id)."""
     oldest: dict[str, Request] = {}
@@ -85,20 +112,22 @@ def oldest_by_workflow(waiting: Iterable[Request]) -> dict[str, Request]:
 
 
 def candidate_window(view: EngineView, params: TopasParams,
-                     forced: Iterable[Request | None] = ()) -> EngineView:
+                     forced: Iterable[Request | None] = (),
+                     memo: DemandMemo | None = None) -> EngineView:
     """`view` itself while at most `window_cap` (> 0) requests wait; else only
     the waiting requests of each agent's first tasks (by arrival; started
     tasks first with `start_gate`) that a fill into `window` times
     `admission_room` reaches (`_reach`), at most `window_cap` requests of
     them in that order across agents (each agent's first task and the tasks
-    of `forced` requests are always in)."""
+    of `forced` requests are always in). `memo` keeps d_r between calls."""
     cap = params.window_cap or math.inf
     if params.window is None or not view.waiting or len(view.waiting) <= params.window_cap:
         return view
     limit = params.window * admission_room(view, params.preempt, params.swap_only)
     reservation, ratio, queue = Reservation(params.reservation), view.new_request_ratio, _Queue()
-    for r in view.waiting:
-        queue.add(r, r.admit_demand(reservation, ratio))
+    memo = memo or DemandMemo()
+    for r, d in zip(view.waiting, memo.demands(view.waiting, reservation, ratio), strict=True):
+        queue.add(r, d)
     by_agent = queue.by_agent
     order = _task_order(view, queue.arrival, params.start_gate)
     reached = {agent: _reach(tasks, order, limit, queue.least[agent])
