@@ -12,7 +12,7 @@ from textual.app import App, ComposeResult
 from textual.widgets import DataTable
 
 from console.snapshot import DecisionRow
-from console.widgets.decisions import FEED_ROWS, DecisionFeed
+from console.widgets.decisions import FEED_ROWS, DecisionFeed, fit_runs, num
 
 
 def _row(seq: int) -> DecisionRow:
@@ -96,14 +96,18 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
     """The feed builds a decision's line from its runs of text; it is the line
     Textual's DataTable renders of the same cells (styles, padding, the mouse
     metadata naming row and column), on even and odd rows, under the cursor,
-    unfocused, under the hover cursor, scrolled sideways and after a trim."""
+    unfocused, under the hover cursor, scrolled sideways and after a trim, with
+    cells wider than their columns cut as the DataTable cuts them."""
     from textual.coordinate import Coordinate
 
-    def wide(seq: int) -> DecisionRow:  # every kind of action, a long agent name
-        return DecisionRow(seq=seq, t=seq * 1.5, admit=(1, 2, 3), preempt=(4,),
+    def wide(seq: int) -> DecisionRow:  # every kind of action, a long agent name;
+        # times, scores and wall times wider than their columns (the DataTable cuts them)
+        return DecisionRow(seq=seq, t=seq * 1.5 + (12345 if seq % 5 == 0 else 0),
+                           admit=(1, 2, 3), preempt=(4,),
                            load=("B", "a-very-long-agent\x1b[31m"), evict=("C",),
-                           blocked=seq % 3 == 0, wall_ms=12.25, n_candidates=4,
-                           total=None if seq % 4 == 0 else 1e-5 * seq)
+                           blocked=seq % 3 == 0, wall_ms=12.25 + (1000 if seq % 7 == 0 else 0),
+                           n_candidates=4,
+                           total=None if seq % 4 == 0 else 1e-5 * seq if seq % 3 else 1234.5 * seq)
 
     class Focusable(FeedApp):
         def compose(self) -> ComposeResult:
@@ -117,6 +121,8 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
             feed.append([_row(i) if i % 2 else wide(i) for i in range(1, 40)])
             await pilot.pause()
             lines = same = 0
+            cut = [d for d in feed.rows_shown if len(num(d.total)) > 7 or len(f"{d.t:.2f}") > 7]
+            assert cut  # the DataTable would cut these cells
             for step in range(6):
                 if step == 1:
                     feed.move_cursor(row=feed.row_count - 4)
@@ -139,3 +145,26 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
 
     lines, same = asyncio.run(run())
     assert lines > 60 and same == lines
+
+
+def test_runs_cut_to_a_width_as_rich_text_folds_them() -> None:
+    """A cell's runs cut to its column are the cells Rich's Text keeps of the
+    same text at that width (wide characters split at the edge included)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(width=40, color_system="truecolor")
+    cases = [[("1234.568", "")], [("ab", "bold"), ("cdef", "red")], [("漢字漢字", ""), ("x", "")],
+             [("a", ""), ("漢字", "green")], [("", ""), ("abc", "")]]
+    for runs in cases:
+        for width in range(0, 9):
+            text = Text(no_wrap=True, end="")
+            for t, style in runs:
+                text.append(t, style)
+            want = [(s.text, s.style) for s in console.render(
+                text, console.options.update(width=width, no_wrap=True, height=1))
+                if s.text and s.text != "\n"]
+            got = fit_runs(runs, width)
+            if width:
+                plain = "".join(t for t, _ in got)
+                assert plain.rstrip() == "".join(t for t, _ in want).rstrip(), (runs, width)

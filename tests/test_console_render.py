@@ -1,17 +1,24 @@
 """Panels that build their lines themselves draw what Textual's general path
-draws of the same data (the headline's trend lines); panels redraw only when
+draws of the same data (the headline's trend lines, the residency's agents
+table); panels redraw only when
 what they show changed."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
+from rich.styled import Styled
 from textual.app import App, ComposeResult
 from textual.widget import Widget
 from textual.widgets import Sparkline
 
 from console.widgets.headline import Trend
+from console.widgets.residency import AgentTable
 
 
 class Panel(App[None]):
@@ -119,3 +126,45 @@ def test_the_tasks_table_redraws_only_when_its_rows_changed() -> None:
 
     first, same, older = asyncio.run(run())
     assert first > 5 and same == 0 and older > 5
+
+
+def _cells(console: Console, renderable: object, width: int) -> list[list[tuple[str, Style]]]:
+    """Each line's segments as (text, style) on a base style, as Textual's
+    Static draws a Rich renderable."""
+    base = Style(color="white", bgcolor="black")
+    lines = Segment.split_and_crop_lines(
+        console.render(Styled(renderable, base), console.options.update_width(width)),  # type: ignore[arg-type]
+        width, include_new_lines=False, pad=False)
+    return [[(seg.text, base + (seg.style or Style())) for seg in line] for line in lines]
+
+
+def test_the_agents_table_is_what_rich_draws_of_its_cells() -> None:
+    """The residency's agents table, built from its cells, draws the segments
+    Rich's Table draws of the same rows (column widths widened in proportion,
+    justification, the bold header, each cell's style over its padding), at widths from
+    too narrow (Rich's own table then) to wide, for assorted contents (control
+    codes, tabs and newlines among them: Rich's own table then)."""
+    console = Console(width=200, color_system="truecolor", highlight=False)
+    wide = [("agent", "left"), ("prefix", "right"), ("where", "left"), ("moving", "left"),
+            ("run", "right"), ("wait", "right"), ("KV", "right")]
+    narrow = [c for c in wide if c[0] != "moving"]
+    rng = random.Random(31)
+    words = ["planner", "a", "漢字エージェント", "coder-with-a-long-name", "—", "12.5k", "0",
+             "host→GPU 0.42s", "GPU…", "none", "+3 more", ""]
+    odd = ["tab\there", "bell\x07", "esc\x1b[31m", "two\nlines"]
+    styles = ["", "bold green", "magenta", "grey50 italic", "#d4a017", "yellow"]
+    tables = direct = 0
+    for columns in (wide, narrow):
+        for n_rows, odd_cell in ((0, False), (1, False), (3, False), (8, False), (1, True),
+                                 (3, True)):
+            rows = [[(rng.choice(words), rng.choice(styles)) for _ in columns]
+                    for _ in range(n_rows)]
+            if odd_cell:
+                rows[-1][rng.randrange(len(columns))] = (rng.choice(odd), "")
+            table = AgentTable(tuple(columns), rows)  # type: ignore[arg-type]
+            for width in (10, 30, 45, 56, 60, 80, 117, 160):
+                tables += 1
+                direct += table.printable() and table.widths(width) is not None
+                want = _cells(console, table.rich_table(), width)
+                assert _cells(console, table, width) == want, (columns, rows, width)
+    assert tables == 96 and 20 <= direct < tables  # built directly, and by Rich's table

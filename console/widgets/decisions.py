@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
-from rich.cells import cell_len
+from rich.cells import cell_len, set_cell_size
 from rich.control import strip_control_codes
 from rich.segment import Segment
 from rich.style import Style
@@ -102,6 +102,23 @@ def runs_text(runs: Iterable[Run]) -> Text:
     return text
 
 
+def fit_runs(runs: Sequence[Run], width: int) -> Sequence[Run]:
+    """`runs` cut to `width` cells as a one-line cell of a DataTable cuts its
+    text (Rich's fold overflow: the cells past the width dropped, a wide
+    character split at the edge becomes a space)."""
+    if sum(cell_len(text) for text, _ in runs) <= width:
+        return runs
+    out: list[Run] = []
+    for text, style in runs:
+        n = cell_len(text)
+        if n >= width:
+            out.append((set_cell_size(text, width), style))
+            break
+        out.append((text, style))
+        width -= n
+    return out
+
+
 def num(x: float | None) -> str:
     return "—" if x is None else f"{x:.3g}" if abs(x) < 1e-3 and x else f"{x:.3f}"
 
@@ -134,11 +151,10 @@ class _FeedLook:
         return style
 
     def segments(self, cells: Sequence[Sequence[Run]], index: int, cursor: bool,
-                 hover: bool) -> list[Segment] | None:
+                 hover: bool) -> list[Segment]:
         """Row `index`'s segments as the DataTable renders them (each cell padded
-        by one cell a side, its runs on the row's style plus the cursor's; the
-        mouse metadata naming the cell), or None when a cell must be cut (the
-        DataTable does that)."""
+        by one cell a side, its runs on the row's style plus the cursor's, cut
+        to the column; the mouse metadata naming the cell)."""
         row = self.rows[index % 2]
         component = self.component(cursor, hover)
         post = (Style.from_color(color=component.color) if self.css_color else Style.null()) + (
@@ -147,9 +163,8 @@ class _FeedLook:
         for column, (runs, width) in enumerate(zip(cells, self.widths, strict=True)):
             pre = row + Style.from_meta({"row": index, "column": column}) + component
             pad = pre + post
+            runs = fit_runs(runs, width - 2)
             used = sum(cell_len(text) for text, _ in runs)
-            if used > width - 2:
-                return None
             out.append(Segment(" ", pad))
             out += [Segment(text, pre + Style.parse(style) + post) for text, style in runs
                     if text]
@@ -201,8 +216,8 @@ class DecisionFeed(DataTable[Text | str]):
             self._look = None
 
     def render_line(self, y: int) -> Strip:
-        """A decision's line from its runs (the header, lines past the last row
-        and a cell that must be cut: the DataTable's)."""
+        """A decision's line from its runs (the header and lines past the last
+        row: the DataTable's)."""
         scroll_x, scroll_y = self.scroll_offset
         header = self.header_height if self.show_header else 0
         index = y + scroll_y - header
@@ -216,10 +231,8 @@ class DecisionFeed(DataTable[Text | str]):
         key = (d.seq, index, cursor, hover, scroll_x, look.key)
         strip = self._strips.get(key)
         if strip is None:
-            segments = look.segments(self._runs(d), index, cursor, hover)
-            if segments is None:
-                return super().render_line(y)
-            strip = Strip(segments).crop(scroll_x, scroll_x + look.width).adjust_cell_length(
+            line = Strip(look.segments(self._runs(d), index, cursor, hover))
+            strip = line.crop(scroll_x, scroll_x + look.width).adjust_cell_length(
                 look.width, look.base).simplify()
             self._strips[key] = strip
         return strip

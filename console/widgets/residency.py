@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+from collections.abc import Iterator, Sequence
+
+from rich._ratio import ratio_distribute
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.segment import Segment
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -13,6 +19,7 @@ from console.widgets.format import agent_colour, secs, split_cells, tokens
 REQUESTS_STYLE = "#d4a017"
 FREE_STYLE = "grey35"
 NARROW = 56  # content cells below which the table drops a column
+Cell = tuple[str, str]  # a cell's text and its style (the padding that justifies it too)
 LOCATION = {"gpu": ("GPU", "bold green"), "host": ("host", "cyan"), "none": ("none", "grey50")}
 
 
@@ -102,17 +109,14 @@ class Residency(Static):
         return text
 
     def _table(self, s: Snapshot, colours: dict[str, str], narrow: bool,
-               rows: int | None = None) -> Table:
+               rows: int | None = None) -> AgentTable:
         """A row per agent (thousands of tokens as k). Narrow, a move under way
         replaces the place: one column less. More agents than `rows`: those on
         the GPU or with requests first, and a last row counting the others."""
-        table = Table(box=None, expand=True, pad_edge=False, padding=(0, 1))
         columns = [("agent", "left"), ("prefix", "right"), ("where", "left"),
                    ("moving", "left"), ("run", "right"), ("wait", "right"), ("KV", "right")]
         if narrow:
             columns.remove(("moving", "left"))
-        for name, justify in columns:
-            table.add_column(name, justify=justify, header_style="bold", no_wrap=True)  # type: ignore[arg-type]
         agents = list(s.agents)
         hidden = 0
         if rows is not None and len(agents) > rows:
@@ -120,24 +124,22 @@ class Residency(Static):
             agents = (busy + [a for a in agents if a not in busy])[:rows - 1]
             hidden = len(s.agents) - len(agents)
             agents.sort(key=s.agents.index)
+        body: list[list[Cell]] = []
         for a in agents:
             where, style = LOCATION.get(a.location, (a.location, ""))
             if a.location == "gpu" and not a.ready:
                 where, style = "GPU…", "yellow"
             moving = _moving(s, a.transfer, a.transfer_until, narrow)
-            cells: list[Text | str] = [Text("■ ", style=colours[a.agent]) + Text(a.agent),
-                                       tokens(a.tokens)]
+            cells: list[Cell] = [(f"■ {a.agent}", colours[a.agent]), (tokens(a.tokens), "")]
             if narrow:
-                cells.append(Text(moving, style="magenta") if a.transfer else
-                             Text(where, style=style))
+                cells.append((moving, "magenta") if a.transfer else (where, style))
             else:
-                cells += [Text(where, style=style),
-                          Text(moving, style="magenta" if a.transfer else "grey50")]
-            table.add_row(*cells, str(a.running), str(a.waiting), tokens(a.kv_running))
+                cells += [(where, style), (moving, "magenta" if a.transfer else "grey50")]
+            body.append([*cells, (str(a.running), ""), (str(a.waiting), ""),
+                         (tokens(a.kv_running), "")])
         if hidden:
-            table.add_row(Text(f"+{hidden} more", style="grey50 italic"),
-                          *[""] * (len(columns) - 1))
-        return table
+            body.append([(f"+{hidden} more", "grey50 italic"), *[("", "")] * (len(columns) - 1)])
+        return AgentTable(tuple(columns), body)
 
 
 def _moving(s: Snapshot, transfer: str | None, until: float | None, narrow: bool) -> str:
@@ -151,3 +153,67 @@ def _moving(s: Snapshot, transfer: str | None, until: float | None, narrow: bool
         left = until - s.t
         moving += " <0.01s" if left < 0.005 else f" {secs(left, 2)}"  # not "0.00s": not done
     return moving
+
+
+class AgentTable:
+    """The agents' table as Rich draws `rich_table` of it (no box, one cell of
+    padding a side but at the edges, the columns widened in proportion to
+    fill the width), built from its cells; Rich's Table itself when
+    the columns do not fit the width or a cell is not plain printable text."""
+
+    def __init__(self, columns: tuple[tuple[str, str], ...], rows: list[list[Cell]]) -> None:
+        self.columns = columns
+        self.rows = rows
+
+    def widths(self, width: int) -> list[int] | None:
+        """Each column's cells, padding included, on `width` (None: no fit)."""
+        last = len(self.columns) - 1
+        pads = [(i > 0) + (i < last) for i in range(last + 1)]
+        widths = [max([cell_len(name), *(cell_len(row[i][0]) for row in self.rows)]) + pads[i]
+                  for i, (name, _) in enumerate(self.columns)]
+        widths = [w or 1 for w in widths]
+        if sum(widths) > width or width < 1:
+            return None
+        return [w + extra for w, extra in zip(widths, ratio_distribute(width - sum(widths), widths),
+                                              strict=True)]
+
+    def printable(self) -> bool:
+        """Whether every cell is printable text (no tab, newline or control
+        code: Rich expands, splits or strips those)."""
+        return all(text.isprintable() for row in self.rows for text, _ in row)
+
+    def rich_table(self) -> Table:
+        """The same table as Rich's `Table`."""
+        table = Table(box=None, expand=True, pad_edge=False, padding=(0, 1))
+        for name, justify in self.columns:
+            table.add_column(name, justify=justify, header_style="bold", no_wrap=True)  # type: ignore[arg-type]
+        for row in self.rows:
+            table.add_row(*(Text(text, style=style) for text, style in row))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        widths = self.widths(options.max_width) if self.printable() else None
+        if widths is None:
+            yield from self.rich_table().__rich_console__(console, options)
+            return
+        header = tuple((name, "") for name, _ in self.columns)
+        bold = console.get_style("table.header") + Style(bold=True)
+        for row, style in ((header, bold), *((r, Style()) for r in self.rows)):
+            yield from self._line(row, widths, style)
+            yield Segment.line()
+
+    def _line(self, row: Sequence[Cell], widths: list[int], style: Style) -> Iterator[Segment]:
+        """One line's segments as Rich cuts them: a cell's padding apart, its
+        text and the spaces that justify it one segment in the cell's style."""
+        last = len(self.columns) - 1
+        for i, ((text, cell_style), width, (_, justify)) in enumerate(zip(
+                row, widths, self.columns, strict=True)):
+            left, right = int(i > 0), int(i < last)
+            room = " " * (width - left - right - cell_len(text))
+            if left:
+                yield Segment(" ", style)
+            if text or room:
+                yield Segment(room + text if justify == "right" else text + room,
+                              style + Style.parse(cell_style) if cell_style else style)
+            if right:
+                yield Segment(" ", style)
