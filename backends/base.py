@@ -116,6 +116,16 @@ def kept_to_drop(kept: Iterable[str], tokens: Callable[[str], float],
     return out
 
 
+def new_wake(d: Decision, t: float, pending: set[float]) -> float | None:
+    """The scheduling point `d` asks for (`wake_at`), if it is after `t` and
+    not already `pending` (then added to it): the time to put on the timer."""
+    wake = d.wake_at
+    if wake is None or wake <= t or wake in pending:
+        return None
+    pending.add(wake)
+    return wake
+
+
 def decision_problems(d: Decision, *, running: Mapping[int, str], waiting: Mapping[int, Request],
                       resident: Collection[str], known: Collection[str],
                       demand: Callable[[set[str], list[int], list[Request]], float],

@@ -43,6 +43,7 @@ from backends.base import (
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
+    new_wake,
     prefix_work,
 )
 from topasd.model import (
@@ -344,9 +345,8 @@ class SimBackend(ContextCopies):
         self._retry = decision.retry
         for agent in {self._running[r].req.agent for r in decision.admit}:
             self._prefixes[agent].last_used = t
-        wake = decision.wake_at
-        if wake is not None and wake > t and wake not in self._wakes:
-            self._wakes.add(wake)
+        wake = new_wake(decision, t, self._wakes)
+        if wake is not None:
             self._push(wake, _WAKE, None)
 
     def _answer_retry(self) -> None:

@@ -43,6 +43,7 @@ from backends.base import (
     InfeasibleDecision,
     decision_problems,
     kept_to_drop,
+    new_wake,
     prefix_work,
 )
 from backends.vllm.sizing import (
@@ -434,9 +435,8 @@ class VllmBackend(ContextCopies):
             self._drop_kept(plan)
         self.batch_is_full = decision.blocked
         self._retry = decision.retry
-        wake = decision.wake_at
-        if wake is not None and wake > t and wake not in self._wakes:
-            self._wakes.add(wake)
+        wake = new_wake(decision, t, self._wakes)
+        if wake is not None:
             self._tseq += 1
             heapq.heappush(self._timed, (wake, self._tseq, None))
         self.sched.plan(plan)

@@ -1248,10 +1248,11 @@ class _Filler:
         """A request needing `need` more KV did not fit: with `decode_peak`
         "backfill", the requests admitted past it (filling the room the
         engine's admission leaves, since it stops there) must also leave the
-        decode headroom free; with `head_reserve`, the first such request is
-        the head, whose room they must leave it at t*."""
+        decode headroom free; with `head_reserve`, the first such request
+        whose room the kept running requests free is the head, whose room
+        they must leave it at t*."""
         s = self.search
-        if s.params.head_reserve and self.t_star == math.inf and self.spare == math.inf:
+        if s.params.head_reserve and self.t_star == math.inf:
             free = self.limit - self.used - self.reserved
             self.t_star, self.spare = s.head_reservation(self.pack.resident, free, need)
         if self.headroom and self.limit == s.budget:
