@@ -45,7 +45,7 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, ServiceModel, TaskPaths, quantile_rows
-from topasd.scheduler.window import DemandMemo, candidate_window, is_fresh, oldest_by_workflow
+from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh
 from topasd.score import score_total
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
@@ -62,7 +62,7 @@ class TopasPolicy:
         self.model = ServiceModel()
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
-        self.demands = DemandMemo()  # the waiting queue's d_r (`candidate_window`)
+        self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
         # (the observed H_age; None until read after a task finished)
@@ -110,7 +110,7 @@ class TopasPolicy:
         kappa = self.params.overdue
         if kappa is None or not view.waiting:
             return None
-        oldest = oldest_by_workflow(view.waiting)  # each workflow's largest age
+        oldest = indexed(view, self.params, self.queue).oldest()  # each workflow's largest age
         refs = {name: sum(jcts) / len(jcts) for name in oldest if (jcts := self._jcts.get(name))}
         if len(refs) < len(oldest):  # before any finished: the expected fresh path
             refs = {**self.fresh_paths(view, paths), **refs}
@@ -338,7 +338,7 @@ class _Search(SearchBounds):
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
-        view = self.view = candidate_window(view, p, (self.hol,), policy.demands)
+        view = self.view = candidate_window(view, p, (self.hol,), policy.queue)
         self._index_waiting(view)
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
