@@ -5,16 +5,17 @@ tasks first; hand-computed cases, and the decision it leaves unchanged."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
 
 from tests.topas_views import CHAIN, request, task, view
-from topasd.model import EngineView, Request, StageProgress, StageStatus, TaskView
+from topasd.model import EngineView, Request, Reservation, StageProgress, StageStatus, TaskView
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import TopasParams
 from topasd.scheduler.topas import TopasPolicy
-from topasd.scheduler.window import admission_room, candidate_window, oldest_by_workflow
+from topasd.scheduler.window import QueueIndex, admission_room, candidate_window, queue_change
 
 
 def _params(**changes: object) -> TopasParams:
@@ -183,11 +184,69 @@ def test_a_task_view_knows_whether_it_progressed() -> None:
     assert not replace(started, stages={"a": StageProgress()}).progressed
 
 
+def _indexed(queue: list[Request]) -> QueueIndex:
+    index = QueueIndex()
+    index.update(tuple(queue), Reservation.FULL, 1.0)
+    return index
+
+
 def test_each_workflow_oldest_request_is_the_lowest_arrival_then_id() -> None:
-    """`oldest_by_workflow` (the `overdue` and head-of-line candidates): per
-    workflow, the least (task arrival, id), whatever the queue's order."""
+    """`QueueIndex.oldest` (the `overdue` candidates): per workflow, the least
+    (task arrival, id), whatever the queue's order; then the next once it left."""
     at = {5: 3.0, 9: 1.0, 2: 1.0, 4: 2.0}
     reqs = [replace(request(rid, rid, CHAIN, "a", arrival=at[rid]), workflow=wf)
             for rid, wf in ((5, "w"), (9, "w"), (2, "w"), (4, "v"))]
     for queue in (reqs, reqs[::-1]):
-        assert {wf: r.id for wf, r in oldest_by_workflow(queue).items()} == {"w": 2, "v": 4}
+        index = _indexed(queue)
+        assert {wf: r.id for wf, r in index.oldest().items()} == {"w": 2, "v": 4}
+        index.update(tuple(r for r in queue if r.id not in (2, 4)), Reservation.FULL, 1.0)
+        assert {wf: r.id for wf, r in index.oldest().items()} == {"w": 9}
+
+
+def _state(index: QueueIndex) -> tuple[object, ...]:
+    pairs = [(a, tid) for a, tasks in index.by_agent.items() for tid in tasks]
+    return ({a: dict(tasks) for a, tasks in index.by_agent.items()}, index.least, index.arrival,
+            index.ordered, index.pairs, {wf: r.id for wf, r in index.oldest().items()},
+            [r.id for r in index.requests(pairs)])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_kept_index_is_the_index_of_the_queue_built_afresh(seed: int) -> None:
+    """Requests leave anywhere, come at the end or anywhere, come back as new
+    objects under their ids, or the queue is shuffled: the index kept over
+    100 such queues holds what one built from the last queue holds (each
+    task's d_r in queue order, each agent's least d_r, the queue order)."""
+    rng = random.Random(seed)
+    made = iter(range(10_000))
+
+    def new() -> Request:
+        rid = next(made)
+        return request(rid, rid % 23, CHAIN, rng.choice("ab"), arrival=float(rid % 23 % 7),
+                       input_tokens=rng.randint(1, 30), output_tokens=rng.randint(1, 30))
+
+    queue = [new() for _ in range(40)]
+    kept = _indexed(queue)
+    for _ in range(100):
+        move = rng.random()
+        queue = [r for r in queue if rng.random() > 0.2]
+        if move < 0.5:
+            queue += [new() for _ in range(rng.randint(0, 6))]
+        elif move < 0.7 and queue:
+            queue.insert(rng.randrange(len(queue)), new())
+        elif move < 0.85 and queue:
+            r = queue.pop(rng.randrange(len(queue)))  # back later, a new object
+            queue.append(replace(r, input_tokens=r.input_tokens + 1))
+        else:
+            rng.shuffle(queue)
+        kept.update(tuple(queue), Reservation.FULL, 1.0)
+        assert _state(kept) == _state(_indexed(queue))
+
+
+def test_a_queue_change_is_what_left_then_what_came() -> None:
+    """`queue_change`: the new queue is the old one's survivors, in order,
+    then the requests that came; short when requests only left or came last."""
+    a, b, c, d = (request(i, i, CHAIN, "a") for i in range(4))
+    assert queue_change((a, b, c), (a, c, d)) == ([b], [d])
+    assert queue_change((a, b, c), (b, a)) == ([a, c], [a])
+    assert queue_change((a, b), ()) == ([a, b], [])
+    assert queue_change((), (a,)) == ([], [a])

@@ -25,13 +25,14 @@ from topasd.model import CostHints, Request, StageStatus, TaskView, Workflow
 Pair = tuple[str, str]  # (agent, stage)
 Cut = tuple[tuple[int, float], ...]  # hypothetical completions: (stage row, D_hat total)
 WINDOW = 512  # most recent observations kept per pair (F adapts to drift)
+RESIDUALS_KEPT = 4096  # started stages' residuals a pair's distribution keeps (`residual_above`)
 
 
 class _Dist:
     """One pair's observations as a sorted array, their mean, and the residual
     of an unstarted stage (the whole distribution), shared by every task."""
 
-    __slots__ = ("_above", "mean", "sorted", "unstarted", "values")
+    __slots__ = ("_above", "_residuals", "mean", "sorted", "unstarted", "values")
 
     def __init__(self, values: list[float]) -> None:
         self.sorted = list(values)  # for `bisect`
@@ -39,6 +40,18 @@ class _Dist:
         self.mean = float(self.values.mean())
         self.unstarted = _Residual(self.values, 0.0, self.mean)
         self._above: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._residuals: dict[tuple[int, float], _Residual] = {}
+
+    def residual_above(self, k: int, e: float) -> _Residual:
+        """X - e | X > e (`_Residual.above`), one object per (k, e) while these
+        observations hold: a stage that waits keeps its residual, and the
+        rows sampled from it, from one decision to the next."""
+        hit = self._residuals.get((k, e))
+        if hit is None:
+            if len(self._residuals) >= RESIDUALS_KEPT:
+                self._residuals.clear()
+            hit = self._residuals[(k, e)] = _Residual.above(self, k, e)
+        return hit
 
     def above(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
         """values[k:] at the stratified quantiles of `row` (memoized: a running
@@ -309,7 +322,7 @@ class TaskPaths:
         if k == len(dist.sorted):
             floor = self._floor(wf, v, req)
             return _Residual(None, floor, floor)
-        return _Residual.above(dist, k, e)
+        return dist.residual_above(k, e)
 
     def _prior(self, wf: Workflow, v: str) -> _Residual:
         """Before observations F_{a,v} is a point mass at the profiled service."""

@@ -45,7 +45,7 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, ServiceModel, TaskPaths, quantile_rows
-from topasd.scheduler.window import DemandMemo, candidate_window, is_fresh, oldest_by_workflow
+from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh
 from topasd.score import score_total
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
@@ -62,7 +62,7 @@ class TopasPolicy:
         self.model = ServiceModel()
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
-        self.demands = DemandMemo()  # the waiting queue's d_r (`candidate_window`)
+        self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
         # (the observed H_age; None until read after a task finished)
@@ -110,7 +110,7 @@ class TopasPolicy:
         kappa = self.params.overdue
         if kappa is None or not view.waiting:
             return None
-        oldest = oldest_by_workflow(view.waiting)  # each workflow's largest age
+        oldest = indexed(view, self.params, self.queue).oldest()  # each workflow's largest age
         refs = {name: sum(jcts) / len(jcts) for name in oldest if (jcts := self._jcts.get(name))}
         if len(refs) < len(oldest):  # before any finished: the expected fresh path
             refs = {**self.fresh_paths(view, paths), **refs}
@@ -338,7 +338,7 @@ class _Search(SearchBounds):
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
-        view = self.view = candidate_window(view, p, (self.hol,), policy.demands)
+        view = self.view = candidate_window(view, p, (self.hol,), policy.queue)
         self._index_waiting(view)
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
@@ -355,6 +355,7 @@ class _Search(SearchBounds):
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
+        self._entries: tuple[list[Request], dict[int, tuple[HeapEntry, HeapEntry]]] | None = None
         self._dhats: dict[int, float] = {}
         self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
@@ -898,29 +899,28 @@ class _Search(SearchBounds):
         return self._fill_heap(fill)
 
     def _fill_heap(self, fill: _Filler) -> list[_State]:
-        """The general fill: a heap of marginal gains per KV token (after task
-        arrival with `pack_order="arrival"`), re-keyed when a same-task
-        sibling is admitted (Eq. 7)."""
+        """The general fill: by marginal gain per KV token (after task arrival
+        with `pack_order="arrival"`), the sorted base gains (`_fill_stream`)
+        merged with a heap of the siblings re-keyed when a same-task request
+        is admitted (Eq. 7)."""
         pack = fill.pack
         cands = [r for a in sorted(pack.resident) for r in self.waiting_by_agent.get(a, ())]
-        represented: set[int] = set()
-        for a in pack.resident & self.running_agents:
-            represented |= self.run_tasks[a]
         by_task: dict[int, list[Request]] = defaultdict(list)
         for r in cands:
             by_task[r.task_id].append(r)
         key, at = _pack_key(self.params.pack_order)
         fresh = self.fresh  # with `start_gate`, started tasks first
-        heap = [(r.task_id in fresh, *key(-self.base_gain(r) / self.d[r.id],
-                                          r.task_id not in represented, r.task_arrival),
-                 r.id, 0) for r in cands]
-        heapq.heapify(heap)
+        stream, pos = self._fill_stream(pack.resident), 0
+        heap: list[HeapEntry] = []  # re-keyed siblings
         cuts: dict[int, tuple[tuple[int, float], ...]] = {}
         version: dict[int, int] = {}
         done: set[int] = set()
-        while heap:
-            _, *order, rid, mark = heapq.heappop(heap)
-            neg_ratio = order[at]
+        while pos < len(stream) or heap:
+            if heap and (pos == len(stream) or heap[0] < stream[pos]):
+                entry = heapq.heappop(heap)
+            else:
+                entry, pos = stream[pos], pos + 1
+            neg_ratio, rid, mark = entry[1 + at], entry[-2], entry[-1]
             r = self.requests[rid]
             if rid in done or mark != version.get(r.task_id, 0):
                 continue
@@ -935,10 +935,33 @@ class _Search(SearchBounds):
                 cuts[r.task_id] = cut
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
                 for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
-                    heapq.heappush(heap, (x.task_id in fresh,
-                                          *key(-gx / self.d[x.id], False, x.task_arrival),
-                                          x.id, mark))
+                    heapq.heappush(heap, _entry(x.task_id in fresh, key, -gx / self.d[x.id],
+                                                False, x.task_arrival, x.id, mark))
         return fill.states
+
+    def _fill_stream(self, resident: frozenset[str]) -> list[HeapEntry]:
+        """The heap entries of R's agents' waiting requests, sorted: (task new
+        with `start_gate`, `_pack_key` of (-gain per KV token, task not
+        represented by a running request R keeps, task arrival), id, 0).
+        Sorted once per decision with every task unrepresented; a fill's own
+        order differs from it only where that flag breaks a tie."""
+        if self._entries is None:
+            key, fresh = _pack_key(self.params.pack_order)[0], self.fresh
+            entries: dict[int, tuple[HeapEntry, HeapEntry]] = {}
+            for r in self.view.waiting:
+                new, ratio = r.task_id in fresh, -self.base_gain(r) / self.d[r.id]
+                entries[r.id] = (_entry(new, key, ratio, False, r.task_arrival, r.id, 0),
+                                 _entry(new, key, ratio, True, r.task_arrival, r.id, 0))
+            ordered = sorted(self.view.waiting, key=lambda r: entries[r.id][1])
+            self._entries = (ordered, entries)
+        ordered, entries = self._entries
+        represented: set[int] = set()
+        for a in resident & self.running_agents:
+            represented |= self.run_tasks[a]
+        stream = [entries[r.id][r.task_id not in represented] for r in ordered
+                  if r.agent in resident]
+        stream.sort()  # already in order but where the flag breaks a tie
+        return stream
 
     def _fill_solo(self, fill: _Filler) -> list[_State]:
         """GreedyPack's fill when no candidate shares its task with another
@@ -1377,6 +1400,17 @@ class _SoloOrder:
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
+
+
+HeapEntry = tuple[Any, ...]  # GreedyPack's heap entry (`_Search._fill_stream`)
+
+
+def _entry(new: bool, key: Callable[[float, bool, float], tuple[Any, ...]], ratio: float,
+           unrepresented: bool, arrival: float, rid: int, mark: int) -> HeapEntry:
+    """A request's GreedyPack heap entry: its task new (`start_gate`), then
+    `key` of (-gain per KV token, task not represented, task arrival), id,
+    and the version of its task's gains it was keyed with."""
+    return (new, *key(ratio, unrepresented, arrival), rid, mark)
 
 
 def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any, ...]], int]:
