@@ -12,11 +12,12 @@ reports:
   (poll and render tick 0.02 s: as fast as the app can fetch, parse and
   redraw);
 - the console process's CPU share while watching (process CPU time / wall
-  time, once the decision feed is full: its steady state; the daemon is
-  another process);
+  time over `--seconds` with no key pressed, once the decision feed is full:
+  its steady state; the daemon is another process);
 - key latency: the wall time from a key press (`s`, re-sort the tasks table)
   to the table showing the new order, p50 / max over `--keys` presses spread
-  over the window;
+  over a second window of `--seconds`, right after the first; the CPU share
+  over that window too (watching plus the presses and their redraws);
 - the parameter form: wall time from `p` to the form showing the daemon's
   answer to the `GET /v1/params` it sent, over `--forms` openings.
 
@@ -88,8 +89,10 @@ async def form_fill(pilot: Any, app: ConsoleApp) -> float:
 
 async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: int,
                 size: tuple[int, int], warm: float = 60.0, forms: int = 5) -> dict[str, Any]:
-    """Run the app for `seconds` once it watches in its steady state; counters,
-    CPU share, key latencies, then the parameter form's fill times."""
+    """Once the app watches in its steady state: `seconds` with no key pressed
+    (the counters and the CPU share while watching), then `seconds` with `keys`
+    presses of `s` (their latencies and the CPU share with them), then the
+    parameter form's fill times."""
     app = ConsoleApp(Target(url), poll_s=poll_s, render_s=render_s)
     latencies: list[float] = []
     async with app.run_test(size=size) as pilot:
@@ -104,7 +107,15 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
         while feed.row_count < FEED_ROWS and time.monotonic() < deadline:
             await pilot.pause(0.1)
         rows_seen = table.row_count
+        # watching: no key pressed for `seconds`
         base = app.counters.copy()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(seconds)
+        wall = time.perf_counter() - wall0
+        cpu = time.process_time() - cpu0
+        got = app.counters - base
+        tasks_shown = len(app.snapshot.tasks) if app.snapshot else 0
+        # then `keys` presses of `s` spread over another `seconds`
         cpu0, wall0 = time.process_time(), time.perf_counter()
         gap = seconds / (keys + 1)
         for _ in range(keys):
@@ -116,15 +127,13 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
                 await asyncio.sleep(0.001)
             latencies.append((time.perf_counter() - t0) * 1e3)
         await asyncio.sleep(max(0.0, seconds - (time.perf_counter() - wall0)))
-        wall = time.perf_counter() - wall0
-        cpu = time.process_time() - cpu0
-        got = app.counters - base
-        tasks_shown = len(app.snapshot.tasks) if app.snapshot else 0
+        cpu_keys = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
         forms = [await form_fill(pilot, app) for _ in range(forms)]
     return {"poll_s": poll_s, "render_s": render_s, "wall_s": wall,
             "states_per_s": got["states"] / wall, "renders_per_s": got["renders"] / wall,
             "decisions_per_s": got["decisions"] / wall, "lag_missed": got["lag"],
-            "cpu_share": cpu / wall, "tasks_shown": tasks_shown, "rows_seen": rows_seen,
+            "cpu_share": cpu / wall, "cpu_share_keys": cpu_keys, "tasks_shown": tasks_shown,
+            "rows_seen": rows_seen,
             "key_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
             "key_max_ms": max(latencies) if latencies else None,
             "form_ms": forms}
@@ -133,10 +142,12 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=at_least(1), default=500, help="tasks submitted up front")
-    ap.add_argument("--seconds", type=float, default=20.0, help="measured window per mode")
+    ap.add_argument("--seconds", type=float, default=20.0, help="each measured window "
+                    "(watching; with the key presses) per mode")
     ap.add_argument("--speed", type=float, default=10.0, help="sim clock of the daemon")
     ap.add_argument("--rate", type=float, default=0.2, help="driver arrivals, task/s")
-    ap.add_argument("--keys", type=at_least(1), default=10, help="key presses timed per window")
+    ap.add_argument("--keys", type=at_least(1), default=10, help="key presses timed in the "
+                    "second window")
     ap.add_argument("--size", default="160x48", help="terminal COLSxROWS")
     ap.add_argument("--warm", type=float, default=60.0, help="at most this many seconds for "
                     "the decision feed to fill before the window (steady state)")
@@ -163,7 +174,8 @@ def main() -> None:
     res = {"tasks_submitted": args.tasks, "in_flight_start": in_flight,
            "in_flight_end": after["tasks_in_flight"], "speed": args.speed,
            "state_fetch_ms": state_ms, "modes": modes, "size": args.size,
-           "python": platform.python_version(), "cpus": os.cpu_count()}
+           "python": platform.python_version(), "cpus": os.cpu_count(),
+           "load_avg": os.getloadavg()[0]}
     if args.json:
         print(json.dumps(res, indent=2))
         return
@@ -178,25 +190,28 @@ def report(args: argparse.Namespace, res: dict[str, Any]) -> str:
     lines = [
         f"The console (headless, {args.size}) on a daemon with {res['in_flight_start']}–"
         f"{res['in_flight_end']} tasks in flight (DAG-4, sim paced at {args.speed:g}x, "
-        f"{args.seconds:g} s per row; one `/v1/state?limit=2000` takes "
+        f"{args.seconds:g} s watching, then {args.seconds:g} s with {args.keys} presses of "
+        f"`s`, per row; one `/v1/state?limit=2000` takes "
         f"{res['state_fetch_ms']:.0f} ms to fetch):",
         "",
-        "| pacing (poll / render tick) | snapshots applied/s | decisions/s | console CPU "
-        "| key → redraw p50 / max | `p` → form filled p50 / max |",
-        "|---|---|---|---|---|---|",
+        "| pacing (poll / render tick) | snapshots applied/s | decisions/s "
+        "| console CPU watching | with the key presses | key → redraw p50 / max "
+        "| `p` → form filled p50 / max |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m in res["modes"]:
         lines.append(
             f"| {m['poll_s']:g} s / {m['render_s']:g} s | {m['renders_per_s']:.1f} "
             f"(polls {m['states_per_s']:.1f}/s, {m['tasks_shown']} tasks each) "
-            f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.1%} "
+            f"| {m['decisions_per_s']:.0f} | {m['cpu_share']:.1%} | {m['cpu_share_keys']:.1%} "
             f"| {m['key_p50_ms']:.0f} / {m['key_max_ms']:.0f} ms "
             f"| {np.percentile(m['form_ms'], 50):.0f} / {max(m['form_ms']):.0f} ms |")
     lines += ["", f"`python bench/console_load.py --tasks {args.tasks} --seconds "
               f"{args.seconds:g} --speed {args.speed:g} --rate {args.rate:g} --keys "
               f"{args.keys} --size {args.size} --warm {args.warm:g} --forms {args.forms} "
               f"--write` ({platform.python_version()}, "
-              f"{os.cpu_count()} CPUs, the daemon on the same machine)."]
+              f"{os.cpu_count()} CPUs, load average {res['load_avg']:.1f} at the end, the daemon "
+              f"on the same machine)."]
     return "\n".join(lines)
 
 if __name__ == "__main__":

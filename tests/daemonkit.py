@@ -119,11 +119,11 @@ class Daemon:
         r.raise_for_status()
         return r.json()
 
-    def wait_for(self, predicate: Any, timeout: float = 60.0) -> dict[str, Any]:
-        """Poll /v1/state until predicate(state) holds (the engine runs unpaced)."""
+    def wait_for(self, predicate: Any, timeout: float = 60.0, limit: int = 1) -> dict[str, Any]:
+        """Poll /v1/state (`limit`: of its lists) until predicate(state) holds."""
         deadline = time.monotonic() + timeout
         while True:
-            st = self.state(limit=1)
+            st = self.state(limit=limit)
             if predicate(st):
                 return st
             if time.monotonic() > deadline:

@@ -63,15 +63,19 @@ def test_state_shows_remaining_path_stages_and_stats(tmp_path: Path) -> None:
         r = d.http.post("/v1/tasks", json={"workflow": "dag4"})
         assert r.status_code == 201
         task = r.json()["id"]
-        st = d.state()
+        # the state once the submission's decision is in it: the POST returns when the
+        # engine loop has run the command, the decision follows the loop's commands, and
+        # a state asked meanwhile can be answered first
+        st = d.wait_for(lambda s: any(t["id"] == task and t["stages_running"]
+                                      for t in s["tasks"]), limit=50)
         assert d.stop() == 0
     item = next(t for t in st["tasks"] if t["id"] == task)
     stage = get_profile("qwen2.5-32b-a100").cost_hints().t_request(200, 300)
     assert 3 * stage - st["t"] - 1e-6 <= item["remaining_s"] <= 3 * stage + 1e-6
     assert st["t"] < stage / 2
-    # the submission's decision came before the state (the same loop pass): stage a
-    # runs, its agent A alone is on the GPU, and a move under way is the one the
-    # recorded events give at t (the crawling clock adds none before the stop)
+    # after the submission's decision: stage a runs, its agent A alone is on the GPU,
+    # and a move under way is the one the recorded events give at t (the crawling
+    # clock adds none before the stop)
     assert (item["stages_running"], item["stages_waiting"]) == (["a"], [])
     assert [(p["agent"], p["location"]) for p in st["prefixes"]] == [("A", "gpu")]
     with Store(d.db, create=False) as store:
@@ -168,3 +172,4 @@ def test_a_brief_state_gives_the_console_the_same_snapshot(tmp_path: Path) -> No
     assert reduced["waiting"] == {a: len(rs) for a, rs in full["waiting"].items()}
     assert snapshot_from_state(reduced) == snapshot_from_state(full)
     assert any(r.stage_since for r in snapshot_from_state(full).tasks)
+

@@ -15,6 +15,7 @@ from console.app import ConsoleApp
 from console.screens.task import TaskScreen
 from console.snapshot import LATE_SLACK, Snapshot, TaskRow
 from console.sources import ReplaySource, Target
+from console.widgets.decisions import DecisionDetailView
 from console.widgets.tasks import TaskList
 from store import queries as q
 from tests.daemonkit import Daemon
@@ -119,11 +120,14 @@ def test_a_live_task_found_by_its_client_id_opens_with_its_decisions(tmp_path: P
                 assert [r.stage for r in screen.detail.requests or ()] == ["a", "b"]
                 decisions = screen.query_one("#task-decisions", DataTable)
                 assert decisions.row_count == 2  # each request's admission
-                await pilot.press("enter")
-                await until(pilot, lambda: app.dashboard.query_one(
-                    "#detail").detail is not None, "its decision")  # type: ignore[attr-defined]
                 first = screen.detail.decisions()[0][0]
-                assert app.dashboard.query_one("#detail").detail.row.seq == first  # type: ignore[attr-defined]
+                view = app.dashboard.query_one(DecisionDetailView)
+                await pilot.press("enter")
+                # the candidates of the feed's newest decision may have loaded before the
+                # key (the feed follows): wait for the key's own, the task's first decision
+                await until(pilot, lambda: view.detail is not None
+                            and view.detail.row.seq == first, f"decision {first}")
+                assert not app.dashboard.feed().follow  # the feed leaves it shown
 
         asyncio.run(main())
         assert d.stop() == 0

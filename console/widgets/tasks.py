@@ -93,26 +93,31 @@ class _Look:
 
     def __init__(self, base: Style, cursor: Style, odd: Style, columns: tuple[int, ...]) -> None:
         self.base, self.cursor, self.odd, self.columns = base, cursor, odd, columns
-        self._styles: dict[tuple[Style, str, str], Style] = {}
+        self.width = sum(COLUMNS[i][1] for i in columns)  # the cells of a row's segments
+        self._styles: dict[Style, dict[tuple[str, str], Style]] = {}  # by row: by cell, run
 
-    def style(self, row: Style, cell: str, run: str) -> Style:
-        key = (row, cell, run)
-        style = self._styles.get(key)
-        if style is None:
-            style = self._styles[key] = row + Style.parse(cell) + Style.parse(run)
-        return style
+    def _row_styles(self, row: Style) -> dict[tuple[str, str], Style]:
+        styles = self._styles.get(row)
+        if styles is None:
+            styles = self._styles[row] = _RowStyles(row)
+        return styles
 
     def segments(self, cells: list[Cell], row: Style, console: Console) -> list[Segment]:
-        """A row's segments: each shown cell cut to its column's width less one
-        ('…' ends a cut) and padded to the width, as `Text.truncate` and
-        `Text.pad_right` make them (those do it when a cell must be cut)."""
+        """A row's segments (`width` cells): each shown cell cut to its
+        column's width less one ('…' ends a cut) and padded to the width, as
+        `Text.truncate` and `Text.pad_right` make them (those do it when a cell
+        must be cut)."""
         out: list[Segment] = []
+        styles = self._row_styles(row)
         for i in self.columns:
             (cell_style, runs), w = cells[i], COLUMNS[i][1]
-            parts = [(strip_control_codes(text), style) for text, style in runs]
-            used = sum(cell_len(text) for text, _ in parts)
+            if all(text.isascii() and text.isprintable() for text, _ in runs):
+                parts, used = runs, sum(len(text) for text, _ in runs)  # a cell a character
+            else:
+                parts = tuple((strip_control_codes(text), style) for text, style in runs)
+                used = sum(cell_len(text) for text, _ in parts)
             if used >= w:
-                cell = cell_text((cell_style, tuple(parts)))
+                cell = cell_text((cell_style, parts))
                 cell.truncate(w - 1, overflow="ellipsis")
                 cell.pad_right(w - cell.cell_len)
                 text = Text()
@@ -120,10 +125,22 @@ class _Look:
                 out += [Segment(s.text, row + s.style if s.style else row)
                         for s in text.render(console)]
                 continue
-            out += [Segment(text, self.style(row, cell_style, style)) for text, style in parts
-                    if text]
-            out.append(Segment(" " * (w - used), self.style(row, cell_style, "")))
+            out += [Segment(text, styles[cell_style, style]) for text, style in parts if text]
+            out.append(Segment(" " * (w - used), styles[cell_style, ""]))
         return out
+
+
+class _RowStyles(dict[tuple[str, str], Style]):
+    """A row's style plus a cell's and a run's (by their names), as Rich adds them."""
+
+    def __init__(self, row: Style) -> None:
+        super().__init__()
+        self.row = row
+
+    def __missing__(self, key: tuple[str, str]) -> Style:
+        cell, run = key
+        style = self[key] = self.row + Style.parse(cell) + Style.parse(run)
+        return style
 
 
 ROWS_STEP = 64  # the scrolled height grows and shrinks in steps (each costs a layout)
@@ -322,7 +339,7 @@ class TaskList(ScrollView, can_focus=True):
             elif index % 2:
                 base += look.odd
             cells = task_runs(self.snapshot, row, row.id in self._late)
-            strip = Strip(look.segments(cells, base, self.app.console))
+            strip = Strip(look.segments(cells, base, self.app.console), look.width)
             self._lines[index] = strip
         return strip.crop_extend(scroll_x, scroll_x + width, look.base)
 
