@@ -129,7 +129,8 @@ def test_prefix_hits_are_where_the_log_holds_the_prefix(runs: Runs, policy: str)
     evicted prefix is unpinned and reclaimed only when SGLang needs the room,
     docs/sglang.md), so those are not judged."""
     o = runs.by_policy[policy]
-    starts = {e["request_id"]: e for e in _events(runs, policy, "request_start")}
+    every = _events(runs, policy, "request_start")  # a retracted request starts again
+    starts = {e["request_id"]: e for e in every}
     evictions = _events(runs, policy, "prefix_evict")
     retracted = {e["request_id"] for kind in ("preempt", "retract")
                  for e in _events(runs, policy, kind)}
@@ -137,8 +138,7 @@ def test_prefix_hits_are_where_the_log_holds_the_prefix(runs: Runs, policy: str)
     for rid, start in starts.items():
         if rid in retracted:
             continue  # re-prefilled: SGLang counts the cached tokens of every prefill
-        earlier = [s for s in starts.values() if s["agent"] == start["agent"]
-                   and s["t"] < start["t"]]
+        earlier = [s for s in every if s["agent"] == start["agent"] and s["t"] < start["t"]]
         cached = o.replies[rid]["cached_tokens"]
         if not earlier:
             assert cached == 0, (rid, cached)
