@@ -92,6 +92,70 @@ def test_the_residency_redraws_only_when_what_it_shows_changed() -> None:
     assert asyncio.run(run()) == [True, False, True, True, True, False]
 
 
+Drawn = list[list[tuple[str, Style | None]]]
+
+
+class Framed(Panel):
+    """One panel as the dashboard sizes it: the screen's height, a border."""
+
+    CSS = "Widget { height: 100%; border: round white; }"
+
+
+def _drawn(widget: Widget) -> Drawn:
+    """The widget's lines as the screen draws them (its border included; a line
+    not marked for a repaint comes from the lines drawn before)."""
+    return [[(seg.text, seg.style) for seg in strip]
+            for strip in widget.render_lines(widget.outer_size.region)]
+
+
+def test_the_residency_repaints_the_lines_that_changed_as_a_fresh_panel_draws_them() -> None:
+    """Each state shown after another repaints just the lines that differ
+    (the panel's other lines and its border stay), and the screen then holds
+    what a panel that showed only that state draws: the bar, the KV line and
+    the rows as they grow, shrink, move and change place."""
+    from dataclasses import replace
+
+    from console.snapshot import AgentRow, Numbers, Snapshot
+    from console.widgets.residency import Residency
+
+    agents = tuple(AgentRow(name, 1000 * (i + 1), "gpu" if i % 2 else "host", True, None, None,
+                            i, 2 * i, 300 * i) for i, name in enumerate("ABCDE"))
+    snap = Snapshot(t=10.0, budget=20000, kv_prefixes=9000, kv_requests=3000, agents=agents[:3],
+                    tasks=(), numbers=Numbers(10.0, 0, 0.0, None, None, None, None),
+                    tasks_in_flight=3, requests_running=2, requests_waiting=5, decisions=7,
+                    policy="topas")
+    states = [snap, replace(snap, agents=(replace(agents[0], waiting=9), *agents[1:3])),
+              replace(snap, agents=agents, kv_requests=6000),
+              replace(snap, agents=(replace(agents[2], location="host", transfer="load",
+                                            transfer_until=14.0), *agents[3:])),
+              replace(snap, t=12.5, agents=(replace(agents[2], location="host", transfer="load",
+                                                    transfer_until=14.0), *agents[3:])),
+              replace(snap, agents=agents[:1], budget=None)]
+
+    async def screens() -> tuple[list[Drawn], list[Drawn], list[int]]:
+        seen, fresh, repainted = [], [], []
+        app = Framed(Residency(id="residency"))
+        async with app.run_test(size=(90, 14)) as pilot:
+            panel = app.query_one(Residency)
+            for s in states:
+                panel.show(s)
+                repainted.append(len({r.y for r in panel._repaint_regions}))
+                await pilot.pause()
+                seen.append(_drawn(panel))
+        for s in states:
+            one = Framed(Residency(id="residency"))
+            async with one.run_test(size=(90, 14)) as pilot:
+                await pilot.pause()
+                one.query_one(Residency).show(s)
+                await pilot.pause()
+                fresh.append(_drawn(one.query_one(Residency)))
+        return seen, fresh, repainted
+
+    seen, fresh, repainted = asyncio.run(screens())
+    assert seen == fresh
+    assert all(0 < n < 12 for n in repainted[1:])  # some lines, never the whole panel
+
+
 def test_the_tasks_table_redraws_only_when_its_rows_changed() -> None:
     """The same tasks at the same ages leave the table as drawn (no line
     rendered again); a task a poll later (older) redraws it."""
