@@ -147,6 +147,39 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
     assert lines > 60 and same == lines
 
 
+def test_the_feed_sizes_itself_as_the_datatable_measures_it() -> None:
+    """The feed's scrollable size, set without measuring its cells, is the size
+    Textual's DataTable sets by measuring them, as it fills, when cells are wider
+    than their columns, after a trim and after a clear."""
+    from dataclasses import replace
+
+    from textual.geometry import Size
+
+    wide = DecisionRow(seq=0, t=123456.0, admit=(1, 2, 3), preempt=(4,), load=("B", "long" * 9),
+                       evict=("C",), blocked=True, wall_ms=12345.5, n_candidates=4, total=1e9)
+
+    async def run() -> list[tuple[Size, Size]]:
+        app = FeedApp()
+        async with app.run_test(size=(60, 20)) as pilot:
+            feed = app.query_one(DecisionFeed)
+            sizes = []
+            for batch in ([_row(1)], [_row(i) for i in range(2, 30)],
+                          [replace(wide, seq=i) for i in range(30, 40)],
+                          [_row(i) for i in range(40, 40 + FEED_ROWS)], None, [_row(999)]):
+                if batch is None:
+                    feed.replace([])
+                else:
+                    feed.append(batch)
+                await pilot.pause()
+                got = feed.virtual_size
+                DataTable._update_dimensions(feed, list(feed.rows))
+                sizes.append((got, feed.virtual_size))
+            return sizes
+
+    for got, want in asyncio.run(run()):
+        assert got == want
+
+
 def test_runs_cut_to_a_width_as_rich_text_folds_them() -> None:
     """A cell's runs cut to its column are the cells Rich's Text keeps of the
     same text at that width (wide characters split at the edge included)."""

@@ -204,6 +204,22 @@ class DecisionFeed(DataTable[Text | str]):
         return super().refresh(*regions, repaint=repaint, layout=layout and not self._trimming,
                                recompose=recompose)
 
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """The DataTable's scrollable size, without measuring the new rows' cells:
+        with every column of a fixed width and every row one unlabelled line (the
+        feed's), a cell's width moves no column and the size is the columns'
+        widths by the rows' lines under the header."""
+        keys = list(new_rows)
+        if any(c.auto_width for c in self.columns.values()) or any(
+                r.label is not None or r.auto_height
+                for r in (self.rows.get(k) for k in keys) if r is not None):
+            super()._update_dimensions(keys)
+            return
+        width = sum(c.get_render_width(self) for c in self.columns.values())
+        header = self.header_height if self.show_header else 0
+        self.virtual_size = Size(width + self._row_label_column_width,
+                                 self._total_row_height + header)
+
     def clear(self, columns: bool = False) -> Self:
         self._strips.clear()  # a restarted daemon numbers its decisions from 1 again
         return super().clear(columns)
