@@ -192,6 +192,53 @@ def test_the_tasks_table_redraws_only_when_its_rows_changed() -> None:
     assert first > 5 and same == 0 and older > 5
 
 
+def test_the_tasks_table_repaints_its_rows_as_a_fresh_table_draws_them() -> None:
+    """A new poll's rows repaint below the header, the border and header as
+    drawn; the screen then holds what a table that showed only that poll draws
+    (rows older, gone, late, more and fewer of them)."""
+    from dataclasses import replace
+
+    from textual.geometry import Region
+
+    from console.snapshot import Numbers, Snapshot, TaskRow
+    from console.widgets.tasks import TaskList
+
+    rows = tuple(TaskRow(i, "dag4", 1.0 + i, 9.0, 1, 4, ("b",), (), 2.0) for i in range(8))
+    snap = Snapshot(t=10.0, budget=None, kv_prefixes=0, kv_requests=0, agents=(), tasks=rows,
+                    numbers=Numbers(10.0, 0, 0.0, None, None, None, None), tasks_in_flight=8,
+                    requests_running=8, requests_waiting=0, decisions=3, policy="topas")
+    states = [snap, replace(snap, t=12.0, tasks=tuple(replace(r, age=r.age + 2) for r in rows)),
+              replace(snap, tasks=rows[2:]),
+              replace(snap, tasks=tuple(replace(r, remaining_s=500.0, stages_done=3)
+                                        for r in rows[:3])),
+              replace(snap, tasks=rows)]
+
+    async def screens() -> tuple[list[Drawn], list[Drawn], list[set[Region]]]:
+        seen, fresh, repainted = [], [], []
+        app = Framed(TaskList(id="tasks"))
+        async with app.run_test(size=(100, 14)) as pilot:
+            table = app.query_one(TaskList)
+            for s in states:
+                await pilot.pause()
+                table.show(s)
+                repainted.append(set(table._repaint_regions))
+                await pilot.pause()
+                seen.append(_drawn(table))
+        for s in states:
+            one = Framed(TaskList(id="tasks"))
+            async with one.run_test(size=(100, 14)) as pilot:
+                await pilot.pause()
+                one.query_one(TaskList).show(s)
+                await pilot.pause()
+                fresh.append(_drawn(one.query_one(TaskList)))
+        return seen, fresh, repainted
+
+    seen, fresh, repainted = asyncio.run(screens())
+    assert seen == fresh
+    # a poll later (its title the same): inside the border, below the header
+    assert repainted[1] and all(r.x >= 1 and r.y >= 2 for r in repainted[1])
+
+
 def _cells(console: Console, renderable: object, width: int) -> list[list[tuple[str, Style]]]:
     """Each line's segments as (text, style) on a base style, as Textual's
     Static draws a Rich renderable."""
