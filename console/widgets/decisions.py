@@ -353,34 +353,53 @@ class DecisionFeed(DataTable[Text | str]):
 
 class CandidateTable(DataTable[Text | str]):
     """The candidate states. Its size is the panel's; a new decision's rows
-    that fit in it, as the last one's did, ask for no new layout of the screen
-    (Textual lays out the screen for any new scrollable size; with neither
-    overflowing, no scrollbar comes or goes and nothing else moves)."""
+    that keep the scrollbars as the last one's did (none, or the same ones)
+    ask for no new layout of the screen: Textual lays out the screen for any
+    new scrollable size, but with the table's own size fixed only its
+    scrollbars' thumbs move, and those are set here."""
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self._fitted = False  # a new scrollable size that needs no layout
+        self._sizing = False  # within `_update_dimensions`: a new scrollable size
 
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
-        before = self.virtual_size
-        self._fitted = self._fits(before)
+        self._sizing = True
         try:
             super()._update_dimensions(new_rows)
         finally:
-            self._fitted = False
+            self._sizing = False
 
-    def _fits(self, size: Size) -> bool:
-        shown = self.size
-        return (self.is_mounted and not self.scrollbars_enabled[0] and
-                not self.scrollbars_enabled[1] and size.width <= shown.width and
-                size.height <= shown.height)
+    def scrollbars(self, size: Size) -> tuple[bool, bool]:
+        """(horizontal, vertical): the scrollbars Textual shows for a scrollable
+        `size` in the table's present room (overflow auto both ways)."""
+        width, height = self.container_size
+        wide, tall = size.width > width, size.height > height
+        if tall and not wide:
+            wide = size.width > width - self.styles.scrollbar_size_vertical
+        if wide and not tall:
+            tall = size.height > height - self.styles.scrollbar_size_horizontal
+        return wide, tall
+
+    def _same_scrollbars(self) -> bool:
+        """Whether the new scrollable size keeps the scrollbars shown now."""
+        styles = self.styles
+        if not (self.is_mounted and self.container_size and styles.overflow_x == "auto"
+                and styles.overflow_y == "auto"):
+            return False
+        return self.scrollbars(self.virtual_size) == self.scrollbars_shown()
+
+    def scrollbars_shown(self) -> tuple[bool, bool]:
+        """(horizontal, vertical): the scrollbars shown now."""
+        return self.show_horizontal_scrollbar, self.show_vertical_scrollbar
 
     def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
                 recompose: bool = False) -> Self:
-        """As a DataTable's, but a new size that fits, as the last did, asks
-        for a repaint only."""
-        if layout and self._fitted and self._fits(self.virtual_size):
-            layout = False
+        """As a DataTable's, but a new size that keeps the scrollbars asks for a
+        repaint and sets the scrollbars' thumbs (what the layout would do)."""
+        if layout and self._sizing and self._same_scrollbars():
+            self._scroll_update(self.virtual_size)
+            if self.scrollbars_shown() == self.scrollbars(self.virtual_size):
+                layout = False
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
 
