@@ -232,15 +232,24 @@ class DecisionFeed(DataTable[Text | str]):
             self._look = None
 
     def render_line(self, y: int) -> Strip:
-        """A decision's line from its runs (the header and lines past the last
-        row: the DataTable's)."""
+        """A decision's line from its runs (lines past the last row: the
+        DataTable's; the header the DataTable's, kept by look and hover: every
+        added or trimmed row starts the DataTable's own caches over)."""
         scroll_x, scroll_y = self.scroll_offset
         header = self.header_height if self.show_header else 0
         index = y + scroll_y - header
-        if y < header or not 0 <= index < len(self.rows_shown) or self.cursor_type != "row":
+        if self.cursor_type != "row" or (y >= header and not 0 <= index < len(self.rows_shown)):
             return super().render_line(y)
         if self._look is None:
             self._look = _FeedLook(self)
+        if y < header:
+            hover = self.hover_coordinate  # a row cursor highlights the header hovered only
+            key = ("header", y, scroll_x, hover.row < 0 and hover, self._pseudo_class_state,
+                   self._look.key)
+            strip = self._strips.get(key)
+            if strip is None:
+                strip = self._strips[key] = super().render_line(y)
+            return strip
         look, d = self._look, self.rows_shown[index]
         cursor = index == self.cursor_coordinate.row
         hover = index == self.hover_coordinate.row
