@@ -243,13 +243,13 @@ class DecisionFeed(DataTable[Text | str]):
         if self._look is None:
             self._look = _FeedLook(self)
         if y < header:
-            hover = self.hover_coordinate  # a row cursor highlights the header hovered only
-            key = ("header", y, scroll_x, hover.row < 0 and hover, self._pseudo_class_state,
-                   self._look.key)
-            strip = self._strips.get(key)
-            if strip is None:
-                strip = self._strips[key] = super().render_line(y)
-            return strip
+            hovered = self.hover_coordinate  # a row cursor highlights a hovered header only
+            top: tuple[Any, ...] = ("header", y, scroll_x, hovered.row < 0 and hovered,
+                                    self._pseudo_class_state, self._look.key)
+            line = self._strips.get(top)
+            if line is None:
+                line = self._strips[top] = super().render_line(y)
+            return line
         look, d = self._look, self.rows_shown[index]
         cursor = index == self.cursor_coordinate.row
         hover = index == self.hover_coordinate.row
