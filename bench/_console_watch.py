@@ -10,10 +10,21 @@ import asyncio
 import json
 import sys
 import time
+from collections import Counter
 
 from console.app import ConsoleApp
 from console.sources import Target
 from console.widgets.decisions import FEED_ROWS, DecisionFeed
+
+
+async def cpu_watching(app: ConsoleApp, seconds: float) -> tuple[float, float, Counter[str]]:
+    """The console process's CPU share over `seconds` of watching with no key
+    pressed, the wall seconds, and the app's counters over them."""
+    base = app.counters.copy()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return cpu / wall, wall, app.counters - base
 
 
 async def watch(url: str, at: float, seconds: float, size: tuple[int, int]) -> dict[str, object]:
@@ -24,13 +35,9 @@ async def watch(url: str, at: float, seconds: float, size: tuple[int, int]) -> d
             await pilot.pause(0.1)
         full = feed.row_count >= FEED_ROWS
         await asyncio.sleep(max(0.0, at - time.time()))
-        base = app.counters.copy()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(seconds)
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        got = app.counters - base
+        share, wall, got = await cpu_watching(app, seconds)
         late = time.time() - (at + seconds)
-    return {"cpu_share": cpu / wall, "wall_s": wall, "feed_full": full, "late_s": late,
+    return {"cpu_share": share, "wall_s": wall, "feed_full": full, "late_s": late,
             "states": got["states"], "renders": got["renders"], "decisions": got["decisions"]}
 
 

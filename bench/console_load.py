@@ -45,6 +45,7 @@ from _daemon import start_daemon as _start_daemon  # bench/_daemon.py
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _console_watch import cpu_watching  # noqa: E402  (bench/_console_watch.py)
 from textual.widgets import Input  # noqa: E402
 
 from bench._results import at_least, update_section  # noqa: E402
@@ -107,13 +108,7 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
         while feed.row_count < FEED_ROWS and time.monotonic() < deadline:
             await pilot.pause(0.1)
         rows_seen = table.row_count
-        # watching: no key pressed for `seconds`
-        base = app.counters.copy()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(seconds)
-        wall = time.perf_counter() - wall0
-        cpu = time.process_time() - cpu0
-        got = app.counters - base
+        share, wall, got = await cpu_watching(app, seconds)  # no key pressed for `seconds`
         tasks_shown = len(app.snapshot.tasks) if app.snapshot else 0
         # then `keys` presses of `s` spread over another `seconds`
         cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -132,7 +127,7 @@ async def watch(url: str, seconds: float, poll_s: float, render_s: float, keys: 
     return {"poll_s": poll_s, "render_s": render_s, "wall_s": wall,
             "states_per_s": got["states"] / wall, "renders_per_s": got["renders"] / wall,
             "decisions_per_s": got["decisions"] / wall, "lag_missed": got["lag"],
-            "cpu_share": cpu / wall, "cpu_share_keys": cpu_keys, "tasks_shown": tasks_shown,
+            "cpu_share": share, "cpu_share_keys": cpu_keys, "tasks_shown": tasks_shown,
             "rows_seen": rows_seen,
             "key_p50_ms": float(np.percentile(latencies, 50)) if latencies else None,
             "key_max_ms": max(latencies) if latencies else None,

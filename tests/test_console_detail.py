@@ -82,9 +82,11 @@ def test_the_feed_keeps_evictions_when_the_loads_do_not_fit() -> None:
 
 def test_the_candidates_table_shows_every_new_decisions_rows_and_scrolls_when_they_overflow(
         ) -> None:
-    """Decisions of 2, 4, 40 and 3 candidates one after the other: each shows
-    all its rows (the 4 that fit drawn without a new layout of the screen), a
-    scrollbar only while the 40 overflow the panel."""
+    """Decisions of 2, 4, 40, 30 and 3 candidates one after the other: each
+    shows all its rows (the 4 that fit as the 2 did, and the 30 that overflow
+    as the 40 did, drawn without a new layout of the screen), a scrollbar only
+    while the 40 and the 30 overflow the panel, its thumb the one a layout
+    sets (a fresh table that showed only the 30)."""
     from textual.app import App, ComposeResult
     from textual.geometry import Region
 
@@ -105,6 +107,20 @@ def test_the_candidates_table_shows_every_new_decisions_rows_and_scrolls_when_th
 
     seen: list[tuple[int, bool, list[str]]] = []
     layouts: list[int] = []  # the decisions whose showing laid the screen out
+    thumbs: list[tuple[object, ...]] = []  # after the 30: shown after the 40, and fresh
+
+    def thumb(table: DataTable[Any]) -> tuple[object, ...]:
+        bar = table.vertical_scrollbar
+        return (table.virtual_size, table.scroll_y, bar.window_virtual_size, bar.window_size,
+                bar.position, [line.text for line in bar.render_lines(bar.size.region)])
+
+    async def fresh() -> None:
+        app = DetailApp()
+        async with app.run_test(size=(120, 20)) as pilot:
+            app.query_one(DecisionDetailView).show(detail(4, 30))
+            await pilot.pause()
+            await pilot.pause()
+            thumbs.append(thumb(app.query_one("#candidates", DataTable)))
 
     async def main() -> None:
         app = DetailApp()
@@ -119,17 +135,23 @@ def test_the_candidates_table_shows_every_new_decisions_rows_and_scrolls_when_th
                 relayout(*args, **kwargs)
 
             screen._refresh_layout = counted  # type: ignore[method-assign]
-            for seq, n in ((1, 2), (2, 4), (3, 40), (4, 3)):
+            for seq, n in ((1, 2), (2, 4), (3, 40), (4, 30), (5, 3)):
                 view.show(detail(seq, n))
                 await pilot.pause()
                 await pilot.pause()
+                if n == 30:
+                    thumbs.append(thumb(table))
                 lines = table.render_lines(Region(0, 0, table.size.width, table.size.height))
                 firsts = [line.text.split()[0] for line in lines[1:] if line.text.strip()]
                 seen.append((table.row_count, table.show_vertical_scrollbar, firsts))
 
     asyncio.run(main())
-    assert 2 not in layouts and 3 in layouts  # the 4 fit as the 2 did; the 40 overflow
+    asyncio.run(fresh())
+    # the 4 fit as the 2 did and the 30 overflow as the 40 did; the 40 and the 3 do not
+    assert 2 not in layouts and 4 not in layouts and 3 in layouts and 5 in layouts
     assert [(rows, bar) for rows, bar, _ in seen] == [(2, False), (4, False), (40, True),
-                                                      (3, False)]
+                                                      (30, True), (3, False)]
     assert seen[0][2] == ["0", "1"] and seen[1][2] == ["0", "1", "2", "3"]
-    assert seen[3][2] == ["0", "1", "2"] and seen[2][2][:3] == ["0", "1", "2"]
+    assert seen[4][2] == ["0", "1", "2"] and seen[2][2][:3] == ["0", "1", "2"]
+    assert seen[3][2][:3] == ["0", "1", "2"]
+    assert thumbs[0] == thumbs[1]

@@ -97,7 +97,8 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
     Textual's DataTable renders of the same cells (styles, padding, the mouse
     metadata naming row and column), on even and odd rows, under the cursor,
     unfocused, under the hover cursor, scrolled sideways and after a trim, with
-    cells wider than their columns cut as the DataTable cuts them."""
+    cells wider than their columns cut as the DataTable cuts them; the header
+    (kept across rows added and trimmed) the DataTable's too, hovered as well."""
     from textual.coordinate import Coordinate
 
     def wide(seq: int) -> DecisionRow:  # every kind of action, a long agent name;
@@ -123,8 +124,10 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
             lines = same = 0
             cut = [d for d in feed.rows_shown if len(num(d.total)) > 7 or len(f"{d.t:.2f}") > 7]
             assert cut  # the DataTable would cut these cells
-            for step in range(6):
-                if step == 1:
+            for step in range(7):
+                if step == 6:  # the mouse over the header (the DataTable highlights it)
+                    feed.hover_coordinate = Coordinate(-1, 1)
+                elif step == 1:
                     feed.move_cursor(row=feed.row_count - 4)
                 elif step == 2:
                     app.query_one("#other").focus()
@@ -144,7 +147,40 @@ def test_a_feed_line_is_what_the_datatable_renders_of_its_cells() -> None:
             return lines, same
 
     lines, same = asyncio.run(run())
-    assert lines > 60 and same == lines
+    assert lines > 70 and same == lines
+
+
+def test_the_feed_sizes_itself_as_the_datatable_measures_it() -> None:
+    """The feed's scrollable size, set without measuring its cells, is the size
+    Textual's DataTable sets by measuring them, as it fills, when cells are wider
+    than their columns, after a trim and after a clear."""
+    from dataclasses import replace
+
+    from textual.geometry import Size
+
+    wide = DecisionRow(seq=0, t=123456.0, admit=(1, 2, 3), preempt=(4,), load=("B", "long" * 9),
+                       evict=("C",), blocked=True, wall_ms=12345.5, n_candidates=4, total=1e9)
+
+    async def run() -> list[tuple[Size, Size]]:
+        app = FeedApp()
+        async with app.run_test(size=(60, 20)) as pilot:
+            feed = app.query_one(DecisionFeed)
+            sizes = []
+            for batch in ([_row(1)], [_row(i) for i in range(2, 30)],
+                          [replace(wide, seq=i) for i in range(30, 40)],
+                          [_row(i) for i in range(40, 40 + FEED_ROWS)], None, [_row(999)]):
+                if batch is None:
+                    feed.replace([])
+                else:
+                    feed.append(batch)
+                await pilot.pause()
+                got = feed.virtual_size
+                DataTable._update_dimensions(feed, list(feed.rows))
+                sizes.append((got, feed.virtual_size))
+            return sizes
+
+    for got, want in asyncio.run(run()):
+        assert got == want
 
 
 def test_runs_cut_to_a_width_as_rich_text_folds_them() -> None:

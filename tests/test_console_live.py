@@ -309,12 +309,12 @@ def test_leaving_the_form_with_unsent_edits_says_so(daemon: Daemon) -> None:
         screen = await open_params_form(pilot, app)
         rho = screen.info["params"]["rho"]
         screen.query_one("#param-rho", Input).value = str(rho + 6)
-        screen.action_close()
-        await pilot.pause(0.1)
+        screen.action_close()  # says so at once
         assert notes[-1] == ("warning", "left without applying: rho not sent")
+        await until(pilot, lambda: app.screen is app.dashboard, "the dashboard again")
         await pilot.press("p")
-        unloaded = app.screen
-        assert isinstance(unloaded, ParamsScreen)
+        unloaded = await until(pilot, lambda: isinstance(app.screen, ParamsScreen) and app.screen,
+                               "the form again")
         unloaded.info = None  # as when the daemon could not be read
         unloaded.action_apply()
         assert notes[-1][0] == "warning" and "were not loaded" in notes[-1][1]

@@ -92,6 +92,70 @@ def test_the_residency_redraws_only_when_what_it_shows_changed() -> None:
     assert asyncio.run(run()) == [True, False, True, True, True, False]
 
 
+Drawn = list[list[tuple[str, Style | None]]]
+
+
+class Framed(Panel):
+    """One panel as the dashboard sizes it: the screen's height, a border."""
+
+    CSS = "Widget { height: 100%; border: round white; }"
+
+
+def _drawn(widget: Widget) -> Drawn:
+    """The widget's lines as the screen draws them (its border included; a line
+    not marked for a repaint comes from the lines drawn before)."""
+    return [[(seg.text, seg.style) for seg in strip]
+            for strip in widget.render_lines(widget.outer_size.region)]
+
+
+def test_the_residency_repaints_the_lines_that_changed_as_a_fresh_panel_draws_them() -> None:
+    """Each state shown after another repaints just the lines that differ
+    (the panel's other lines and its border stay), and the screen then holds
+    what a panel that showed only that state draws: the bar, the KV line and
+    the rows as they grow, shrink, move and change place."""
+    from dataclasses import replace
+
+    from console.snapshot import AgentRow, Numbers, Snapshot
+    from console.widgets.residency import Residency
+
+    agents = tuple(AgentRow(name, 1000 * (i + 1), "gpu" if i % 2 else "host", True, None, None,
+                            i, 2 * i, 300 * i) for i, name in enumerate("ABCDE"))
+    snap = Snapshot(t=10.0, budget=20000, kv_prefixes=9000, kv_requests=3000, agents=agents[:3],
+                    tasks=(), numbers=Numbers(10.0, 0, 0.0, None, None, None, None),
+                    tasks_in_flight=3, requests_running=2, requests_waiting=5, decisions=7,
+                    policy="topas")
+    states = [snap, replace(snap, agents=(replace(agents[0], waiting=9), *agents[1:3])),
+              replace(snap, agents=agents, kv_requests=6000),
+              replace(snap, agents=(replace(agents[2], location="host", transfer="load",
+                                            transfer_until=14.0), *agents[3:])),
+              replace(snap, t=12.5, agents=(replace(agents[2], location="host", transfer="load",
+                                                    transfer_until=14.0), *agents[3:])),
+              replace(snap, agents=agents[:1], budget=None)]
+
+    async def screens() -> tuple[list[Drawn], list[Drawn], list[int]]:
+        seen, fresh, repainted = [], [], []
+        app = Framed(Residency(id="residency"))
+        async with app.run_test(size=(90, 14)) as pilot:
+            panel = app.query_one(Residency)
+            for s in states:
+                panel.show(s)
+                repainted.append(len({r.y for r in panel._repaint_regions}))
+                await pilot.pause()
+                seen.append(_drawn(panel))
+        for s in states:
+            one = Framed(Residency(id="residency"))
+            async with one.run_test(size=(90, 14)) as pilot:
+                await pilot.pause()
+                one.query_one(Residency).show(s)
+                await pilot.pause()
+                fresh.append(_drawn(one.query_one(Residency)))
+        return seen, fresh, repainted
+
+    seen, fresh, repainted = asyncio.run(screens())
+    assert seen == fresh
+    assert all(0 < n < 12 for n in repainted[1:])  # some lines, never the whole panel
+
+
 def test_the_tasks_table_redraws_only_when_its_rows_changed() -> None:
     """The same tasks at the same ages leave the table as drawn (no line
     rendered again); a task a poll later (older) redraws it."""
@@ -126,6 +190,53 @@ def test_the_tasks_table_redraws_only_when_its_rows_changed() -> None:
 
     first, same, older = asyncio.run(run())
     assert first > 5 and same == 0 and older > 5
+
+
+def test_the_tasks_table_repaints_its_rows_as_a_fresh_table_draws_them() -> None:
+    """A new poll's rows repaint below the header, the border and header as
+    drawn; the screen then holds what a table that showed only that poll draws
+    (rows older, gone, late, more and fewer of them)."""
+    from dataclasses import replace
+
+    from textual.geometry import Region
+
+    from console.snapshot import Numbers, Snapshot, TaskRow
+    from console.widgets.tasks import TaskList
+
+    rows = tuple(TaskRow(i, "dag4", 1.0 + i, 9.0, 1, 4, ("b",), (), 2.0) for i in range(8))
+    snap = Snapshot(t=10.0, budget=None, kv_prefixes=0, kv_requests=0, agents=(), tasks=rows,
+                    numbers=Numbers(10.0, 0, 0.0, None, None, None, None), tasks_in_flight=8,
+                    requests_running=8, requests_waiting=0, decisions=3, policy="topas")
+    states = [snap, replace(snap, t=12.0, tasks=tuple(replace(r, age=r.age + 2) for r in rows)),
+              replace(snap, tasks=rows[2:]),
+              replace(snap, tasks=tuple(replace(r, remaining_s=500.0, stages_done=3)
+                                        for r in rows[:3])),
+              replace(snap, tasks=rows)]
+
+    async def screens() -> tuple[list[Drawn], list[Drawn], list[set[Region]]]:
+        seen, fresh, repainted = [], [], []
+        app = Framed(TaskList(id="tasks"))
+        async with app.run_test(size=(100, 14)) as pilot:
+            table = app.query_one(TaskList)
+            for s in states:
+                await pilot.pause()
+                table.show(s)
+                repainted.append(set(table._repaint_regions))
+                await pilot.pause()
+                seen.append(_drawn(table))
+        for s in states:
+            one = Framed(TaskList(id="tasks"))
+            async with one.run_test(size=(100, 14)) as pilot:
+                await pilot.pause()
+                one.query_one(TaskList).show(s)
+                await pilot.pause()
+                fresh.append(_drawn(one.query_one(TaskList)))
+        return seen, fresh, repainted
+
+    seen, fresh, repainted = asyncio.run(screens())
+    assert seen == fresh
+    # a poll later (its title the same): inside the border, below the header
+    assert repainted[1] and all(r.x >= 1 and r.y >= 2 for r in repainted[1])
 
 
 def _cells(console: Console, renderable: object, width: int) -> list[list[tuple[str, Style]]]:

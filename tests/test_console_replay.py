@@ -444,10 +444,18 @@ def test_the_palette_brings_an_open_screen_forward(db: Path) -> None:
     from console.screens.help import HelpScreen
 
     async def palette(pilot: Any, command: str) -> None:
+        from textual.command import CommandList
+
         await pilot.press("ctrl+p")
         await pilot.pause()
         await pilot.press(*command)
-        await pilot.pause(0.3)
+        # the palette searches as it is typed: enter once it highlights the command
+        results = pilot.app.screen.query_one(CommandList)
+        for _ in range(600):
+            at = results.highlighted
+            if at is not None and command in str(results.get_option_at_index(at).prompt):
+                break
+            await pilot.pause(0.05)
         await pilot.press("enter")
         await pilot.pause()
 

@@ -204,6 +204,22 @@ class DecisionFeed(DataTable[Text | str]):
         return super().refresh(*regions, repaint=repaint, layout=layout and not self._trimming,
                                recompose=recompose)
 
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """The DataTable's scrollable size, without measuring the new rows' cells:
+        with every column of a fixed width and every row one unlabelled line (the
+        feed's), a cell's width moves no column and the size is the columns'
+        widths by the rows' lines under the header."""
+        keys = list(new_rows)
+        if any(c.auto_width for c in self.columns.values()) or any(
+                r.label is not None or r.auto_height
+                for r in (self.rows.get(k) for k in keys) if r is not None):
+            super()._update_dimensions(keys)
+            return
+        width = sum(c.get_render_width(self) for c in self.columns.values())
+        header = self.header_height if self.show_header else 0
+        self.virtual_size = Size(width + self._row_label_column_width,
+                                 self._total_row_height + header)
+
     def clear(self, columns: bool = False) -> Self:
         self._strips.clear()  # a restarted daemon numbers its decisions from 1 again
         return super().clear(columns)
@@ -216,15 +232,24 @@ class DecisionFeed(DataTable[Text | str]):
             self._look = None
 
     def render_line(self, y: int) -> Strip:
-        """A decision's line from its runs (the header and lines past the last
-        row: the DataTable's)."""
+        """A decision's line from its runs (lines past the last row: the
+        DataTable's; the header the DataTable's, kept by look and hover: every
+        added or trimmed row starts the DataTable's own caches over)."""
         scroll_x, scroll_y = self.scroll_offset
         header = self.header_height if self.show_header else 0
         index = y + scroll_y - header
-        if y < header or not 0 <= index < len(self.rows_shown) or self.cursor_type != "row":
+        if self.cursor_type != "row" or (y >= header and not 0 <= index < len(self.rows_shown)):
             return super().render_line(y)
         if self._look is None:
             self._look = _FeedLook(self)
+        if y < header:
+            hovered = self.hover_coordinate  # a row cursor highlights a hovered header only
+            top: tuple[Any, ...] = ("header", y, scroll_x, hovered.row < 0 and hovered,
+                                    self._pseudo_class_state, self._look.key)
+            line = self._strips.get(top)
+            if line is None:
+                line = self._strips[top] = super().render_line(y)
+            return line
         look, d = self._look, self.rows_shown[index]
         cursor = index == self.cursor_coordinate.row
         hover = index == self.hover_coordinate.row
@@ -337,34 +362,53 @@ class DecisionFeed(DataTable[Text | str]):
 
 class CandidateTable(DataTable[Text | str]):
     """The candidate states. Its size is the panel's; a new decision's rows
-    that fit in it, as the last one's did, ask for no new layout of the screen
-    (Textual lays out the screen for any new scrollable size; with neither
-    overflowing, no scrollbar comes or goes and nothing else moves)."""
+    that keep the scrollbars as the last one's did (none, or the same ones)
+    ask for no new layout of the screen: Textual lays out the screen for any
+    new scrollable size, but with the table's own size fixed only its
+    scrollbars' thumbs move, and those are set here."""
 
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self._fitted = False  # a new scrollable size that needs no layout
+        self._sizing = False  # within `_update_dimensions`: a new scrollable size
 
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
-        before = self.virtual_size
-        self._fitted = self._fits(before)
+        self._sizing = True
         try:
             super()._update_dimensions(new_rows)
         finally:
-            self._fitted = False
+            self._sizing = False
 
-    def _fits(self, size: Size) -> bool:
-        shown = self.size
-        return (self.is_mounted and not self.scrollbars_enabled[0] and
-                not self.scrollbars_enabled[1] and size.width <= shown.width and
-                size.height <= shown.height)
+    def scrollbars(self, size: Size) -> tuple[bool, bool]:
+        """(horizontal, vertical): the scrollbars Textual shows for a scrollable
+        `size` in the table's present room (overflow auto both ways)."""
+        width, height = self.container_size
+        wide, tall = size.width > width, size.height > height
+        if tall and not wide:
+            wide = size.width > width - self.styles.scrollbar_size_vertical
+        if wide and not tall:
+            tall = size.height > height - self.styles.scrollbar_size_horizontal
+        return wide, tall
+
+    def _same_scrollbars(self) -> bool:
+        """Whether the new scrollable size keeps the scrollbars shown now."""
+        styles = self.styles
+        if not (self.is_mounted and self.container_size and styles.overflow_x == "auto"
+                and styles.overflow_y == "auto"):
+            return False
+        return self.scrollbars(self.virtual_size) == self.scrollbars_shown()
+
+    def scrollbars_shown(self) -> tuple[bool, bool]:
+        """(horizontal, vertical): the scrollbars shown now."""
+        return self.show_horizontal_scrollbar, self.show_vertical_scrollbar
 
     def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
                 recompose: bool = False) -> Self:
-        """As a DataTable's, but a new size that fits, as the last did, asks
-        for a repaint only."""
-        if layout and self._fitted and self._fits(self.virtual_size):
-            layout = False
+        """As a DataTable's, but a new size that keeps the scrollbars asks for a
+        repaint and sets the scrollbars' thumbs (what the layout would do)."""
+        if layout and self._sizing and self._same_scrollbars():
+            self._scroll_update(self.virtual_size)
+            if self.scrollbars_shown() == self.scrollbars(self.virtual_size):
+                layout = False
         return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
 

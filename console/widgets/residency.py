@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import zip_longest
+from typing import Self
 
 from rich._ratio import ratio_distribute
 from rich.cells import cell_len
@@ -11,6 +13,9 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.table import Table
 from rich.text import Text
+from textual.geometry import Region
+from textual.visual import Visual
+from textual.widget import _RenderCache
 from textual.widgets import Static
 
 from console.snapshot import Snapshot
@@ -28,6 +33,7 @@ class Residency(Static):
     agent: prefix size and place, moves under way, running/waiting requests."""
 
     def __init__(self, id: str | None = None) -> None:
+        self._held = False  # an update's own refresh held back: `_draw` repaints its lines
         super().__init__("waiting for the first state…", id=id)
         self.snapshot: Snapshot | None = None
         self.border_title = "Residency"
@@ -40,7 +46,38 @@ class Residency(Static):
         shown = self.shown(snapshot)
         if shown != self.drawn:
             self.drawn = shown
-            self.update(self._render_snapshot(snapshot), layout=False)
+            self._draw(self._render_snapshot(snapshot))
+
+    def _draw(self, content: RenderableType) -> None:
+        """`update(content)`, repainting only the lines that differ from those
+        drawn (Textual repaints every line of the panel and its border for any
+        update; between polls most lines stay). The lines are Textual's own,
+        rendered as `render_line` would."""
+        drawn = self._render_cache
+        if not self.is_mounted or self._dirty_regions or drawn.size != self.size:
+            self.update(content, layout=False)
+            return
+        self._held = True
+        try:
+            self.update(content, layout=False)
+        finally:
+            self._held = False
+        width, height = self.size
+        lines = Visual.to_strips(self, self._render(), width, height, self.visual_style)
+        changed = [Region(0, y, width, 1) for y, (old, new) in
+                   enumerate(zip_longest(drawn.lines, lines)) if old != new]
+        self._render_cache = _RenderCache(self.size, lines)
+        if changed:
+            self.refresh(*changed)
+        self._dirty_regions.clear()  # rendered: `render_line` reads the cache
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False,
+                recompose: bool = False) -> Self:
+        """As a Static's; held by `_draw`: only the cached visual dropped."""
+        if self._held:
+            self._layout_cache.clear()
+            return self
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
 
     def shown(self, s: Snapshot) -> tuple[object, ...]:
         """Everything the panel draws of `s`: its width and rows, the budget, the

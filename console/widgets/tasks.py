@@ -250,7 +250,8 @@ class TaskList(ScrollView, can_focus=True):
         if size != self.virtual_size:  # a new size costs the screen a layout: rarely
             self.virtual_size = size
         self.cursor = min(self.cursor, max(0, len(self.shown) - 1))
-        self.refresh()
+        width, height = self.size
+        self.refresh(Region(0, 1, width, max(0, height - 1)))  # the rows: header, border stay
 
     def set_filter(self, text: str) -> None:
         """Show only the tasks `matches` finds (empty: all)."""
