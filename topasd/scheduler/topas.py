@@ -906,14 +906,10 @@ class _Search(SearchBounds):
         with `pack_order="arrival"`), the sorted base gains (`_fill_stream`)
         merged with a heap of the siblings re-keyed when a same-task request
         is admitted (Eq. 7)."""
-        pack = fill.pack
-        cands = [r for a in sorted(pack.resident) for r in self.waiting_by_agent.get(a, ())]
-        by_task: dict[int, list[Request]] = defaultdict(list)
-        for r in cands:
-            by_task[r.task_id].append(r)
+        resident = fill.pack.resident
         key, at = _pack_key(self.params.pack_order)
         fresh = self.fresh  # with `start_gate`, started tasks first
-        stream, pos = self._fill_stream(pack.resident), 0
+        stream, pos = self._fill_stream(resident), 0
         heap: list[HeapEntry] = []  # re-keyed siblings
         cuts: dict[int, tuple[tuple[int, float], ...]] = {}
         version: dict[int, int] = {}
@@ -932,7 +928,8 @@ class _Search(SearchBounds):
                 fill.refuse(r)
                 continue
             fill.take(r, -neg_ratio * self.d[rid])
-            sibs = [x for x in by_task[r.task_id] if x.id not in done]
+            sibs = [x for x in self.waiting_by_task[r.task_id]
+                    if x.agent in resident and x.id not in done]
             if sibs:
                 cut = _add_cut(cuts.get(r.task_id, ()), self._row(r), self._dhat(r))
                 cuts[r.task_id] = cut
@@ -961,9 +958,17 @@ class _Search(SearchBounds):
         represented: set[int] = set()
         for a in resident & self.running_agents:
             represented |= self.run_tasks[a]
-        stream = [entries[r.id][r.task_id not in represented] for r in ordered
-                  if r.agent in resident]
-        stream.sort()  # already in order but where the flag breaks a tie
+        stream: list[HeapEntry] = []
+        flagged = False
+        for r in ordered:
+            if r.agent in resident:
+                if r.task_id in represented:
+                    flagged = True
+                    stream.append(entries[r.id][0])
+                else:
+                    stream.append(entries[r.id][1])
+        if flagged:
+            stream.sort()  # already in order but where the flag breaks a tie
         return stream
 
     def _fill_solo(self, fill: _Filler) -> list[_State]:
