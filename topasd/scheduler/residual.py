@@ -203,6 +203,7 @@ class TaskPaths:
         self.u = quantiles  # (rows, S) stratified quantile rows, fixed by the seed
         self.t = t
         self._res: dict[int, list[_Residual]] = {}
+        self._dists: dict[str, list[_Dist | None]] = {}  # per workflow (`_residuals`)
         self._priors: dict[tuple[str, str], _Residual] = {}
         self._set: dict[int, int] = {}  # task id -> its residual set
         self._sets: dict[tuple[object, ...], int] = {}  # (workflow, residual ids) -> set
@@ -317,17 +318,20 @@ class TaskPaths:
                    running: Mapping[str, Request]) -> list[_Residual]:
         res = self._res.get(task.id)
         if res is None:
-            res = self._res[task.id] = [self._residual(task, wf, v, running)
-                                        for v in wf.topo_order]
+            dists = self._dists.get(wf.name)
+            if dists is None:  # F_{a,v} of each stage, in `topo_order` rows
+                dists = self._dists[wf.name] = [self.model.dist((wf.stages[v].agent, v))
+                                                for v in wf.topo_order]
+            res = self._res[task.id] = [self._residual(task, wf, v, running, dist)
+                                        for v, dist in zip(wf.topo_order, dists, strict=True)]
         return res
 
     def _residual(self, task: TaskView, wf: Workflow, v: str,
-                  running: Mapping[str, Request]) -> _Residual:
+                  running: Mapping[str, Request], dist: _Dist | None) -> _Residual:
         """Eq. 4: Z_{i,v} = X - e | X > e for a started stage; X unstarted; 0 done."""
         prog = task.stages[v]
         if prog.status is StageStatus.DONE:
             return _ZERO
-        dist = self.model.dist((wf.stages[v].agent, v))
         e = prog.service_s
         req = running.get(v)
         started = e > 0.0 or (req is not None and req.started_at is not None)
