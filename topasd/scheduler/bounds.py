@@ -78,6 +78,8 @@ class SearchBounds(ABC):
     _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
     task_agents: dict[int, frozenset[str]]
     _cover_cuts: dict[tuple[int, frozenset[str]], Cut]
+    # per task: its waiting requests' (stage row, D_hat, agent) sorted, if no two share a row
+    _by_row: dict[int, list[tuple[int, float, str]] | None]
     _item_arrays: ItemArrays | None
 
     # provided by `_Search`: abstract methods, not callable attributes (mypyc compiles both)
@@ -378,9 +380,15 @@ class SearchBounds(ABC):
 
     def _cut_of(self, task_id: int, reqs: list[Request], agents: frozenset[str]) -> Cut:
         """H = the requests of `reqs` (the task's waiting ones) of `agents` completed."""
-        table = self._task_table(task_id)
-        if len({row for _, row, _, _, _ in table}) == len(table):  # nothing to merge
-            return tuple(sorted((row, dhat) for a, row, dhat, _, _ in table if a in agents))
+        if task_id in self._by_row:
+            by_row = self._by_row[task_id]
+        else:
+            table = self._task_table(task_id)
+            by_row = self._by_row[task_id] = (
+                sorted((row, dhat, a) for a, row, dhat, _, _ in table)
+                if len({row for _, row, _, _, _ in table}) == len(table) else None)
+        if by_row is not None:  # nothing to merge: the rows' sorted order is the cut's
+            return tuple([(row, dhat) for row, dhat, a in by_row if a in agents])
         return self._joint_cut([r for r in reqs if r.agent in agents])
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:

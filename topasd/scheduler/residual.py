@@ -189,7 +189,11 @@ class _Residual:
 
 
 class TaskPaths:
-    """L_hat_i(H, t) for the tasks of one decision (caches live for one view)."""
+    """L_hat_i(H, t) for the tasks of one decision (caches live for one view).
+    Tasks of one workflow whose residuals are the same objects (unstarted
+    stages share theirs, a waiting stage keeps its own) have the same
+    samples, so the same L_hat for every cut: they share one residual set,
+    and each (set, cut) is priced once."""
 
     def __init__(self, model: ServiceModel, costs: CostHints, workflows: Mapping[str, Workflow],
                  quantiles: np.ndarray, t: float) -> None:
@@ -199,85 +203,104 @@ class TaskPaths:
         self.u = quantiles  # (rows, S) stratified quantile rows, fixed by the seed
         self.t = t
         self._res: dict[int, list[_Residual]] = {}
+        self._dists: dict[str, list[_Dist | None]] = {}  # per workflow (`_residuals`)
         self._priors: dict[tuple[str, str], _Residual] = {}
-        self._samples: dict[int, np.ndarray] = {}
-        self._lhat: dict[tuple[int, Cut], float] = {}
+        self._set: dict[int, int] = {}  # task id -> its residual set
+        self._sets: dict[tuple[object, ...], int] = {}  # (workflow, residual ids) -> set
+        self._set_res: list[list[_Residual]] = []  # each set's residuals
+        self._samples: dict[int, np.ndarray] = {}  # each set's samples
+        self._lhat: dict[tuple[int, Cut], float] = {}  # (set, cut) -> E[LP]
+
+    def _set_of(self, task: TaskView, running: Mapping[str, Request]) -> int:
+        """The residual set of a task: one per workflow and residual objects."""
+        k = self._set.get(task.id)
+        if k is None:
+            res = self._residuals(task, self.workflows[task.workflow], running)
+            sig = (task.workflow, *[id(r) for r in res])  # each object lives in `_res`
+            k = self._sets.get(sig)
+            if k is None:
+                k = self._sets[sig] = len(self._set_res)
+                self._set_res.append(res)
+            self._set[task.id] = k
+        return k
 
     def lhat(self, task: TaskView, running: Mapping[str, Request], cut: Cut = ()) -> float:
         """Eq. 5: expected longest remaining path after hypothetical completions."""
-        hit = self._lhat.get((task.id, cut))
+        hit = self._lhat.get((self._set_of(task, running), cut))
         return self.lhat_many(task, running, [cut])[0] if hit is None else hit
 
     def lhat_many(self, task: TaskView, running: Mapping[str, Request],
                   cuts: list[Cut]) -> list[float]:
         """Eq. 5 for several hypothetical completion sets of one task at once
         (one vectorized longest-path pass; same quantiles: common random numbers)."""
-        out: list[float | None] = [self._lhat.get((task.id, c)) for c in cuts]
-        todo = [i for i, v in enumerate(out) if v is None]
+        k = self._set_of(task, running)
+        out: list[float | None] = [self._lhat.get((k, c)) for c in cuts]
+        todo = [cuts[i] for i, v in enumerate(out) if v is None]
         if todo:
-            wf = self.workflows[task.workflow]
-            if wf.is_chain:  # LP is a sum: E[LP] = sum of E[Z_v], exactly
-                res = self._residuals(task, wf, running)
-                base = sum((r.mean for r in res), 0.0)
-                values = [base + sum((res[row].cut_mean(d) - res[row].mean
-                                      for row, d in cuts[i]), 0.0) for i in todo]
-                for i, v in zip(todo, values, strict=True):
-                    self._lhat[(task.id, cuts[i])] = v
-            else:
-                self._dag_pass(wf, [(task, running, [cuts[i] for i in todo])])
-            for i in todo:
-                out[i] = self._lhat[(task.id, cuts[i])]
+            self._price(self.workflows[task.workflow], k, list(dict.fromkeys(todo)))
+            return [self._lhat[(k, c)] for c in cuts]
         return out  # type: ignore[return-value]
 
     def lhat_batch(self, jobs: Sequence[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
         """Eq. 5 for many tasks' cuts at once, into the cache `lhat` reads:
-        one vectorized longest-path pass per DAG workflow (chains are sums)."""
-        by_wf: dict[str, list[tuple[TaskView, Mapping[str, Request], list[Cut]]]] = {}
+        one vectorized longest-path pass per DAG workflow (chains are sums);
+        a residual set's cuts once, however many tasks have it."""
+        by_wf: dict[str, list[tuple[int, list[Cut]]]] = {}
+        queued: set[tuple[int, Cut]] = set()
         for task, running, cuts in jobs:
-            todo = [c for c in dict.fromkeys(cuts) if (task.id, c) not in self._lhat]
-            if not todo:
-                continue
-            if self.workflows[task.workflow].is_chain:
-                self.lhat_many(task, running, todo)
-            else:
-                by_wf.setdefault(task.workflow, []).append((task, running, todo))
+            k = self._set_of(task, running)
+            todo = []
+            for c in cuts:
+                key = (k, c)
+                if key not in self._lhat and key not in queued:
+                    queued.add(key)
+                    todo.append(c)
+            if todo:
+                by_wf.setdefault(task.workflow, []).append((k, todo))
         for name, group in by_wf.items():
-            self._dag_pass(self.workflows[name], group)
+            wf = self.workflows[name]
+            if wf.is_chain:
+                for k, todo in group:
+                    self._price(wf, k, todo)
+            else:
+                self._dag_pass(wf, group)
 
-    def _dag_pass(self, wf: Workflow,
-                  group: list[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
-        """E[LP] of every (task, cut) of `group` (tasks of the DAG `wf`) into the
-        cache, averaged over the stratified samples in one longest-path pass.
-        Tasks whose residuals are the same objects (unstarted stages share
-        theirs) have the same samples: each distinct (samples, cut) pair is
-        one column of the pass, its value given to every key that has it."""
+    def _price(self, wf: Workflow, k: int, cuts: list[Cut]) -> None:
+        """E[LP] of set k under each of `cuts` (distinct) into the cache: on a
+        chain LP is a sum, so E[LP] = sum of E[Z_v], exactly."""
+        if not wf.is_chain:
+            self._dag_pass(wf, [(k, cuts)])
+            return
+        res = self._set_res[k]
+        base = sum((r.mean for r in res), 0.0)
+        for cut in cuts:
+            self._lhat[(k, cut)] = base + sum((res[row].cut_mean(d) - res[row].mean
+                                               for row, d in cut), 0.0)
+
+    def _dag_pass(self, wf: Workflow, group: list[tuple[int, list[Cut]]]) -> None:
+        """E[LP] of every (set, cut) of `group` (distinct; sets of the DAG `wf`)
+        into the cache, averaged over the stratified samples in one
+        longest-path pass: each pair is one column of the pass."""
         keys: list[tuple[int, Cut]] = []
-        column: list[int] = []  # of each key
-        columns: dict[tuple[int, Cut], int] = {}  # (samples, cut) -> column
         samples: list[np.ndarray] = []
-        sample_of: dict[tuple[int, ...], int] = {}  # residuals' identities -> samples
+        sample_of: dict[int, int] = {}  # set -> its place in `samples`
         picks: list[int] = []  # the samples of each column
         entries: list[tuple[int, int, float]] = []  # (stage row, column, D_hat)
-        for task, running, todo in group:
-            res = self._residuals(task, wf, running)
-            sig = tuple([id(r) for r in res])
-            k = sample_of.get(sig)
-            if k is None:
-                k = sample_of[sig] = len(samples)
-                samples.append(self._sampled(task, res))
+        for k, todo in group:
+            i = sample_of.get(k)
+            if i is None:
+                i = sample_of[k] = len(samples)
+                samples.append(self._sampled(k))
             for cut in todo:
-                j = columns.get((k, cut))
-                if j is None:
-                    j = columns[(k, cut)] = len(picks)
-                    picks.append(k)
-                    entries.extend((row, j, d) for row, d in cut)  # each row at most once
-                keys.append((task.id, cut))
-                column.append(j)
+                j = len(keys)
+                keys.append((k, cut))
+                picks.append(i)
+                entries.extend((row, j, d) for row, d in cut)  # each row at most once
         cuts = np.zeros((len(wf.topo_order), len(picks)))  # D_hat per (stage, column)
         if entries:
             rows, at, dhat = zip(*entries, strict=True)
             cuts[rows, at] = dhat
-        if len(picks) == 1:
+        if len(samples) == 1:
             z = samples[0][:, None] - cuts[:, :, None]  # (stage, column, sample)
         else:  # each column's samples, then its cut
             z = np.stack(samples, axis=1)[:, picks]
@@ -285,7 +308,7 @@ class TaskPaths:
         lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (IV-B, after Eq. 4)
         # the mean over samples, as ndarray.mean computes it (a sum, then / S)
         means = (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist()
-        self._lhat.update(zip(keys, [means[j] for j in column], strict=True))
+        self._lhat.update(zip(keys, means, strict=True))
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
@@ -295,17 +318,20 @@ class TaskPaths:
                    running: Mapping[str, Request]) -> list[_Residual]:
         res = self._res.get(task.id)
         if res is None:
-            res = self._res[task.id] = [self._residual(task, wf, v, running)
-                                        for v in wf.topo_order]
+            dists = self._dists.get(wf.name)
+            if dists is None:  # F_{a,v} of each stage, in `topo_order` rows
+                dists = self._dists[wf.name] = [self.model.dist((wf.stages[v].agent, v))
+                                                for v in wf.topo_order]
+            res = self._res[task.id] = [self._residual(task, wf, v, running, dist)
+                                        for v, dist in zip(wf.topo_order, dists, strict=True)]
         return res
 
     def _residual(self, task: TaskView, wf: Workflow, v: str,
-                  running: Mapping[str, Request]) -> _Residual:
+                  running: Mapping[str, Request], dist: _Dist | None) -> _Residual:
         """Eq. 4: Z_{i,v} = X - e | X > e for a started stage; X unstarted; 0 done."""
         prog = task.stages[v]
         if prog.status is StageStatus.DONE:
             return _ZERO
-        dist = self.model.dist((wf.stages[v].agent, v))
         e = prog.service_s
         req = running.get(v)
         started = e > 0.0 or (req is not None and req.started_at is not None)
@@ -346,13 +372,13 @@ class TaskPaths:
         elapsed = max(0.0, self.t - req.started_at) if req.started_at is not None else 0.0
         return max(est - elapsed, 0.01 * est)
 
-    def _sampled(self, task: TaskView, res: list[_Residual]) -> np.ndarray:
-        """S stratified samples of every Z_{i,v} (row v uses quantile row v)."""
-        s = self._samples.get(task.id)
+    def _sampled(self, k: int) -> np.ndarray:
+        """S stratified samples of every Z_{i,v} of set k (row v uses quantile row v)."""
+        s = self._samples.get(k)
         if s is None:
             n_rows = self.u.shape[0]
-            s = self._samples[task.id] = np.array(
-                [r.sampled(i % n_rows, self.u) for i, r in enumerate(res)])
+            s = self._samples[k] = np.array(
+                [r.sampled(i % n_rows, self.u) for i, r in enumerate(self._set_res[k])])
         return s
 
 

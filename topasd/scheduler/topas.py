@@ -367,6 +367,9 @@ class _Search(SearchBounds):
         self._joint_gains: dict[int, float] = {}
         self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
         self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
+        self._gain_cut_memo: dict[int, list[Cut]] = {}
+        self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
+        self._by_row: dict[int, list[tuple[int, float, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
         self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
@@ -903,14 +906,10 @@ class _Search(SearchBounds):
         with `pack_order="arrival"`), the sorted base gains (`_fill_stream`)
         merged with a heap of the siblings re-keyed when a same-task request
         is admitted (Eq. 7)."""
-        pack = fill.pack
-        cands = [r for a in sorted(pack.resident) for r in self.waiting_by_agent.get(a, ())]
-        by_task: dict[int, list[Request]] = defaultdict(list)
-        for r in cands:
-            by_task[r.task_id].append(r)
+        resident = fill.pack.resident
         key, at = _pack_key(self.params.pack_order)
         fresh = self.fresh  # with `start_gate`, started tasks first
-        stream, pos = self._fill_stream(pack.resident), 0
+        stream, pos = self._fill_stream(resident), 0
         heap: list[HeapEntry] = []  # re-keyed siblings
         cuts: dict[int, tuple[tuple[int, float], ...]] = {}
         version: dict[int, int] = {}
@@ -929,7 +928,8 @@ class _Search(SearchBounds):
                 fill.refuse(r)
                 continue
             fill.take(r, -neg_ratio * self.d[rid])
-            sibs = [x for x in by_task[r.task_id] if x.id not in done]
+            sibs = [x for x in self.waiting_by_task[r.task_id]
+                    if x.agent in resident and x.id not in done]
             if sibs:
                 cut = _add_cut(cuts.get(r.task_id, ()), self._row(r), self._dhat(r))
                 cuts[r.task_id] = cut
@@ -958,9 +958,17 @@ class _Search(SearchBounds):
         represented: set[int] = set()
         for a in resident & self.running_agents:
             represented |= self.run_tasks[a]
-        stream = [entries[r.id][r.task_id not in represented] for r in ordered
-                  if r.agent in resident]
-        stream.sort()  # already in order but where the flag breaks a tie
+        stream: list[HeapEntry] = []
+        flagged = False
+        for r in ordered:
+            if r.agent in resident:
+                if r.task_id in represented:
+                    flagged = True
+                    stream.append(entries[r.id][0])
+                else:
+                    stream.append(entries[r.id][1])
+        if flagged:
+            stream.sort()  # already in order but where the flag breaks a tie
         return stream
 
     def _fill_solo(self, fill: _Filler) -> list[_State]:
@@ -1107,6 +1115,7 @@ class _Search(SearchBounds):
         jobs: list[tuple[TaskView, Mapping[str, Request], list[Cut]]] = [
             (task, self.running_stage.get(tid, {}), self._gain_cuts(task))
             for tid, task in tasks.items() if task is not None]
+        self._batched.update(task.id for task, _, _ in jobs)
         none: dict[str, Request] = {}
         fresh: list[Cut] = [()]
         self.paths.lhat_batch([*jobs, *((task, none, fresh)
@@ -1116,12 +1125,17 @@ class _Search(SearchBounds):
     def _gain_cuts(self, task: TaskView) -> list[Cut]:
         """Every cut of a task `_gains`, `_joint_gain` and `partial_cap` read
         for its base gains: {}, each waiting request's, all of them, and each
-        agent's complement (only {} on a chain, whose gains are sums)."""
-        if self.view.workflows[task.workflow].is_chain:
-            return [()]
-        reqs = self.waiting_by_task[task.id]
-        return [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
-                self._joint_cut(reqs), *self._complement_cuts(task.id)]
+        agent's complement (only {} on a chain, whose gains are sums; memoized)."""
+        hit = self._gain_cut_memo.get(task.id)
+        if hit is None:
+            if self.view.workflows[task.workflow].is_chain:
+                hit = [()]
+            else:
+                reqs = self.waiting_by_task[task.id]
+                hit = [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
+                       self._joint_cut(reqs), *self._complement_cuts(task.id)]
+            self._gain_cut_memo[task.id] = hit
+        return hit
 
     # ------------------------------------------------------------ progress
 
@@ -1156,7 +1170,7 @@ class _Search(SearchBounds):
             self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
                                   strict=True))
         self.paths.lhat_batch([(task, running, self._gain_cuts(task))
-                               for task, running, _ in dags])
+                               for task, running, _ in dags if task.id not in self._batched])
         for task, _, reqs in dags:
             self._gains(task.id, (), reqs)
 
@@ -1182,10 +1196,9 @@ class _Search(SearchBounds):
             if task is not None:
                 running = self.running_stage.get(task_id, {})
                 after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
-                before = self.paths.lhat(task, running, cut)
-                g = self.g.get(task_id, 1.0)
-                values = [g * max(0.0, before - v)
-                          for v in self.paths.lhat_many(task, running, after)]
+                lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
+                before, g = lhats[0], self.g.get(task_id, 1.0)
+                values = [g * max(0.0, before - v) for v in lhats[1:]]
             for r, v in zip(missing, values, strict=True):
                 memo[(r.id, cut)] = v
         return [memo[(r.id, cut)] for r in reqs]
@@ -1250,7 +1263,7 @@ class _Filler:
         if self.gated and r.task_id in s.fresh and not forced:
             return False
         extra = self.demand(r) - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
-        slots = len(self.pack.seq) + 1 + len(self.uncovered - {r.agent})
+        slots = len(self.pack.seq) + 1 + len(self.uncovered) - (r.agent in self.uncovered)
         hol = s.hol
         if self.hol_pending and hol is not None and r.id != hol.id:
             # the head of line keeps its room and a slot under K; while its prefix is

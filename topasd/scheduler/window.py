@@ -20,7 +20,7 @@ import bisect
 import dataclasses
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from topasd.model import EngineView, Request, Reservation, TaskView
 from topasd.scheduler.params import TopasParams
@@ -220,13 +220,14 @@ def candidate_window(view: EngineView, params: TopasParams,
                for agent, tasks in by_agent.items()}
     keep = {(r.agent, r.task_id) for r in forced if r is not None}
     keep.update((agent, tids[0]) for agent, tids in reached.items())
-    rest = sorted(((started is not None and tid not in started, arrival[tid], tid, agent,
-                    len(by_agent[agent][tid]))
-                   for agent, tids in reached.items() for tid in tids[1:]))
+    # each agent's reached tasks are in fill order: merged, they are in order across agents
+    rest = heapq.merge(*[_keyed(agent, tids, started, arrival)
+                         for agent, tids in sorted(reached.items())])
     slots = cap - sum(len(by_agent[a][tid]) for a, tid in keep)  # requests the cap leaves
-    for _, _, tid, agent, n in rest:
+    for _, _, tid, agent in rest:
         if (agent, tid) in keep:
             continue
+        n = len(by_agent[agent][tid])
         if slots < n:
             break
         keep.add((agent, tid))
@@ -245,17 +246,33 @@ def _reach(tasks: Mapping[int, list[float]], ordered: list[tuple[float, int]],
     its d_r; one that does not is skipped (its task stays, as the fill
     would refuse it)."""
     left, reached = limit, []
-    for first in ((True, False) if started is not None else (True,)):
-        for _, tid in ordered:
-            if started is not None and (tid in started) is not first:
-                continue
-            reached.append(tid)
-            for d in tasks[tid]:
-                if d <= left:
-                    left -= d
-            if left < least:
-                return reached
+    for tid in _fill_order(ordered, started):
+        reached.append(tid)
+        for d in tasks[tid]:
+            if d <= left:
+                left -= d
+        if left < least:
+            return reached
     return reached
+
+
+def _keyed(agent: str, tids: list[int], started: set[int] | None,
+           arrival: Mapping[int, float]) -> Iterator[tuple[bool, float, int, str]]:
+    """An agent's reached tasks after its first, keyed in their fill order:
+    (new, task arrival, task, agent), each built when read."""
+    for tid in tids[1:]:
+        yield started is not None and tid not in started, arrival[tid], tid, agent
+
+
+def _fill_order(ordered: list[tuple[float, int]], started: set[int] | None) -> Iterator[int]:
+    """The tasks of `ordered` (by arrival), the `started` ones first, in one walk."""
+    later: list[int] = []
+    for _, tid in ordered:
+        if started is not None and tid not in started:
+            later.append(tid)
+        else:
+            yield tid
+    yield from later
 
 
 def _started(view: EngineView, tasks: Iterable[int]) -> set[int]:
