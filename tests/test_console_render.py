@@ -108,6 +108,33 @@ def _drawn(widget: Widget) -> Drawn:
             for strip in widget.render_lines(widget.outer_size.region)]
 
 
+def _shown_against_fresh(make: Any, states: list[Any], size: tuple[int, int]
+                         ) -> tuple[list[Drawn], list[Drawn], list[set[Any]]]:
+    """Show `states` in turn on one widget (`make()`, in a Framed app): its
+    lines after each, beside those of a fresh widget that showed only that
+    state, and the regions each show marked for a repaint."""
+    async def screens() -> tuple[list[Drawn], list[Drawn], list[set[Any]]]:
+        seen, fresh, repainted = [], [], []
+        widget = make()
+        async with Framed(widget).run_test(size=size) as pilot:
+            for s in states:
+                await pilot.pause()
+                widget.show(s)
+                repainted.append(set(widget._repaint_regions))
+                await pilot.pause()
+                seen.append(_drawn(widget))
+        for s in states:
+            one = make()
+            async with Framed(one).run_test(size=size) as pilot:
+                await pilot.pause()
+                one.show(s)
+                await pilot.pause()
+                fresh.append(_drawn(one))
+        return seen, fresh, repainted
+
+    return asyncio.run(screens())
+
+
 def test_the_residency_repaints_the_lines_that_changed_as_a_fresh_panel_draws_them() -> None:
     """Each state shown after another repaints just the lines that differ
     (the panel's other lines and its border stay), and the screen then holds
@@ -132,27 +159,10 @@ def test_the_residency_repaints_the_lines_that_changed_as_a_fresh_panel_draws_th
                                                     transfer_until=14.0), *agents[3:])),
               replace(snap, agents=agents[:1], budget=None)]
 
-    async def screens() -> tuple[list[Drawn], list[Drawn], list[int]]:
-        seen, fresh, repainted = [], [], []
-        app = Framed(Residency(id="residency"))
-        async with app.run_test(size=(90, 14)) as pilot:
-            panel = app.query_one(Residency)
-            for s in states:
-                panel.show(s)
-                repainted.append(len({r.y for r in panel._repaint_regions}))
-                await pilot.pause()
-                seen.append(_drawn(panel))
-        for s in states:
-            one = Framed(Residency(id="residency"))
-            async with one.run_test(size=(90, 14)) as pilot:
-                await pilot.pause()
-                one.query_one(Residency).show(s)
-                await pilot.pause()
-                fresh.append(_drawn(one.query_one(Residency)))
-        return seen, fresh, repainted
-
-    seen, fresh, repainted = asyncio.run(screens())
+    seen, fresh, regions = _shown_against_fresh(lambda: Residency(id="residency"), states,
+                                                (90, 14))
     assert seen == fresh
+    repainted = [len({r.y for r in shown}) for shown in regions]
     assert all(0 < n < 12 for n in repainted[1:])  # some lines, never the whole panel
 
 
@@ -198,8 +208,6 @@ def test_the_tasks_table_repaints_its_rows_as_a_fresh_table_draws_them() -> None
     (rows older, gone, late, more and fewer of them)."""
     from dataclasses import replace
 
-    from textual.geometry import Region
-
     from console.snapshot import Numbers, Snapshot, TaskRow
     from console.widgets.tasks import TaskList
 
@@ -213,27 +221,8 @@ def test_the_tasks_table_repaints_its_rows_as_a_fresh_table_draws_them() -> None
                                         for r in rows[:3])),
               replace(snap, tasks=rows)]
 
-    async def screens() -> tuple[list[Drawn], list[Drawn], list[set[Region]]]:
-        seen, fresh, repainted = [], [], []
-        app = Framed(TaskList(id="tasks"))
-        async with app.run_test(size=(100, 14)) as pilot:
-            table = app.query_one(TaskList)
-            for s in states:
-                await pilot.pause()
-                table.show(s)
-                repainted.append(set(table._repaint_regions))
-                await pilot.pause()
-                seen.append(_drawn(table))
-        for s in states:
-            one = Framed(TaskList(id="tasks"))
-            async with one.run_test(size=(100, 14)) as pilot:
-                await pilot.pause()
-                one.query_one(TaskList).show(s)
-                await pilot.pause()
-                fresh.append(_drawn(one.query_one(TaskList)))
-        return seen, fresh, repainted
-
-    seen, fresh, repainted = asyncio.run(screens())
+    seen, fresh, repainted = _shown_against_fresh(lambda: TaskList(id="tasks"), states,
+                                                  (100, 14))
     assert seen == fresh
     # a poll later (its title the same): inside the border, below the header
     assert repainted[1] and all(r.x >= 1 and r.y >= 2 for r in repainted[1])
