@@ -248,6 +248,10 @@ class Backend(Protocol):
     def submit(self, request: Request) -> None:
         """Queue a request; it becomes waiting at `request.ready_at`."""
 
+    def follow(self, request_id: int) -> None:
+        """A streamed call's request, before its `submit`: `state` shows its
+        `generated` tokens as the engine makes them, not only at its finish."""
+
     def withdraw(self, request_id: int, why: str) -> bool:
         """Take back an unfinished request (its caller went away): it leaves the
         engine and a REQUEST_WITHDRAW event (`note`: `why`; `tokens`: tokens it

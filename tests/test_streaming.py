@@ -58,16 +58,17 @@ def classify(block: str) -> tuple[str, Any]:
     return "text", choice["delta"]["content"]
 
 
-def token_times(db: Path, request_id: int) -> tuple[float, float]:
-    """(first token, finish) of a request in engine seconds, from the log."""
+def token_times(db: Path, request_id: int, first: str = "prefill_end") -> tuple[float, float]:
+    """(first token, finish) of a request in engine seconds, from the log: the
+    first token at its `first` event."""
     conn = sqlite3.connect(db)
     try:
         rows = dict(conn.execute("SELECT kind, min(t) FROM engine_events WHERE request_id = ? "
-                                 "AND kind IN ('prefill_end', 'request_finish') GROUP BY kind",
-                                 [request_id]).fetchall())
+                                 "AND kind IN (?, 'request_finish') GROUP BY kind",
+                                 [request_id, first]).fetchall())
     finally:
         conn.close()
-    return rows["prefill_end"], rows["request_finish"]
+    return rows[first], rows["request_finish"]
 
 
 def call_body(tokens: int, **extra: Any) -> dict[str, Any]:

@@ -183,6 +183,9 @@ class SGLangBackend:
         self._requests: dict[int, Request] = {}
         self._started: dict[int, float] = {}
         self._withdrawing: dict[int, str] = {}  # aborts sent: request id -> why
+        # streamed calls (`follow`): request id -> tokens SGLang has streamed so far
+        # (written by the engine's thread, read by `state`)
+        self._made: dict[int, int] = {}
         self._asks: deque[tuple[bytes, DecideRequest]] = deque()
         self._current: tuple[bytes, DecideRequest] | None = None
         self._last: dict[int, EngineSnapshot] = {}  # replica -> the latest it reported
@@ -262,6 +265,7 @@ class SGLangBackend:
         """Submit with real prompt ids (the first `prefix_tokens` are the agent's prefix)."""
         need = len(input_ids) + request.output_tokens
         if need > self.budget_tokens:
+            self._made.pop(request.id, None)
             raise TopasError(
                 f"request {request.id} (task {request.task_id}, stage {request.stage!r}) needs "
                 f"{need} KV tokens (prompt {len(input_ids)} + output {request.output_tokens}) "
@@ -280,11 +284,30 @@ class SGLangBackend:
         }
         if self.options.dp_size > 1:
             kwargs["routed_dp_rank"] = self.replica(request.task_id)
+        if request.id in self._made:
+            kwargs["stream"] = True
         asyncio.run_coroutine_threadsafe(self._generate(request.id, kwargs), self._loop)
+
+    def follow(self, request_id: int) -> None:
+        """A streamed call: SGLang streams its output (`async_generate(stream=True)`),
+        and `state` shows the tokens made so far."""
+        self._made[request_id] = 0
+
+    async def _reply(self, rid: int, kwargs: dict[str, Any]) -> Any:
+        """SGLang's reply to one request; a streamed one's chunks counted on the way
+        (each carries the completion tokens so far; the last is the whole reply)."""
+        if not kwargs.get("stream"):
+            return await self.engine.async_generate(**kwargs)
+        out: Any = None
+        async for out in await self.engine.async_generate(**kwargs):
+            made = _completion_tokens(out)
+            if made is not None and rid in self._made:
+                self._made[rid] = made
+        return out
 
     async def _generate(self, rid: int, kwargs: dict[str, Any]) -> None:
         try:
-            out = await self.engine.async_generate(**kwargs)
+            out = await self._reply(rid, kwargs)
             if self.record:
                 self.replies[rid] = _meta_info(out)
             aborted = _abort_message(out)
@@ -325,7 +348,8 @@ class SGLangBackend:
         """The state a dashboard shows, at any moment: every replica's last
         snapshot, merged (`merge_snapshots`; an empty pool before the first)."""
         snap = merge_snapshots(list(self._last.values()), self.budget_tokens)
-        return snap.view(self.t, tasks, workflows, self.costs)
+        view = snap.view(self.t, tasks, workflows, self.costs)
+        return _with_streamed(view, self._made, self._requests) if self._made else view
 
     def limits(self) -> EngineLimits:
         """SGLang sizes its pool from GPU memory (a smaller --budget caps it)."""
@@ -409,6 +433,7 @@ class SGLangBackend:
             except queue.Empty:
                 break
             req = self._requests.pop(rid, None)
+            self._made.pop(rid, None)
             if req is None:
                 continue
             why = self._withdrawing.pop(rid, None)
@@ -492,6 +517,22 @@ def _abort_message(reply: Any) -> str | None:
     if not isinstance(reason, dict) or reason.get("type") != "abort":
         return None
     return str(reason.get("message") or "no reason given")
+
+
+def _with_streamed(view: EngineView, made: Mapping[int, int],
+                   requests: Mapping[int, Request]) -> EngineView:
+    """`view` with each streamed request SGLang has made tokens of as running
+    with those tokens (the last snapshot may predate its admission)."""
+    running = {r.id: r for r in view.running}
+    for rid, n in sorted(made.items()):
+        req = running.get(rid) or requests.get(rid)
+        if n > 0 and req is not None and n > req.generated:
+            running[rid] = replace(req, generated=n)
+    if all(running.get(r.id) is r for r in view.running) and len(running) == len(view.running):
+        return view
+    taken = set(running)
+    return replace(view, running=tuple(running.values()),
+                   waiting=tuple(r for r in view.waiting if r.id not in taken))
 
 
 def _completion_tokens(reply: Any) -> int | None:

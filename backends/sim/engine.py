@@ -236,6 +236,9 @@ class SimBackend(ContextCopies):
         else:
             self._enqueue(request, max(request.ready_at, 0.0))
 
+    def follow(self, request_id: int) -> None:
+        """Nothing to do: `state` shows every running request's tokens so far."""
+
     def withdraw(self, request_id: int, why: str) -> bool:
         """Any unfinished request: a waiting one leaves the queue, a running one
         the batch (its KV is freed; `tokens`: what it had generated)."""

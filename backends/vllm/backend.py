@@ -267,6 +267,9 @@ class VllmBackend(ContextCopies):
         else:
             self._enqueue(request, max(request.ready_at, 0.0))
 
+    def follow(self, request_id: int) -> None:
+        """Nothing to do: `state` shows every running request's tokens so far."""
+
     def withdraw(self, request_id: int, why: str) -> bool:
         """Any unfinished request: out of the plan queued for vLLM's next step,
         then aborted in vLLM (its blocks freed, wherever it stood)."""

@@ -116,6 +116,37 @@ def test_openai_calls_get_exact_output_lengths_from_the_engine(daemon: Daemon) -
     assert again.usage is not None and again.usage.completion_tokens == 3
 
 
+def test_tokens_stream_as_sglang_makes_them(daemon: Daemon) -> None:
+    """`stream: true` on SGLang: the role chunk, the tokens in several chunks
+    as SGLang's steps make them (the first before the last by at least the
+    time SGLang took from admitting the call to finishing it, from the log),
+    usage last."""
+    from tests.test_streaming import (
+        GRANULARITY_S,
+        call_body,
+        check_streamed,
+        read_stream,
+        token_times,
+    )
+
+    got: list[tuple[float, str, Any]] = []
+    read_stream(daemon.url, call_body(96), got)
+    meta = check_streamed(got, 96)
+    # SGLang's log has no prefill_end: its admission, which the prefill follows at
+    # once, is the earliest the first token can come (engine seconds: wall)
+    deadline = time.monotonic() + 60  # the log writer follows the engine
+    while True:
+        try:
+            first, finish = token_times(daemon.db, meta["request_id"], first="request_admit")
+            break
+        except KeyError:
+            assert time.monotonic() < deadline, "the call's finish never reached the log"
+            time.sleep(0.2)
+    texts = [t for t, k, _ in got if k == "text"]
+    assert finish - first > 0.5  # decoding took long enough to tell
+    assert texts[-1] - texts[0] >= (finish - first) - GRANULARITY_S
+
+
 def test_the_event_stream_carries_decisions_and_sglangs_events(daemon: Daemon) -> None:
     with httpx.stream("GET", f"{daemon.url}/v1/events", timeout=60,
                       params={"since": 0, "max_events": 40}) as r:

@@ -554,6 +554,8 @@ class Service:
                       output_tokens=spec.output_tokens, ready_at=self.backend.t,
                       task_arrival=self.loop.book.arrivals[task.id], prefix_tokens=prefix)
         self.calls.by_request[req.id] = Call(task, req, spec, fut, progress)
+        if progress is not None:
+            self.backend.follow(req.id)
         try:
             self.loop.submit(req, self.calls)
         except TopasError:  # the engine refused it: undo, so nothing waits for it
