@@ -524,15 +524,14 @@ def _with_streamed(view: EngineView, made: Mapping[int, int],
     """`view` with each streamed request SGLang has made tokens of as running
     with those tokens (the last snapshot may predate its admission)."""
     running = {r.id: r for r in view.running}
-    for rid, n in sorted(made.items()):
-        req = running.get(rid) or requests.get(rid)
-        if n > 0 and req is not None and n > req.generated:
-            running[rid] = replace(req, generated=n)
-    if all(running.get(r.id) is r for r in view.running) and len(running) == len(view.running):
+    streamed = {rid: replace(req, generated=n) for rid, n in sorted(made.items())
+                if (req := running.get(rid) or requests.get(rid)) is not None
+                and n > max(0, req.generated)}
+    if not streamed:
         return view
-    taken = set(running)
+    running.update(streamed)
     return replace(view, running=tuple(running.values()),
-                   waiting=tuple(r for r in view.waiting if r.id not in taken))
+                   waiting=tuple(r for r in view.waiting if r.id not in streamed))
 
 
 def _completion_tokens(reply: Any) -> int | None:
