@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.topas_views import CHAIN, request, task, view, workflow
-from topasd.model import EngineEvent, EventKind, TopasError
+from tests.topas_views import CHAIN, FORK, request, task, view, workflow
+from topasd.model import EngineEvent, EventKind, Request, TopasError, Workflow
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import PAPER, TopasParams, check_variant
 from topasd.scheduler.topas import TopasPolicy, _Search
@@ -29,10 +29,12 @@ def test_the_defaults_and_topas_paper() -> None:
     """`topas` runs every extension below by default; `topas-paper` none."""
     assert TopasPolicy().params == TopasParams(
         start_gate=True, preempt_margin=1.0, pack_order="arrival", age_curve="linear",
-        srpt=1.0, keep_idle=True, preempt_exchange=True, swap_only=True, overdue=2.0)
+        srpt=1.0, keep_idle=True, preempt_exchange=True, swap_only=True, overdue=2.0,
+        fresh_hol=1.0)
     paper = make_policy("topas-paper").params  # type: ignore[attr-defined]
     assert (paper.age_curve, paper.srpt, paper.keep_idle, paper.preempt_exchange,
-            paper.swap_only, paper.overdue) == ("log", 0.0, False, False, False, None)
+            paper.swap_only, paper.overdue, paper.fresh_hol) == (
+                "log", 0.0, False, False, False, None, None)
     with pytest.raises(TopasError, match="topas-paper runs with keep_idle=False"):
         check_variant("topas-paper", {"keep_idle": True})
     with pytest.raises(TopasError, match="age_curve must be 'log' or 'linear'"):
@@ -172,3 +174,48 @@ def test_an_overdue_task_is_served_next() -> None:
     d = pol.decide(_overdue_view(25.0))
     assert d.admit == (1,)
     assert all("A" in c.resident for c in d.candidates if c.resident)
+
+
+# ---------------------------------------------------------------- fresh_hol
+
+def _new_tasks_view(wf: Workflow, t: float, started: list[Request], budget: int,
+                    old_input: int = 140):  # type: ignore[no-untyped-def]
+    """New task 1 (arrived at 0) waits with an a round (old_input + 10
+    tokens) that does not fit; new task 2 (arrived 5 s ago) with a 20-token
+    one that does. A round of started task 9 runs (110 tokens); `started`
+    are its waiting rounds."""
+    running = request(90, 9, wf, "c" if started else "a", running=True, generated=1,
+                      started_at=0.0, output_tokens=100)
+    old = request(1, 1, wf, "a", input_tokens=old_input)
+    young = request(2, 2, wf, "a", arrival=t - 5)
+    stages = {"a": "done", "b": "active", "c": "active"} if started else {"a": "active"}
+    tasks = [task(9, wf, **stages), task(1, wf, a="active"), task(2, wf, arrival=t - 5, a="active")]
+    return view(wf, tasks, [running], [*started, old, young], t=t, budget=budget,
+                gpu=tuple(a for a in wf.agents if a != "D"))
+
+
+@pytest.mark.parametrize(("fresh_hol", "t", "passes"),
+                         [(None, 200.0, True), (1.0, 10.0, True), (1.0, 200.0, False)])
+def test_fresh_hol_lets_no_new_task_pass_one_that_waited_its_expected_path(
+        fresh_hol: float | None, t: float, passes: bool) -> None:
+    """The fresh path of the chain is 76.8 s. Task 1 does not fit; task 2
+    does. After 10 s task 1 has waited less than its path and task 2 starts
+    past it (backfilling); after 200 s it has waited more, and task 2 waits
+    behind it. Without `fresh_hol` task 2 always passes."""
+    pol = policy(start_gate=True, pack_order="arrival", fresh_hol=fresh_hol)
+    v = _new_tasks_view(CHAIN, t, [], budget=340)
+    assert pol.decide(v).admit == ((2,) if passes else ())
+
+
+@pytest.mark.parametrize(("fresh_hol", "passes"), [(None, True), (1.0, False)])
+def test_fresh_hol_holds_in_the_general_fill(fresh_hol: float | None, passes: bool) -> None:
+    """The same on a fork whose started task has a waiting b round beside its
+    running c round (no solo agent: the general fill). Its b round goes
+    first; then task 1's round (250 tokens) does not fit, not even in the
+    room B's prefix would free, and, as task 1 waited 200 s, task 2 waits
+    behind it."""
+    pol = policy(start_gate=True, pack_order="arrival", fresh_hol=fresh_hol)
+    b_round = request(91, 9, FORK, "b")
+    v = _new_tasks_view(FORK, 200.0, [b_round], budget=510, old_input=240)
+    assert "B" not in _Search(pol, v).solo_agents
+    assert sorted(pol.decide(v).admit) == ([2, 91] if passes else [91])

@@ -57,6 +57,10 @@ class TopasParams:
     # started tasks' requests first; no new task in a candidate that preempts for KV
     # (more than the prefixes leaving), nor once a started task's request did not fit
     start_gate: bool = True
+    # a new task that has waited this many times its workflow's expected fresh path
+    # is passed by no later new task: once its request did not fit, a fill admits no
+    # new task after it; None: off
+    fresh_hol: float | None = 1.0
     # task weight g_i: "log" is Eq. 12; "linear" grows with the task's slowdown so far,
     # 1 + rho * age / (its workflow's expected path of a fresh task), so no task starves
     age_curve: str = "linear"
@@ -85,7 +89,7 @@ class TopasParams:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
             if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue",
-                                          "window"):
+                                          "fresh_hol", "window"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -137,6 +141,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "samples": (1, 4096),
     "srpt": (0.0, 4.0),
     "overdue": (0.1, 1000.0),
+    "fresh_hol": (0.0, 1000.0),
     "window": (0.1, 1000.0),
     "window_cap": (0, 1_000_000),
     "search_budget": (0, 1_000_000),
@@ -146,6 +151,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
+                         "fresh_hol": None,
                          "decode_peak": "off", "head_reserve": False,
                          "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {

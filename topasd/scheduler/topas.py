@@ -348,6 +348,7 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
+        self.fresh_heads = self._fresh_heads()
         self._reuse_terms()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
@@ -381,6 +382,20 @@ class _Search(SearchBounds):
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self.g = self._aging()  # reads the memos above
+
+    def _fresh_heads(self) -> frozenset[int]:
+        """`fresh_hol`: the new tasks that have waited at least that many times
+        their workflow's expected path of a fresh task (Eq. 5)."""
+        theta = self.params.fresh_hol
+        if theta is None or not self.fresh:
+            return frozenset()
+        ref = self.policy.fresh_paths(self.view, self.paths)
+        heads: list[int] = []
+        for tid in self.fresh:
+            r = self.waiting_by_task[tid][0]
+            if self.view.t - r.task_arrival >= theta * ref[r.workflow]:
+                heads.append(tid)
+        return frozenset(heads)
 
     def _index_waiting(self, view: EngineView) -> None:
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
@@ -994,7 +1009,11 @@ class _Search(SearchBounds):
         started = n - int(order.fresh[sel].sum()) if self.fresh else n
         if not _fill_runs(fill, order, sel, d[:started], pos):
             fill.close()  # a started task's request did not fit
-        if not fill.gated:
+        if fill.gated:
+            return fill.states
+        if self.fresh_heads:  # `fresh_hol`: a head that does not fit may close the fill
+            _fill_until_closed(fill, order, sel, max(pos, started))
+        else:
             _fill_runs(fill, order, sel, d, max(pos, started))
         return fill.states
 
@@ -1307,8 +1326,11 @@ class _Filler:
 
     def refuse(self, r: Request) -> None:
         """r did not fit: with `start_gate`, a started task's request closes
-        the fill to new tasks (they are ordered after every started one)."""
-        if self.search.fresh and r.task_id not in self.search.fresh:
+        the fill to new tasks (they are ordered after every started one), and
+        with `fresh_hol` so does a new task's that has waited long enough
+        (later new tasks come after it)."""
+        if self.search.fresh and (r.task_id not in self.search.fresh
+                                  or r.task_id in self.search.fresh_heads):
             self.close()
 
     def close(self) -> None:
@@ -1461,6 +1483,19 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
             fill.take_run(sel[pos:pos + taken], order)
             pos += taken
     return every
+
+
+def _fill_until_closed(fill: _Filler, order: _SoloOrder, sel: np.ndarray, pos: int) -> None:
+    """Take sel[pos:] request by request until a refused one closes the fill
+    (`_Filler.refuse`)."""
+    for i in sel[pos:].tolist():
+        r = fill.search.requests[order.rids[i]]
+        if fill.fits(r):
+            fill.take(r, order.gains[i])
+            continue
+        fill.refuse(r)
+        if fill.gated:
+            return
 
 
 def _fill_each(fill: _Filler, order: _SoloOrder, sel: np.ndarray, pos: int, end: int) -> bool:
