@@ -1012,7 +1012,7 @@ class _Search(SearchBounds):
         if fill.gated:
             return fill.states
         if self.fresh_heads:  # `fresh_hol`: a head that does not fit may close the fill
-            _fill_until_closed(fill, order, sel, max(pos, started))
+            _fill_each(fill, order, sel, max(pos, started), n)
         else:
             _fill_runs(fill, order, sel, d, max(pos, started))
         return fill.states
@@ -1485,28 +1485,17 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
     return every
 
 
-def _fill_until_closed(fill: _Filler, order: _SoloOrder, sel: np.ndarray, pos: int) -> None:
-    """Take sel[pos:] request by request until a refused one closes the fill
-    (`_Filler.refuse`)."""
-    for i in sel[pos:].tolist():
-        r = fill.search.requests[order.rids[i]]
-        if fill.fits(r):
-            fill.take(r, order.gains[i])
-            continue
-        fill.refuse(r)
-        if fill.gated:
-            return
-
-
 def _fill_each(fill: _Filler, order: _SoloOrder, sel: np.ndarray, pos: int, end: int) -> bool:
-    """Take sel[pos:end] request by request (`fits`, then `take`); whether
-    every one was taken."""
+    """Take sel[pos:end] request by request (`fits`, then `take`, else
+    `refuse`, which may close the fill to new tasks); whether every one was
+    taken."""
     every = True
     for i in sel[pos:end].tolist():
         r = fill.search.requests[order.rids[i]]
         if fill.fits(r):
             fill.take(r, order.gains[i])
         else:
+            fill.refuse(r)
             every = False
     return every
 
