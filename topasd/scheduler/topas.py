@@ -34,7 +34,6 @@ from topasd.model import (
     Request,
     Reservation,
     ScoreTerms,
-    StageProgress,
     StageStatus,
     TaskView,
     held_demand,
@@ -44,7 +43,7 @@ from topasd.model import (
 )
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
-from topasd.scheduler.residual import Cut, ServiceModel, TaskPaths, quantile_rows
+from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh
 from topasd.score import score_total
 
@@ -62,6 +61,7 @@ class TopasPolicy:
         self.model = ServiceModel()
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
+        self.path_memo = PathMemo()  # E[LP] of residual sets, from one decision to the next
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -160,14 +160,7 @@ class TopasPolicy:
     @staticmethod
     def fresh_paths(view: EngineView, paths: TaskPaths) -> dict[str, float]:
         """Each workflow's expected longest path of a fresh task (Eq. 5)."""
-        return {task.workflow: max(paths.lhat(task, {}), 1e-3) for task in _fresh_paths_tasks(view)}
-
-
-def _fresh_paths_tasks(view: EngineView) -> list[TaskView]:
-    """A task of each workflow with no stage started (ids negative, one per
-    workflow, as `TaskPaths` caches by task id)."""
-    return [TaskView(-1 - i, name, 0.0, {v: StageProgress() for v in wf.topo_order})
-            for i, (name, wf) in enumerate(sorted(view.workflows.items()))]
+        return {name: max(paths.fresh(name), 1e-3) for name in sorted(view.workflows)}
 
 
 # --------------------------------------------------------------------------
@@ -334,7 +327,8 @@ class _Search(SearchBounds):
         self.sec_per_token = mu / b_swap
         self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
-        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
+        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t,
+                               policy.path_memo)
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
@@ -348,7 +342,6 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
-        self.fresh_heads = self._fresh_heads()
         self._reuse_terms()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
@@ -382,6 +375,7 @@ class _Search(SearchBounds):
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self.g = self._aging()  # reads the memos above
+        self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
 
     def _fresh_heads(self) -> frozenset[int]:
         """`fresh_hol`: the new tasks that have waited at least that many times
@@ -1135,10 +1129,7 @@ class _Search(SearchBounds):
             (task, self.running_stage.get(tid, {}), self._gain_cuts(task))
             for tid, task in tasks.items() if task is not None]
         self._batched.update(task.id for task, _, _ in jobs)
-        none: dict[str, Request] = {}
-        fresh: list[Cut] = [()]
-        self.paths.lhat_batch([*jobs, *((task, none, fresh)
-                                        for task in _fresh_paths_tasks(self.view))])
+        self.paths.lhat_batch(jobs, sorted(self.view.workflows))
         return {task.id: self.paths.lhat(task, running, ()) for task, running, _ in jobs}
 
     def _gain_cuts(self, task: TaskView) -> list[Cut]:
