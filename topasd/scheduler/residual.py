@@ -38,7 +38,7 @@ class _Dist:
         self.sorted = list(values)  # for `bisect`
         self.values = np.asarray(values)
         self.unstarted = _Residual(self.values, 0.0, None)  # its mean when first read
-        self._above: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._above = _Above(self.values, {})
         self._residuals: dict[tuple[int, float], _Residual] = {}
 
     @property
@@ -53,15 +53,29 @@ class _Dist:
         if hit is None:
             if len(self._residuals) >= RESIDUALS_KEPT:
                 self._residuals.clear()
-            hit = self._residuals[(k, e)] = _Residual.above(self, k, e)
+            hit = self._residuals[(k, e)] = _Residual.above(self._above, k, e)
         return hit
 
-    def above(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
+
+
+class _Above:
+    """A distribution's observations and its memo of values[k:] at quantile
+    rows, without the distribution (which holds the residuals that hold this:
+    no reference cycle, so they are freed when the distribution is)."""
+
+    __slots__ = ("memo", "values")
+
+    def __init__(self, values: np.ndarray,
+                 memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
+        self.values = values
+        self.memo = memo
+
+    def at(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
         """values[k:] at the stratified quantiles of `row` (memoized: a running
         stage passes the same observations for many decisions)."""
-        hit = self._above.get((row, k))
+        hit = self.memo.get((row, k))
         if hit is None or hit[0] is not quantiles:
-            hit = self._above[(row, k)] = (quantiles, _at(self.values[k:], quantiles[row]))
+            hit = self.memo[(row, k)] = (quantiles, _at(self.values[k:], quantiles[row]))
         return hit[1]
 
 
@@ -133,12 +147,12 @@ class _Residual:
         self._tail = tail  # sorted ascending
         self.point = point
         self._mean = mean
-        self._source: tuple[_Dist, int, float] | None = None
+        self._source: tuple[_Above, int, float] | None = None
         self._suffix: np.ndarray | None = None
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
-    def above(cls, dist: _Dist, k: int, e: float) -> _Residual:
+    def above(cls, dist: _Above, k: int, e: float) -> _Residual:
         """X - e | X > e: dist.values[k:] - e, its first k observations being <= e."""
         res = cls(None, 0.0, None)
         res._source = (dist, k, e)
@@ -166,7 +180,7 @@ class _Residual:
             u = quantiles[row]
             if self._source is not None:  # the tail's entries, without building it
                 dist, k, e = self._source
-                picked = dist.above(k, quantiles, row) - e
+                picked = dist.at(k, quantiles, row) - e
             elif self._tail is None:
                 picked = np.full(u.shape, self.point)
             else:
@@ -417,7 +431,7 @@ class TaskPaths:
         """`_one_set` for columns of several sets (`picks`): x - 0.0 is x, so
         only the stages a cut holds differ from their set's [Z]_+."""
         clipped = np.array([self._samples(k, True) for k in sets]).transpose(1, 0, 2)
-        z = np.take(clipped, picks, axis=1)  # a new (stage, column, S) array
+        z = clipped.take(picks, axis=1)  # a new (stage, column, S) array
         if rows:
             raw = np.array([self._samples(k, False) for k in sets]).transpose(1, 0, 2)
             cut_z = raw[rows, [picks[j] for j in at]] - np.array(dhat)[:, None]
@@ -515,10 +529,10 @@ def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:
     for rows, succ in wf.lp_steps:
         tail = z[succ]
         if tail.shape[0] > 1:
-            tail = tail.max(axis=0, keepdims=True)
+            tail = np.maximum.reduce(tail, axis=0, keepdims=True)
         z[rows] += tail
     entries = [wf.stage_index[v] for v in wf.entry_stages]
-    return z[entries[0]] if len(entries) == 1 else z[entries].max(axis=0)
+    return z[entries[0]] if len(entries) == 1 else np.maximum.reduce(z[entries], axis=0)
 
 
 def quantile_rows(n_rows: int, samples: int, seed: int) -> np.ndarray:

@@ -168,36 +168,39 @@ class TopasPolicy:
 # --------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
 class _Pack:
-    """The fixed part of every state GreedyPack emits for one prefix set R."""
+    """The fixed part of every state GreedyPack emits for one prefix set R
+    (a plain class: a dataclass's generated __init__ runs interpreted)."""
 
-    resident: frozenset[str]
-    preempt: tuple[int, ...]
-    t_move: float  # T_move(S'|S_t), Eq. 8
-    j_redo: float  # Eq. 9
-    j_revoke: float  # Eq. 10
-    v_reuse: float  # Eq. 11
-    seq: list[int]  # admission order
-    gains: list[float]  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
-    names: tuple[str, ...] = ()  # the prefix set, sorted (for logs)
+    __slots__ = ("gains", "j_redo", "j_revoke", "names", "preempt", "resident", "seq", "t_move",
+                 "v_reuse")
 
-    def __post_init__(self) -> None:
-        self.names = tuple(sorted(self.resident))
+    def __init__(self, resident: frozenset[str], preempt: tuple[int, ...], t_move: float,
+                 j_redo: float, j_revoke: float, v_reuse: float, seq: list[int],
+                 gains: list[float]) -> None:
+        self.resident = resident
+        self.preempt = preempt
+        self.t_move = t_move  # T_move(S'|S_t), Eq. 8
+        self.j_redo = j_redo  # Eq. 9
+        self.j_revoke = j_revoke  # Eq. 10
+        self.v_reuse = v_reuse  # Eq. 11
+        self.seq = seq  # admission order
+        self.gains = gains  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
+        self.names = tuple(sorted(resident))  # the prefix set, sorted (for logs)
 
 
-@dataclass(slots=True)
 class _State:
-    pack: _Pack
-    n_admit: int  # the state admits pack.seq[:n_admit]
-    j_admit: float
-    tasks_in: int  # |T_in|: distinct admitted tasks waiting for an incoming prefix
-    total: float = 0.0  # Score(S'|S_t), Eq. 13
+    """One candidate state: R's pack with its first `n_admit` admissions."""
 
-    def __post_init__(self) -> None:
-        p = self.pack
-        self.total = score_total(self.j_admit, p.t_move * self.tasks_in, p.j_redo, p.j_revoke,
-                                 p.v_reuse)
+    __slots__ = ("j_admit", "n_admit", "pack", "tasks_in", "total")
+
+    def __init__(self, pack: _Pack, n_admit: int, j_admit: float, tasks_in: int) -> None:
+        self.pack = pack
+        self.n_admit = n_admit  # the state admits pack.seq[:n_admit]
+        self.j_admit = j_admit
+        self.tasks_in = tasks_in  # |T_in|: distinct admitted tasks waiting for an incoming prefix
+        self.total = score_total(j_admit, pack.t_move * tasks_in, pack.j_redo, pack.j_revoke,
+                                 pack.v_reuse)  # Score(S'|S_t), Eq. 13
 
     @property
     def resident(self) -> frozenset[str]:
