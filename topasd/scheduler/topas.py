@@ -400,8 +400,10 @@ class _Search(SearchBounds):
         mode, ratio = Reservation(self.params.reservation), view.new_request_ratio
         self.held = held = frozenset(shared_kv(view.running))  # shared copies Q_t locks
         self.d = d = {r.id: held_demand(r, held, mode, ratio) for r in view.waiting}  # Eq. 2
-        self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
-        self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
+        by_agent: defaultdict[str, list[Request]] = defaultdict(list)
+        self.waiting_by_agent = by_agent
+        by_task: defaultdict[int, list[Request]] = defaultdict(list)
+        self.waiting_by_task = by_task
         self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
         for r in view.waiting:
             by_agent[r.agent].append(r)
@@ -427,14 +429,21 @@ class _Search(SearchBounds):
         # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
         # prompt when the engine drops its KV on preemption (prefilled again).
         redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
-        self.run_ids = run_ids = defaultdict[str, list[int]](list)
-        self.run_kv = run_kv = defaultdict[str, float](float)
-        self.run_redo = run_redo = defaultdict[str, float](float)
-        self.run_revoke = run_revoke = defaultdict[str, float](float)
-        self.run_tasks = run_tasks = defaultdict[str, set[int]](set)
-        self.running_stage = running_stage = defaultdict[int, dict[str, Request]](dict)
+        run_ids: defaultdict[str, list[int]] = defaultdict(list)
+        self.run_ids = run_ids
+        run_kv: defaultdict[str, float] = defaultdict(float)
+        self.run_kv = run_kv
+        run_redo: defaultdict[str, float] = defaultdict(float)
+        self.run_redo = run_redo
+        run_revoke: defaultdict[str, float] = defaultdict(float)
+        self.run_revoke = run_revoke
+        run_tasks: defaultdict[str, set[int]] = defaultdict(set)
+        self.run_tasks = run_tasks
+        running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
+        self.running_stage = running_stage
         ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
-        self.run_growth = run_growth = defaultdict[str, list[tuple[int, int]]](list)
+        run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.run_growth = run_growth
         for r in view.running:
             a = r.agent
             run_ids[a].append(r.id)
