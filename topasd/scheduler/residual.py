@@ -32,15 +32,18 @@ class _Dist:
     """One pair's observations as a sorted array, their mean, and the residual
     of an unstarted stage (the whole distribution), shared by every task."""
 
-    __slots__ = ("_above", "_residuals", "mean", "sorted", "unstarted", "values")
+    __slots__ = ("_above", "_residuals", "sorted", "unstarted", "values")
 
     def __init__(self, values: list[float]) -> None:
         self.sorted = list(values)  # for `bisect`
         self.values = np.asarray(values)
-        self.mean = float(self.values.mean())
-        self.unstarted = _Residual(self.values, 0.0, self.mean)
-        self._above: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.unstarted = _Residual(self.values, 0.0, None)  # its mean when first read
+        self._above = _Above(self.values, {})
         self._residuals: dict[tuple[int, float], _Residual] = {}
+
+    @property
+    def mean(self) -> float:
+        return self.unstarted.mean
 
     def residual_above(self, k: int, e: float) -> _Residual:
         """X - e | X > e (`_Residual.above`), one object per (k, e) while these
@@ -50,15 +53,29 @@ class _Dist:
         if hit is None:
             if len(self._residuals) >= RESIDUALS_KEPT:
                 self._residuals.clear()
-            hit = self._residuals[(k, e)] = _Residual.above(self, k, e)
+            hit = self._residuals[(k, e)] = _Residual.above(self._above, k, e)
         return hit
 
-    def above(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
+
+
+class _Above:
+    """A distribution's observations and its memo of values[k:] at quantile
+    rows, without the distribution (which holds the residuals that hold this:
+    no reference cycle, so they are freed when the distribution is)."""
+
+    __slots__ = ("memo", "values")
+
+    def __init__(self, values: np.ndarray,
+                 memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
+        self.values = values
+        self.memo = memo
+
+    def at(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
         """values[k:] at the stratified quantiles of `row` (memoized: a running
         stage passes the same observations for many decisions)."""
-        hit = self._above.get((row, k))
+        hit = self.memo.get((row, k))
         if hit is None or hit[0] is not quantiles:
-            hit = self._above[(row, k)] = (quantiles, _at(self.values[k:], quantiles[row]))
+            hit = self.memo[(row, k)] = (quantiles, _at(self.values[k:], quantiles[row]))
         return hit[1]
 
 
@@ -130,12 +147,12 @@ class _Residual:
         self._tail = tail  # sorted ascending
         self.point = point
         self._mean = mean
-        self._source: tuple[_Dist, int, float] | None = None
+        self._source: tuple[_Above, int, float] | None = None
         self._suffix: np.ndarray | None = None
         self._rows: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
-    def above(cls, dist: _Dist, k: int, e: float) -> _Residual:
+    def above(cls, dist: _Above, k: int, e: float) -> _Residual:
         """X - e | X > e: dist.values[k:] - e, its first k observations being <= e."""
         res = cls(None, 0.0, None)
         res._source = (dist, k, e)
@@ -163,7 +180,7 @@ class _Residual:
             u = quantiles[row]
             if self._source is not None:  # the tail's entries, without building it
                 dist, k, e = self._source
-                picked = dist.above(k, quantiles, row) - e
+                picked = dist.at(k, quantiles, row) - e
             elif self._tail is None:
                 picked = np.full(u.shape, self.point)
             else:
@@ -188,45 +205,127 @@ class _Residual:
         return np.maximum((self._suffix[k] - d * (n - k)) / n, 0.0)
 
 
+class _SetMemo:
+    """One residual set's E[LP] per cut, and its samples (`TaskPaths._samples`)."""
+
+    __slots__ = ("clipped", "lhat", "samples", "wf")
+
+    def __init__(self, wf: Workflow) -> None:
+        self.wf = wf
+        self.lhat: dict[Cut, float] = {}
+        self.samples: np.ndarray | None = None  # (stage, S), row v at quantile row v
+        self.clipped: np.ndarray | None = None  # [samples]_+
+
+
+class PathMemo:
+    """Residual sets' E[LP] (Eq. 5) from one decision to the next. A set is a
+    workflow and the residual objects of its stages; a residual object's
+    values never change, so under the same quantile rows neither does any
+    E[LP] of the set. A started stage gets a new object whenever its elapsed
+    service changes, every stage of a pair whenever the pair sees an
+    observation (`ServiceModel.dist`): a set is found again only while
+    nothing it depends on changed. A decision keeps the sets it read; the
+    others are dropped at the next one."""
+
+    def __init__(self) -> None:
+        self._u: np.ndarray | None = None
+        self._now: dict[tuple[object, ...], _SetMemo] = {}
+        self._last: dict[tuple[object, ...], _SetMemo] = {}
+        self._priors: dict[tuple[str, str], tuple[Workflow, CostHints, _Residual]] = {}
+
+    def next_decision(self, quantiles: np.ndarray) -> None:
+        """A new decision under `quantiles` (other rows: nothing kept holds)."""
+        if quantiles is not self._u:
+            self._u, self._now = quantiles, {}
+        self._last, self._now = self._now, {}
+
+    def entry(self, sig: tuple[object, ...], wf: Workflow) -> _SetMemo:
+        """The memo of the set `sig` = (workflow name, residual objects)."""
+        hit = self._now.get(sig)
+        if hit is None:
+            hit = self._last.get(sig)
+            if hit is None or hit.wf is not wf:
+                hit = _SetMemo(wf)
+            self._now[sig] = hit
+        elif hit.wf is not wf:
+            hit = self._now[sig] = _SetMemo(wf)
+        return hit
+
+    def prior(self, wf: Workflow, v: str, costs: CostHints) -> _Residual:
+        """Before observations F_{a,v} is a point mass at the profiled service
+        (one object per stage while its workflow and the costs are the same)."""
+        key = (wf.name, v)
+        hit = self._priors.get(key)
+        if hit is None or hit[0] is not wf or hit[1] is not costs:
+            prior = stage_prior(wf, v, costs)
+            hit = self._priors[key] = (wf, costs, _Residual(None, prior, prior))
+        return hit[2]
+
+
 class TaskPaths:
-    """L_hat_i(H, t) for the tasks of one decision (caches live for one view).
+    """L_hat_i(H, t) for the tasks of one decision (caches live for one view;
+    E[LP] of residual sets also in `memo`, from one decision to the next).
     Tasks of one workflow whose residuals are the same objects (unstarted
     stages share theirs, a waiting stage keeps its own) have the same
     samples, so the same L_hat for every cut: they share one residual set,
     and each (set, cut) is priced once."""
 
     def __init__(self, model: ServiceModel, costs: CostHints, workflows: Mapping[str, Workflow],
-                 quantiles: np.ndarray, t: float) -> None:
+                 quantiles: np.ndarray, t: float, memo: PathMemo | None = None) -> None:
         self.model = model
         self.costs = costs
         self.workflows = workflows
         self.u = quantiles  # (rows, S) stratified quantile rows, fixed by the seed
         self.t = t
+        self.memo = memo if memo is not None else PathMemo()
+        self.memo.next_decision(quantiles)
         self._res: dict[int, list[_Residual]] = {}
         self._dists: dict[str, list[_Dist | None]] = {}  # per workflow (`_residuals`)
-        self._priors: dict[tuple[str, str], _Residual] = {}
         self._set: dict[int, int] = {}  # task id -> its residual set
-        self._sets: dict[tuple[object, ...], int] = {}  # (workflow, residual ids) -> set
+        self._fresh: dict[str, int] = {}  # workflow -> the residual set of a fresh task
+        self._sets: dict[tuple[object, ...], int] = {}  # (workflow, residuals) -> set
         self._set_res: list[list[_Residual]] = []  # each set's residuals
-        self._samples: dict[int, np.ndarray] = {}  # each set's samples
-        self._lhat: dict[tuple[int, Cut], float] = {}  # (set, cut) -> E[LP]
+        self._memo: list[_SetMemo] = []  # each set's E[LP] per cut, and samples
 
     def _set_of(self, task: TaskView, running: Mapping[str, Request]) -> int:
         """The residual set of a task: one per workflow and residual objects."""
         k = self._set.get(task.id)
         if k is None:
-            res = self._residuals(task, self.workflows[task.workflow], running)
-            sig = (task.workflow, *[id(r) for r in res])  # each object lives in `_res`
-            k = self._sets.get(sig)
-            if k is None:
-                k = self._sets[sig] = len(self._set_res)
-                self._set_res.append(res)
-            self._set[task.id] = k
+            wf = self.workflows[task.workflow]
+            k = self._set[task.id] = self._set_index(wf, self._residuals(task, wf, running))
+        return k
+
+    def _set_index(self, wf: Workflow, res: list[_Residual]) -> int:
+        sig: tuple[object, ...] = (wf.name, *res)
+        k = self._sets.get(sig)
+        if k is None:
+            k = self._sets[sig] = len(self._set_res)
+            self._set_res.append(res)
+            self._memo.append(self.memo.entry(sig, wf))
+        return k
+
+    def fresh(self, name: str) -> float:
+        """Eq. 5 for a task of workflow `name` none of whose stages started."""
+        k = self._fresh_set(name)
+        hit = self._memo[k].lhat.get(())
+        if hit is None:
+            self._price(self.workflows[name], k, [()])
+            hit = self._memo[k].lhat[()]
+        return hit
+
+    def _fresh_set(self, name: str) -> int:
+        """The residual set of a task of workflow `name` with no stage started."""
+        k = self._fresh.get(name)
+        if k is None:
+            wf = self.workflows[name]
+            res = [self._prior(wf, v) if dist is None else dist.unstarted
+                   for v, dist in zip(wf.topo_order, self._dists_of(wf), strict=True)]
+            k = self._fresh[name] = self._set_index(wf, res)
         return k
 
     def lhat(self, task: TaskView, running: Mapping[str, Request], cut: Cut = ()) -> float:
         """Eq. 5: expected longest remaining path after hypothetical completions."""
-        hit = self._lhat.get((self._set_of(task, running), cut))
+        hit = self._memo[self._set_of(task, running)].lhat.get(cut)
         return self.lhat_many(task, running, [cut])[0] if hit is None else hit
 
     def lhat_many(self, task: TaskView, running: Mapping[str, Request],
@@ -234,29 +333,35 @@ class TaskPaths:
         """Eq. 5 for several hypothetical completion sets of one task at once
         (one vectorized longest-path pass; same quantiles: common random numbers)."""
         k = self._set_of(task, running)
-        out: list[float | None] = [self._lhat.get((k, c)) for c in cuts]
+        known = self._memo[k].lhat
+        out: list[float | None] = [known.get(c) for c in cuts]
         todo = [cuts[i] for i, v in enumerate(out) if v is None]
         if todo:
             self._price(self.workflows[task.workflow], k, list(dict.fromkeys(todo)))
-            return [self._lhat[(k, c)] for c in cuts]
+            return [known[c] for c in cuts]
         return out  # type: ignore[return-value]
 
-    def lhat_batch(self, jobs: Sequence[tuple[TaskView, Mapping[str, Request], list[Cut]]]) -> None:
-        """Eq. 5 for many tasks' cuts at once, into the cache `lhat` reads:
-        one vectorized longest-path pass per DAG workflow (chains are sums);
-        a residual set's cuts once, however many tasks have it."""
+    def lhat_batch(self, jobs: Sequence[tuple[TaskView, Mapping[str, Request], list[Cut]]],
+                   fresh: Sequence[str] = ()) -> None:
+        """Eq. 5 for many tasks' cuts at once, and for a fresh task of each
+        workflow of `fresh` (`fresh`), into the cache `lhat` reads: one
+        vectorized longest-path pass per DAG workflow (chains are sums); a
+        residual set's cuts once, however many tasks have it."""
         by_wf: dict[str, list[tuple[int, list[Cut]]]] = {}
         queued: set[tuple[int, Cut]] = set()
-        for task, running, cuts in jobs:
-            k = self._set_of(task, running)
+        every: list[tuple[str, int, list[Cut]]] = [
+            (task.workflow, self._set_of(task, running), cuts) for task, running, cuts in jobs]
+        every.extend((name, self._fresh_set(name), [()]) for name in fresh)
+        for name, k, cuts in every:
+            known = self._memo[k].lhat
             todo = []
             for c in cuts:
                 key = (k, c)
-                if key not in self._lhat and key not in queued:
+                if c not in known and key not in queued:
                     queued.add(key)
                     todo.append(c)
             if todo:
-                by_wf.setdefault(task.workflow, []).append((k, todo))
+                by_wf.setdefault(name, []).append((k, todo))
         for name, group in by_wf.items():
             wf = self.workflows[name]
             if wf.is_chain:
@@ -272,60 +377,87 @@ class TaskPaths:
             self._dag_pass(wf, [(k, cuts)])
             return
         res = self._set_res[k]
+        known = self._memo[k].lhat
         base = sum((r.mean for r in res), 0.0)
         for cut in cuts:
-            self._lhat[(k, cut)] = base + sum((res[row].cut_mean(d) - res[row].mean
-                                               for row, d in cut), 0.0)
+            known[cut] = base + sum((res[row].cut_mean(d) - res[row].mean for row, d in cut), 0.0)
 
     def _dag_pass(self, wf: Workflow, group: list[tuple[int, list[Cut]]]) -> None:
         """E[LP] of every (set, cut) of `group` (distinct; sets of the DAG `wf`)
         into the cache, averaged over the stratified samples in one
-        longest-path pass: each pair is one column of the pass."""
+        longest-path pass: each cut is one column of the pass."""
         keys: list[tuple[int, Cut]] = []
-        samples: list[np.ndarray] = []
-        sample_of: dict[int, int] = {}  # set -> its place in `samples`
-        picks: list[int] = []  # the samples of each column
-        entries: list[tuple[int, int, float]] = []  # (stage row, column, D_hat)
+        place: dict[int, int] = {}  # set -> its place among the pass's sets
+        picks: list[int] = []  # the set of each column
+        rows: list[int] = []  # each column's cut stage rows (each at most once) ...
+        at: list[int] = []  # ... the column ...
+        dhat: list[float] = []  # ... and D_hat there
         for k, todo in group:
-            i = sample_of.get(k)
+            i = place.get(k)
             if i is None:
-                i = sample_of[k] = len(samples)
-                samples.append(self._sampled(k))
+                i = place[k] = len(place)
             for cut in todo:
                 j = len(keys)
                 keys.append((k, cut))
                 picks.append(i)
-                entries.extend((row, j, d) for row, d in cut)  # each row at most once
-        cuts = np.zeros((len(wf.topo_order), len(picks)))  # D_hat per (stage, column)
-        if entries:
-            rows, at, dhat = zip(*entries, strict=True)
-            cuts[rows, at] = dhat
-        if len(samples) == 1:
-            z = samples[0][:, None] - cuts[:, :, None]  # (stage, column, sample)
-        else:  # each column's samples, then its cut
-            z = np.stack(samples, axis=1)[:, picks]
-            z -= cuts[:, :, None]  # x - 0.0 is x: a stage no cut holds is unchanged
-        lp = _longest_path(wf, np.maximum(z, 0.0, out=z))  # of [Z - D_hat]_+ (IV-B, after Eq. 4)
+                for row, d in cut:
+                    rows.append(row)
+                    at.append(j)
+                    dhat.append(d)
+        sets = list(place)
+        if len(sets) == 1:
+            z = self._one_set(sets[0], len(keys), rows, at, dhat)
+        else:
+            z = self._many_sets(sets, picks, rows, at, dhat)
+        lp = _longest_path(wf, z)
         # the mean over samples, as ndarray.mean computes it (a sum, then / S)
         means = (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist()
-        self._lhat.update(zip(keys, means, strict=True))
+        for (k, cut), mean in zip(keys, means, strict=True):
+            self._memo[k].lhat[cut] = mean
+
+    def _one_set(self, k: int, n_cols: int, rows: list[int], at: list[int],
+                 dhat: list[float]) -> np.ndarray:
+        """(stage, column, S) = [Z - D_hat]_+ (IV-B, after Eq. 4) of set k
+        under the cuts (row, column, D_hat)."""
+        samples = self._samples(k, False)
+        cuts = np.zeros((samples.shape[0], n_cols))  # D_hat per (stage, column)
+        if rows:
+            cuts[rows, at] = dhat
+        z = samples[:, None] - cuts[:, :, None]
+        return np.maximum(z, 0.0, out=z)
+
+    def _many_sets(self, sets: list[int], picks: list[int], rows: list[int], at: list[int],
+                   dhat: list[float]) -> np.ndarray:
+        """`_one_set` for columns of several sets (`picks`): x - 0.0 is x, so
+        only the stages a cut holds differ from their set's [Z]_+."""
+        clipped = np.array([self._samples(k, True) for k in sets]).transpose(1, 0, 2)
+        z = clipped.take(picks, axis=1)  # a new (stage, column, S) array
+        if rows:
+            raw = np.array([self._samples(k, False) for k in sets]).transpose(1, 0, 2)
+            cut_z = raw[rows, [picks[j] for j in at]] - np.array(dhat)[:, None]
+            z[rows, at] = np.maximum(cut_z, 0.0, out=cut_z)
+        return z
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
         return self._residuals(task, self.workflows[task.workflow], running)
 
+    def _dists_of(self, wf: Workflow) -> list[_Dist | None]:
+        """F_{a,v} of each stage of `wf`, in `topo_order` rows."""
+        dists = self._dists.get(wf.name)
+        if dists is None:
+            dists = self._dists[wf.name] = [self.model.dist((wf.stages[v].agent, v))
+                                            for v in wf.topo_order]
+        return dists
+
     def _residuals(self, task: TaskView, wf: Workflow,
                    running: Mapping[str, Request]) -> list[_Residual]:
         res = self._res.get(task.id)
         if res is None:
-            dists = self._dists.get(wf.name)
-            if dists is None:  # F_{a,v} of each stage, in `topo_order` rows
-                dists = self._dists[wf.name] = [self.model.dist((wf.stages[v].agent, v))
-                                                for v in wf.topo_order]
-            res = self._res[task.id] = [self._residual(task, wf, v, running, dist)
-                                        for v, dist in zip(wf.topo_order, dists, strict=True)]
+            res = self._res[task.id] = [
+                self._residual(task, wf, v, running, dist)
+                for v, dist in zip(wf.topo_order, self._dists_of(wf), strict=True)]
         return res
-
     def _residual(self, task: TaskView, wf: Workflow, v: str,
                   running: Mapping[str, Request], dist: _Dist | None) -> _Residual:
         """Eq. 4: Z_{i,v} = X - e | X > e for a started stage; X unstarted; 0 done."""
@@ -352,12 +484,7 @@ class TaskPaths:
 
     def _prior(self, wf: Workflow, v: str) -> _Residual:
         """Before observations F_{a,v} is a point mass at the profiled service."""
-        key = (wf.name, v)
-        hit = self._priors.get(key)
-        if hit is None:
-            prior = stage_prior(wf, v, self.costs)
-            hit = self._priors[key] = _Residual(None, prior, prior)
-        return hit
+        return self.memo.prior(wf, v, self.costs)
 
     def _floor(self, wf: Workflow, v: str, req: Request | None) -> float:
         """Residual of an active stage whose service exceeds every observation
@@ -372,14 +499,20 @@ class TaskPaths:
         elapsed = max(0.0, self.t - req.started_at) if req.started_at is not None else 0.0
         return max(est - elapsed, 0.01 * est)
 
-    def _sampled(self, k: int) -> np.ndarray:
-        """S stratified samples of every Z_{i,v} of set k (row v uses quantile row v)."""
-        s = self._samples.get(k)
-        if s is None:
+    def _samples(self, k: int, clipped: bool) -> np.ndarray:
+        """S stratified samples of every Z_{i,v} of set k (row v uses quantile
+        row v), or [Z]_+ of them."""
+        m = self._memo[k]
+        samples = m.samples
+        if samples is None:
             n_rows = self.u.shape[0]
-            s = self._samples[k] = np.array(
-                [r.sampled(i % n_rows, self.u) for i, r in enumerate(self._set_res[k])])
-        return s
+            samples = m.samples = np.array([r.sampled(i % n_rows, self.u)
+                                            for i, r in enumerate(self._set_res[k])])
+        if not clipped:
+            return samples
+        if m.clipped is None:
+            m.clipped = np.maximum(samples, 0.0)
+        return m.clipped
 
 
 _ZERO = _Residual(None, 0.0, 0.0)
@@ -396,10 +529,10 @@ def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:
     for rows, succ in wf.lp_steps:
         tail = z[succ]
         if tail.shape[0] > 1:
-            tail = tail.max(axis=0, keepdims=True)
+            tail = np.maximum.reduce(tail, axis=0, keepdims=True)
         z[rows] += tail
     entries = [wf.stage_index[v] for v in wf.entry_stages]
-    return z[entries[0]] if len(entries) == 1 else z[entries].max(axis=0)
+    return z[entries[0]] if len(entries) == 1 else np.maximum.reduce(z[entries], axis=0)
 
 
 def quantile_rows(n_rows: int, samples: int, seed: int) -> np.ndarray:

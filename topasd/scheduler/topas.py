@@ -34,7 +34,6 @@ from topasd.model import (
     Request,
     Reservation,
     ScoreTerms,
-    StageProgress,
     StageStatus,
     TaskView,
     held_demand,
@@ -44,7 +43,7 @@ from topasd.model import (
 )
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
-from topasd.scheduler.residual import Cut, ServiceModel, TaskPaths, quantile_rows
+from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh
 from topasd.score import score_total
 
@@ -62,6 +61,7 @@ class TopasPolicy:
         self.model = ServiceModel()
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
+        self.path_memo = PathMemo()  # E[LP] of residual sets, from one decision to the next
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -160,14 +160,7 @@ class TopasPolicy:
     @staticmethod
     def fresh_paths(view: EngineView, paths: TaskPaths) -> dict[str, float]:
         """Each workflow's expected longest path of a fresh task (Eq. 5)."""
-        return {task.workflow: max(paths.lhat(task, {}), 1e-3) for task in _fresh_paths_tasks(view)}
-
-
-def _fresh_paths_tasks(view: EngineView) -> list[TaskView]:
-    """A task of each workflow with no stage started (ids negative, one per
-    workflow, as `TaskPaths` caches by task id)."""
-    return [TaskView(-1 - i, name, 0.0, {v: StageProgress() for v in wf.topo_order})
-            for i, (name, wf) in enumerate(sorted(view.workflows.items()))]
+        return {name: max(paths.fresh(name), 1e-3) for name in sorted(view.workflows)}
 
 
 # --------------------------------------------------------------------------
@@ -175,36 +168,39 @@ def _fresh_paths_tasks(view: EngineView) -> list[TaskView]:
 # --------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
 class _Pack:
-    """The fixed part of every state GreedyPack emits for one prefix set R."""
+    """The fixed part of every state GreedyPack emits for one prefix set R
+    (a plain class: a dataclass's generated __init__ runs interpreted)."""
 
-    resident: frozenset[str]
-    preempt: tuple[int, ...]
-    t_move: float  # T_move(S'|S_t), Eq. 8
-    j_redo: float  # Eq. 9
-    j_revoke: float  # Eq. 10
-    v_reuse: float  # Eq. 11
-    seq: list[int]  # admission order
-    gains: list[float]  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
-    names: tuple[str, ...] = ()  # the prefix set, sorted (for logs)
+    __slots__ = ("gains", "j_redo", "j_revoke", "names", "preempt", "resident", "seq", "t_move",
+                 "v_reuse")
 
-    def __post_init__(self) -> None:
-        self.names = tuple(sorted(self.resident))
+    def __init__(self, resident: frozenset[str], preempt: tuple[int, ...], t_move: float,
+                 j_redo: float, j_revoke: float, v_reuse: float, seq: list[int],
+                 gains: list[float]) -> None:
+        self.resident = resident
+        self.preempt = preempt
+        self.t_move = t_move  # T_move(S'|S_t), Eq. 8
+        self.j_redo = j_redo  # Eq. 9
+        self.j_revoke = j_revoke  # Eq. 10
+        self.v_reuse = v_reuse  # Eq. 11
+        self.seq = seq  # admission order
+        self.gains = gains  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
+        self.names = tuple(sorted(resident))  # the prefix set, sorted (for logs)
 
 
-@dataclass(slots=True)
 class _State:
-    pack: _Pack
-    n_admit: int  # the state admits pack.seq[:n_admit]
-    j_admit: float
-    tasks_in: int  # |T_in|: distinct admitted tasks waiting for an incoming prefix
-    total: float = 0.0  # Score(S'|S_t), Eq. 13
+    """One candidate state: R's pack with its first `n_admit` admissions."""
 
-    def __post_init__(self) -> None:
-        p = self.pack
-        self.total = score_total(self.j_admit, p.t_move * self.tasks_in, p.j_redo, p.j_revoke,
-                                 p.v_reuse)
+    __slots__ = ("j_admit", "n_admit", "pack", "tasks_in", "total")
+
+    def __init__(self, pack: _Pack, n_admit: int, j_admit: float, tasks_in: int) -> None:
+        self.pack = pack
+        self.n_admit = n_admit  # the state admits pack.seq[:n_admit]
+        self.j_admit = j_admit
+        self.tasks_in = tasks_in  # |T_in|: distinct admitted tasks waiting for an incoming prefix
+        self.total = score_total(j_admit, pack.t_move * tasks_in, pack.j_redo, pack.j_revoke,
+                                 pack.v_reuse)  # Score(S'|S_t), Eq. 13
 
     @property
     def resident(self) -> frozenset[str]:
@@ -334,7 +330,8 @@ class _Search(SearchBounds):
         self.sec_per_token = mu / b_swap
         self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
-        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t)
+        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t,
+                               policy.path_memo)
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
@@ -348,7 +345,6 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
-        self.fresh_heads = self._fresh_heads()
         self._reuse_terms()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
@@ -382,6 +378,7 @@ class _Search(SearchBounds):
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self.g = self._aging()  # reads the memos above
+        self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
 
     def _fresh_heads(self) -> frozenset[int]:
         """`fresh_hol`: the new tasks that have waited at least that many times
@@ -403,8 +400,10 @@ class _Search(SearchBounds):
         mode, ratio = Reservation(self.params.reservation), view.new_request_ratio
         self.held = held = frozenset(shared_kv(view.running))  # shared copies Q_t locks
         self.d = d = {r.id: held_demand(r, held, mode, ratio) for r in view.waiting}  # Eq. 2
-        self.waiting_by_agent = by_agent = defaultdict[str, list[Request]](list)
-        self.waiting_by_task = by_task = defaultdict[int, list[Request]](list)
+        by_agent: defaultdict[str, list[Request]] = defaultdict(list)
+        self.waiting_by_agent = by_agent
+        by_task: defaultdict[int, list[Request]] = defaultdict(list)
+        self.waiting_by_task = by_task
         self.min_d: dict[str, float] = {}  # the least d_r of each agent's waiting requests
         for r in view.waiting:
             by_agent[r.agent].append(r)
@@ -430,14 +429,21 @@ class _Search(SearchBounds):
         # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
         # prompt when the engine drops its KV on preemption (prefilled again).
         redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
-        self.run_ids = run_ids = defaultdict[str, list[int]](list)
-        self.run_kv = run_kv = defaultdict[str, float](float)
-        self.run_redo = run_redo = defaultdict[str, float](float)
-        self.run_revoke = run_revoke = defaultdict[str, float](float)
-        self.run_tasks = run_tasks = defaultdict[str, set[int]](set)
-        self.running_stage = running_stage = defaultdict[int, dict[str, Request]](dict)
+        run_ids: defaultdict[str, list[int]] = defaultdict(list)
+        self.run_ids = run_ids
+        run_kv: defaultdict[str, float] = defaultdict(float)
+        self.run_kv = run_kv
+        run_redo: defaultdict[str, float] = defaultdict(float)
+        self.run_redo = run_redo
+        run_revoke: defaultdict[str, float] = defaultdict(float)
+        self.run_revoke = run_revoke
+        run_tasks: defaultdict[str, set[int]] = defaultdict(set)
+        self.run_tasks = run_tasks
+        running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
+        self.running_stage = running_stage
         ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
-        self.run_growth = run_growth = defaultdict[str, list[tuple[int, int]]](list)
+        run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.run_growth = run_growth
         for r in view.running:
             a = r.agent
             run_ids[a].append(r.id)
@@ -1135,10 +1141,7 @@ class _Search(SearchBounds):
             (task, self.running_stage.get(tid, {}), self._gain_cuts(task))
             for tid, task in tasks.items() if task is not None]
         self._batched.update(task.id for task, _, _ in jobs)
-        none: dict[str, Request] = {}
-        fresh: list[Cut] = [()]
-        self.paths.lhat_batch([*jobs, *((task, none, fresh)
-                                        for task in _fresh_paths_tasks(self.view))])
+        self.paths.lhat_batch(jobs, sorted(self.view.workflows))
         return {task.id: self.paths.lhat(task, running, ()) for task, running, _ in jobs}
 
     def _gain_cuts(self, task: TaskView) -> list[Cut]:
