@@ -38,7 +38,7 @@ class _Dist:
         self.sorted = list(values)  # for `bisect`
         self.values = np.asarray(values)
         self.unstarted = _Residual(self.values, 0.0, None)  # its mean when first read
-        self._above = _Above(self.values, {})
+        self._above = _Above(self.values)
         self._residuals: dict[tuple[int, float], _Residual] = {}
 
     @property
@@ -57,7 +57,6 @@ class _Dist:
         return hit
 
 
-
 class _Above:
     """A distribution's observations and its memo of values[k:] at quantile
     rows, without the distribution (which holds the residuals that hold this:
@@ -65,10 +64,9 @@ class _Above:
 
     __slots__ = ("memo", "values")
 
-    def __init__(self, values: np.ndarray,
-                 memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]) -> None:
+    def __init__(self, values: np.ndarray) -> None:
         self.values = values
-        self.memo = memo
+        self.memo: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
 
     def at(self, k: int, quantiles: np.ndarray, row: int) -> np.ndarray:
         """values[k:] at the stratified quantiles of `row` (memoized: a running
@@ -458,6 +456,7 @@ class TaskPaths:
                 self._residual(task, wf, v, running, dist)
                 for v, dist in zip(wf.topo_order, self._dists_of(wf), strict=True)]
         return res
+
     def _residual(self, task: TaskView, wf: Workflow, v: str,
                   running: Mapping[str, Request], dist: _Dist | None) -> _Residual:
         """Eq. 4: Z_{i,v} = X - e | X > e for a started stage; X unstarted; 0 done."""

@@ -1003,12 +1003,7 @@ class _Search(SearchBounds):
         sel = np.flatnonzero(np.isin(order.code, codes))
         pos, n = 0, len(sel)
         while (fill.uncovered or fill.hol_pending) and pos < n:  # one by one while room is held
-            i = int(sel[pos])
-            r = self.requests[order.rids[i]]
-            if fill.fits(r):
-                fill.take(r, order.gains[i])
-            else:
-                fill.refuse(r)
+            _offer(fill, order, int(sel[pos]))
             pos += 1
         d = order.d[sel]
         # `start_gate`: new tasks come last
@@ -1489,18 +1484,22 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
 
 
 def _fill_each(fill: _Filler, order: _SoloOrder, sel: np.ndarray, pos: int, end: int) -> bool:
-    """Take sel[pos:end] request by request (`fits`, then `take`, else
-    `refuse`, which may close the fill to new tasks); whether every one was
-    taken."""
+    """`_offer` sel[pos:end] request by request; whether every one was taken."""
     every = True
     for i in sel[pos:end].tolist():
-        r = fill.search.requests[order.rids[i]]
-        if fill.fits(r):
-            fill.take(r, order.gains[i])
-        else:
-            fill.refuse(r)
-            every = False
+        every = _offer(fill, order, i) and every
     return every
+
+
+def _offer(fill: _Filler, order: _SoloOrder, i: int) -> bool:
+    """Take request i of `order` if it `fits`, else `refuse` it (which may
+    close the fill to new tasks); whether it was taken."""
+    r = fill.search.requests[order.rids[i]]
+    if fill.fits(r):
+        fill.take(r, order.gains[i])
+        return True
+    fill.refuse(r)
+    return False
 
 
 def _fresh_tasks(view: EngineView, waiting: Mapping[int, list[Request]],
