@@ -33,8 +33,8 @@ def test_the_defaults_and_topas_paper() -> None:
         fresh_hol=1.0)
     paper = make_policy("topas-paper").params  # type: ignore[attr-defined]
     assert (paper.age_curve, paper.srpt, paper.keep_idle, paper.preempt_exchange,
-            paper.swap_only, paper.overdue, paper.fresh_hol) == (
-                "log", 0.0, False, False, False, None, None)
+            paper.swap_only, paper.overdue, paper.fresh_hol, paper.started_hol) == (
+                "log", 0.0, False, False, False, None, None, None)
     with pytest.raises(TopasError, match="topas-paper runs with keep_idle=False"):
         check_variant("topas-paper", {"keep_idle": True})
     with pytest.raises(TopasError, match="age_curve must be 'log' or 'linear'"):
@@ -174,6 +174,59 @@ def test_an_overdue_task_is_served_next() -> None:
     d = pol.decide(_overdue_view(25.0))
     assert d.admit == (1,)
     assert all("A" in c.resident for c in d.candidates if c.resident)
+
+
+# ---------------------------------------------------------------- started_hol
+
+def _late_started_view(t: float):  # type: ignore[no-untyped-def]
+    """Started task 9 waits with a b round (1,000 input tokens, ready at 0)
+    that does not fit in the 400-token pool, B's prefix on the host; new task
+    2 (arrived 5 s ago) waits with a 20-token a round, A's prefix on the GPU."""
+    late = request(91, 9, CHAIN, "b", input_tokens=1000)
+    young = request(2, 2, CHAIN, "a", arrival=t - 5)
+    tasks = [task(9, CHAIN, a="done", b="active"), task(2, CHAIN, arrival=t - 5, a="active")]
+    return view(CHAIN, tasks, [], [late, young], t=t, budget=400, gpu=("A",))
+
+
+@pytest.mark.parametrize(("started_hol", "t", "starts"),
+                         [(None, 200.0, True), (1.0, 10.0, True), (1.0, 200.0, False)])
+def test_started_hol_starts_no_new_task_while_a_started_request_waits_late(
+        started_hol: float | None, t: float, starts: bool) -> None:
+    """The fresh path of the chain is 76.8 s. Task 9's b round fits in no
+    candidate, so every candidate leaves B out and no fill sees it. After 10 s
+    it has waited less than that path and task 2 starts (backfilling); after
+    200 s it has waited more, and no new task starts until it runs. Without
+    `started_hol` task 2 always starts."""
+    pol = policy(start_gate=True, pack_order="arrival", started_hol=started_hol)
+    assert pol.decide(_late_started_view(t)).admit == ((2,) if starts else ())
+
+
+def test_started_hol_needs_the_start_gate() -> None:
+    """`started_hol` closes the start gate: without the gate it changes nothing."""
+    pol = policy(start_gate=False, pack_order="arrival", started_hol=1.0)
+    assert pol.decide(_late_started_view(200.0)).admit == (2,)
+
+
+def test_started_hol_sees_the_whole_queue_past_the_candidate_window() -> None:
+    """70 requests wait, past the window of 64 that the candidates weigh. B's
+    first task in fill order, started task 8 (its round ready 1 s ago), fills
+    the window's reach of B, so late task 9's round (ready at 0) is left out
+    of the window; the gate still sees it and no new task starts."""
+    t = 200.0
+    young = [request(100 + i, 100 + i, CHAIN, "a", arrival=t - 5) for i in range(67)]
+    recent = replace(request(81, 8, CHAIN, "b", input_tokens=400, arrival=-10.0), ready_at=t - 1)
+    late = request(91, 9, CHAIN, "b", input_tokens=1000)
+    tasks = [task(8, CHAIN, arrival=-10.0, a="done", b="active"),
+             task(9, CHAIN, a="done", b="active"),
+             *[task(r.task_id, CHAIN, arrival=t - 5, a="active") for r in young]]
+    v = view(CHAIN, tasks, [], [recent, late, *young], t=t, budget=700, gpu=("A",))
+    window = {"start_gate": True, "pack_order": "arrival", "window": 1.0, "window_cap": 64}
+    new_tasks = {r.id for r in young}
+    pol = policy(**window)
+    assert late not in _Search(pol, v).view.waiting  # the window left it out
+    assert set(pol.decide(v).admit) & new_tasks
+    gated = policy(**window, started_hol=1.0)
+    assert not set(gated.decide(v).admit) & new_tasks
 
 
 # ---------------------------------------------------------------- fresh_hol

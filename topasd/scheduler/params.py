@@ -61,6 +61,10 @@ class TopasParams:
     # is passed by no later new task: once its request did not fit, a fill admits no
     # new task after it; None: off
     fresh_hol: float | None = 1.0
+    # with `start_gate`: no new task starts, in any candidate, while a started task's
+    # request (anywhere in the queue) has waited this many times its workflow's
+    # expected fresh path; None: off
+    started_hol: float | None = 1.0
     # task weight g_i: "log" is Eq. 12; "linear" grows with the task's slowdown so far,
     # 1 + rho * age / (its workflow's expected path of a fresh task), so no task starves
     age_curve: str = "linear"
@@ -89,7 +93,7 @@ class TopasParams:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
             if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue",
-                                          "fresh_hol", "window"):
+                                          "fresh_hol", "started_hol", "window"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -142,6 +146,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "srpt": (0.0, 4.0),
     "overdue": (0.1, 1000.0),
     "fresh_hol": (0.0, 1000.0),
+    "started_hol": (0.0, 1000.0),
     "window": (0.1, 1000.0),
     "window_cap": (0, 1_000_000),
     "search_budget": (0, 1_000_000),
@@ -151,7 +156,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
-                         "fresh_hol": None,
+                         "fresh_hol": None, "started_hol": None,
                          "decode_peak": "off", "head_reserve": False,
                          "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {

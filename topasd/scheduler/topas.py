@@ -335,6 +335,7 @@ class _Search(SearchBounds):
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
+        queue = view.waiting  # W_t, before the candidate window
         view = self.view = candidate_window(view, p, (self.hol,), policy.queue)
         self._index_waiting(view)
         self._index_running(view)
@@ -379,6 +380,7 @@ class _Search(SearchBounds):
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
+        self.started_late = self._started_late(queue)
 
     def _fresh_heads(self) -> frozenset[int]:
         """`fresh_hol`: the new tasks that have waited at least that many times
@@ -393,6 +395,17 @@ class _Search(SearchBounds):
             if self.view.t - r.task_arrival >= theta * ref[r.workflow]:
                 heads.append(tid)
         return frozenset(heads)
+
+    def _started_late(self, queue: Sequence[Request]) -> bool:
+        """`started_hol`: whether a started task's request in W_t has waited at
+        least that many times its workflow's expected path of a fresh task (Eq. 5)."""
+        theta = self.params.started_hol
+        if theta is None or not self.params.start_gate:
+            return False
+        ref = self.policy.fresh_paths(self.view, self.paths)
+        t, tasks, running = self.view.t, self.view.tasks, frozenset(self.running_stage)
+        return any(t - r.ready_at >= theta * ref[r.workflow]
+                   and not is_fresh(tasks.get(r.task_id), running) for r in queue)
 
     def _index_waiting(self, view: EngineView) -> None:
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
@@ -1267,9 +1280,11 @@ class _Filler:
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
         hol = search.hol  # the head-of-line request keeps its room until admitted
         self.hol_pending: bool = hol is not None and hol.agent in pack.resident
-        # `start_gate`: no new task in a candidate that preempts for KV, or once a
+        # `start_gate`: no new task in a candidate that preempts for KV, nor in any
+        # while a started task's request waits late (`started_hol`), nor once a
         # started task's request did not fit (`refuse`)
-        self.gated: bool = search.params.start_gate and search.grabs_kv(pack.resident)
+        self.gated: bool = search.started_late or (search.params.start_gate
+                                                   and search.grabs_kv(pack.resident))
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
