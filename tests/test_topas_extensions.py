@@ -201,6 +201,15 @@ def test_started_hol_starts_no_new_task_while_a_started_request_waits_late(
     assert pol.decide(_late_started_view(t)).admit == ((2,) if starts else ())
 
 
+def test_started_hol_counts_the_wait_since_the_request_last_entered_the_queue() -> None:
+    """A round ready at 0 that ran and was preempted 10 s ago has waited 10 s,
+    less than the chain's fresh path: new task 2 starts."""
+    v = _late_started_view(200.0)
+    requeued = replace(v.waiting[0], queued_at=190.0, preemptions=1)
+    pol = policy(start_gate=True, pack_order="arrival", started_hol=1.0)
+    assert pol.decide(replace(v, waiting=(requeued, v.waiting[1]))).admit == (2,)
+
+
 def test_started_hol_needs_the_start_gate() -> None:
     """`started_hol` closes the start gate: without the gate it changes nothing."""
     pol = policy(start_gate=False, pack_order="arrival", started_hol=1.0)
@@ -214,7 +223,8 @@ def test_started_hol_sees_the_whole_queue_past_the_candidate_window() -> None:
     of the window; the gate still sees it and no new task starts."""
     t = 200.0
     young = [request(100 + i, 100 + i, CHAIN, "a", arrival=t - 5) for i in range(67)]
-    recent = replace(request(81, 8, CHAIN, "b", input_tokens=400, arrival=-10.0), ready_at=t - 1)
+    recent = replace(request(81, 8, CHAIN, "b", input_tokens=400, arrival=-10.0),
+                     ready_at=t - 1, queued_at=t - 1)
     late = request(91, 9, CHAIN, "b", input_tokens=1000)
     tasks = [task(8, CHAIN, arrival=-10.0, a="done", b="active"),
              task(9, CHAIN, a="done", b="active"),

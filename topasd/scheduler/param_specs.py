@@ -78,10 +78,10 @@ _WORDS: tuple[ParamSpec, ...] = (
           choices=PACK_ORDERS, extension=True),
     _spec("start_gate", "start no new task in a preemption or past a started one (extension)",
           extension=True),
-    _spec("started_hol", "no new task starts while a started task's request has waited "
-          "this x its expected path (extension; empty: off)", unset="off", extension=True),
     _spec("fresh_hol", "no new task passes a new task waiting this x its expected path "
           "(extension; empty: off)", unset="off", extension=True),
+    _spec("started_hol", "no new task starts while a started task's request has waited "
+          "this x its expected path (extension; empty: off)", unset="off", extension=True),
     _spec("age_curve", "task weight g_i: log (Eq. 12) or linear in the slowdown so far "
           "(extension)", choices=AGE_CURVES, extension=True),
     _spec("srpt", "weight x (H_age / L_hat_i)^srpt: tasks near their end first (extension; "

@@ -397,14 +397,15 @@ class _Search(SearchBounds):
         return frozenset(heads)
 
     def _started_late(self, queue: Sequence[Request]) -> bool:
-        """`started_hol`: whether a started task's request in W_t has waited at
-        least that many times its workflow's expected path of a fresh task (Eq. 5)."""
+        """`started_hol`: whether a started task's request in W_t has waited, since
+        it last entered the queue, at least that many times its workflow's
+        expected path of a fresh task (Eq. 5)."""
         theta = self.params.started_hol
         if theta is None or not self.params.start_gate:
             return False
         ref = self.policy.fresh_paths(self.view, self.paths)
         t, tasks, running = self.view.t, self.view.tasks, frozenset(self.running_stage)
-        return any(t - r.ready_at >= theta * ref[r.workflow]
+        return any(t - r.queued_at >= theta * ref[r.workflow]
                    and not is_fresh(tasks.get(r.task_id), running) for r in queue)
 
     def _index_waiting(self, view: EngineView) -> None:
