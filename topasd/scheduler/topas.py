@@ -139,7 +139,7 @@ class TopasPolicy:
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
             evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
-            reservation=Reservation(self.params.reservation),
+            reservation=_reservation(self.params),
             candidates=CandidateLog(states),
             chosen=best,
         )
@@ -335,8 +335,9 @@ class _Search(SearchBounds):
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
-        view = self.view = candidate_window(view, p, (self.hol,), policy.queue)
-        self._index_waiting(view)
+        queue = indexed(view, p, policy.queue)  # the whole queue (`overdue` may have done it)
+        view = self.view = candidate_window(view, p, (self.hol,), queue)
+        self._index_waiting(view, queue)
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
         self.solo_agents = frozenset(
@@ -394,12 +395,12 @@ class _Search(SearchBounds):
                 heads.append(tid)
         return frozenset(heads)
 
-    def _index_waiting(self, view: EngineView) -> None:
-        """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
+    def _index_waiting(self, view: EngineView, queue: QueueIndex) -> None:
+        """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's
+        least d_r; `queue` is indexed to this decision's waiting queue."""
         self.requests = {r.id: r for r in view.waiting}
-        mode, ratio = Reservation(self.params.reservation), view.new_request_ratio
         self.held = held = frozenset(shared_kv(view.running))  # shared copies Q_t locks
-        self.d = d = {r.id: held_demand(r, held, mode, ratio) for r in view.waiting}  # Eq. 2
+        self.d = d = {r.id: self._held_demand(r, queue, held) for r in view.waiting}  # Eq. 2
         by_agent: defaultdict[str, list[Request]] = defaultdict(list)
         self.waiting_by_agent = by_agent
         by_task: defaultdict[int, list[Request]] = defaultdict(list)
@@ -411,6 +412,14 @@ class _Search(SearchBounds):
             least = self.min_d.get(r.agent)
             if least is None or d[r.id] < least:
                 self.min_d[r.agent] = d[r.id]
+
+    def _held_demand(self, r: Request, queue: QueueIndex, held: frozenset[str]) -> float:
+        """`held_demand` of r, its `admit_demand` read from `queue` (which
+        computed it under this decision's reservation mode and ratio)."""
+        d = queue.demand(r)
+        if d is None:
+            return held_demand(r, held, _reservation(self.params), self.view.new_request_ratio)
+        return d + missing_shared(r, held) if r.shared else d
 
     def _reuse_terms(self) -> None:
         """Eq. 11's terms per (agent of the running predecessor, agent of the
@@ -526,9 +535,8 @@ class _Search(SearchBounds):
             ubs = coarse.tolist()
         else:
             ubs = quick if quick is not None else [self.quick_bound(r) for r in sets]
-        order = list(zip(ubs, range(len(sets)), strict=True))
-        order.sort(key=lambda b: (-b[0], b[1]))
-        return order
+        keyed = sorted([(-ub, i) for i, ub in enumerate(ubs)])  # -(-ub) is ub, exactly
+        return [(-neg, i) for neg, i in keyed]
 
     def _greedy_sets(self, active: list[str]) -> None:
         """Greedy additions from R_t, one pair test at the first stall, repairs.
@@ -1454,6 +1462,14 @@ def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any
     if pack_order == "arrival":
         return (lambda ratio, unrep, arrival: (arrival, ratio, unrep)), 1
     return (lambda ratio, unrep, arrival: (ratio, unrep, arrival)), 0
+
+
+_RESERVATIONS = {mode.value: mode for mode in Reservation}
+
+
+def _reservation(params: TopasParams) -> Reservation:
+    """The `Reservation` named by `params.reservation`."""
+    return _RESERVATIONS[params.reservation]
 
 
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
