@@ -301,6 +301,27 @@ def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished()
         2.0 * 1 * 0.001 * 100)
 
 
+def test_reuse_counts_kept_between_decisions_follow_each_task_and_its_running_stages() -> None:
+    """The policy keeps each running task's reuse pairs while its view, its
+    workflow and its running stages are the same objects: a task that runs
+    other stages, or whose stage finished (a new view), is counted again,
+    as a policy without the kept pairs counts it."""
+    two = workflow("two", {"a": (), "b": (), "c": ("a",), "d": ("b",)})  # a -> c, b -> d
+    run_a, run_b = (request(i, 1, two, v, running=True, started_at=0.0)
+                    for i, v in ((1, "a"), (2, "b")))
+    both = task(1, two, a="active", b="active")
+    c_ready = task(1, two, a="active", b="active", c="done")
+    pol = policy()
+    steps = [(both, [run_a], {("A", "C"): 1}), (both, [run_b], {("B", "D"): 1}),
+             (both, [run_a, run_b], {("A", "C"): 1, ("B", "D"): 1}), (c_ready, [run_a], {}),
+             (c_ready, [run_a], {}), (both, [run_a], {("A", "C"): 1})]
+    for t, run, want in steps:
+        kept = _Search(pol, view(two, [t], run, [], gpu=("A", "B")))._reuse_counts()
+        fresh = _Search(policy(), view(two, [t], run, [], gpu=("A", "B")))._reuse_counts()
+        assert dict(kept) == dict(fresh) == want
+    assert list(pol.reuse_memo) == [1]
+
+
 def test_reuse_value_can_decide_which_prefix_is_loaded() -> None:
     """Eq. 13 adds V_reuse: task 1's a runs, so its b (agent B) is about to
     become ready. The budget holds A and one more prefix with one request.
@@ -696,3 +717,4 @@ def test_start_gate_never_closes_an_idle_engine() -> None:
              t=10.0, budget=120, gpu=("A",))
     assert policy(start_gate=True).decide(v).admit == (2,)  # started first
     assert policy(start_gate=True, hol_age=0.0).decide(v).admit == (1,)
+

@@ -36,6 +36,7 @@ from topasd.model import (
     ScoreTerms,
     StageStatus,
     TaskView,
+    Workflow,
     held_demand,
     missing_shared,
     redo_tokens,
@@ -62,6 +63,10 @@ class TopasPolicy:
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
         self.path_memo = PathMemo()  # E[LP] of residual sets, from one decision to the next
+        # per running task: (its view, workflow and running stages, and `_reuse_pairs` of
+        # them), while each is the same (`_Search._reuse_counts`)
+        self.reuse_memo: dict[int, tuple[TaskView, Workflow, tuple[str, ...],
+                                         list[tuple[str, str]]]] = {}
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -1091,22 +1096,19 @@ class _Search(SearchBounds):
         predecessor (u not in R') does not make the stage ready soon, so
         V_reuse counts a pair only when both u and a stay resident."""
         counts: dict[tuple[str, str], int] = defaultdict(int)
+        memo, kept = self.policy.reuse_memo, {}
         for task_id, stages in self.running_stage.items():
             task = self.view.tasks.get(task_id)
             if task is None:
                 continue
-            wf, status = self.view.workflows[task.workflow], task.stages
-            undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
-            for u in stages:
-                for v in wf.succs[u]:
-                    if status[v].status is not StageStatus.PENDING:
-                        continue
-                    left = undone.get(v)
-                    if left is None:
-                        left = undone[v] = [p for p in wf.preds[v]
-                                            if status[p].status is not StageStatus.DONE]
-                    if not left or left == [u]:  # every other predecessor is done
-                        counts[(wf.stages[u].agent, wf.stages[v].agent)] += 1
+            wf, running = self.view.workflows[task.workflow], tuple(stages)
+            hit = memo.get(task_id)
+            if hit is None or hit[0] is not task or hit[1] is not wf or hit[2] != running:
+                hit = (task, wf, running, _reuse_pairs(wf, task, running))
+            kept[task_id] = hit
+            for pair in hit[3]:
+                counts[pair] += 1
+        self.policy.reuse_memo = kept  # the running tasks' entries: the others are dropped
         return counts
 
     def _aging(self) -> dict[int, float]:
@@ -1536,6 +1538,25 @@ def decode_peak(growth: list[tuple[int, int]]) -> float:
         held += kv
         peak = max(peak, held + n * rem)
     return float(peak)
+
+
+def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(agent of u, agent of v) for each pending stage v of a task whose only
+    unfinished predecessor is a running stage u (`_Search._reuse_counts`)."""
+    status = task.stages
+    pairs: list[tuple[str, str]] = []
+    undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
+    for u in running:
+        for v in wf.succs[u]:
+            if status[v].status is not StageStatus.PENDING:
+                continue
+            left = undone.get(v)
+            if left is None:
+                left = undone[v] = [p for p in wf.preds[v]
+                                    if status[p].status is not StageStatus.DONE]
+            if not left or left == [u]:  # every other predecessor is done
+                pairs.append((wf.stages[u].agent, wf.stages[v].agent))
+    return pairs
 
 
 def _t_decode(view: EngineView) -> float:
