@@ -106,3 +106,24 @@ def test_a_policy_prices_the_next_decision_with_the_new_observation() -> None:
     assert TopasPolicy.fresh_paths(v, new.paths) == TopasPolicy.fresh_paths(v, ref.paths) != before
     assert new.g == ref.g and [new.base_gain(r) for r in v.waiting] == [
         ref.base_gain(r) for r in v.waiting]
+
+
+def test_sets_sampled_together_are_their_stages_rows() -> None:
+    """Residual sets sampled at once (`_sample_sets`: started stages'
+    X - e | X > e in one step) hold each stage's own `sampled` row, and
+    [Z]_+ of them, float for float."""
+    m = model()
+    running = {"b": request(1, 1, FORK, "b", running=True, started_at=0.0)}
+    tasks = [(task(1, FORK, a="done", b="active", c="active"), running),
+             (task(2, FORK, a="active"), {"a": request(2, 2, FORK, "a", running=True,
+                                                       started_at=0.5)}),
+             (waiting_task(), {})]
+    together = paths(m, FORK, None, t=2.0)
+    sets = [together._set_of(t, r) for t, r in tasks]
+    together._sample_sets(sets)
+    alone = paths(m, FORK, None, t=2.0)
+    for (t, r), k in zip(tasks, sets, strict=True):
+        rows = [z.sampled(i, U) for i, z in enumerate(alone.residuals(t, r))]
+        assert together._samples(k, False).tolist() == [row.tolist() for row in rows]
+        assert together._samples(k, True).tolist() == [
+            [max(x, 0.0) for x in row.tolist()] for row in rows]

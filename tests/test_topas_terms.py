@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -17,10 +18,18 @@ from tests.topas_views import (
     view,
     workflow,
 )
-from topasd.model import EngineEvent, EventKind, Location, Request, TopasError
+from topasd.model import (
+    EngineEvent,
+    EventKind,
+    Location,
+    Request,
+    Reservation,
+    Segment,
+    TopasError,
+)
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import PAPER, TopasParams, check_variant
-from topasd.scheduler.topas import TopasPolicy, _Search
+from topasd.scheduler.topas import TopasPolicy, _Search, own_input, running_demand, t_prefill
 
 
 def policy(**params: object) -> TopasPolicy:
@@ -299,6 +308,27 @@ def test_reuse_counts_fork_children_each_and_a_join_once_its_siblings_finished()
     assert without_a.terms().v_reuse == 0.0
     assert s.pack(frozenset({"A", "B"}))[0].terms().v_reuse == pytest.approx(
         2.0 * 1 * 0.001 * 100)
+
+
+def test_reuse_counts_kept_between_decisions_follow_each_task_and_its_running_stages() -> None:
+    """The policy keeps each running task's reuse pairs while its view, its
+    workflow and its running stages are the same objects: a task that runs
+    other stages, or whose stage finished (a new view), is counted again,
+    as a policy without the kept pairs counts it."""
+    two = workflow("two", {"a": (), "b": (), "c": ("a",), "d": ("b",)})  # a -> c, b -> d
+    run_a, run_b = (request(i, 1, two, v, running=True, started_at=0.0)
+                    for i, v in ((1, "a"), (2, "b")))
+    both = task(1, two, a="active", b="active")
+    c_ready = task(1, two, a="active", b="active", c="done")
+    pol = policy()
+    steps = [(both, [run_a], {("A", "C"): 1}), (both, [run_b], {("B", "D"): 1}),
+             (both, [run_a, run_b], {("A", "C"): 1, ("B", "D"): 1}), (c_ready, [run_a], {}),
+             (c_ready, [run_a], {}), (both, [run_a], {("A", "C"): 1})]
+    for t, run, want in steps:
+        kept = _Search(pol, view(two, [t], run, [], gpu=("A", "B")))._reuse_counts()
+        fresh = _Search(policy(), view(two, [t], run, [], gpu=("A", "B")))._reuse_counts()
+        assert dict(kept) == dict(fresh) == want
+    assert list(pol.reuse_memo) == [1]
 
 
 def test_reuse_value_can_decide_which_prefix_is_loaded() -> None:
@@ -696,3 +726,22 @@ def test_start_gate_never_closes_an_idle_engine() -> None:
              t=10.0, budget=120, gpu=("A",))
     assert policy(start_gate=True).decide(v).admit == (2,)  # started first
     assert policy(start_gate=True, hol_age=0.0).decide(v).admit == (1,)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_compiled_copies_of_request_and_cost_terms_are_the_models(seed: int) -> None:
+    """`own_input`, `running_demand` and `t_prefill` (read by the search, which
+    may be compiled) give the floats `Request` and `CostHints` give."""
+    rng = random.Random(seed)
+    costs = replace(COSTS, prefill_base_s=rng.random() / 7, prefill_s_per_token=rng.random() / 3)
+    for i in range(200):
+        shared = tuple(Segment(f"s{j}", rng.randint(0, 50)) for j in range(rng.randint(0, 2)))
+        out = rng.randint(1, 9000)
+        r = replace(request(i, i, FORK, "b", running=True, started_at=0.0,
+                            input_tokens=sum(x.tokens for x in shared) + rng.randint(0, 900),
+                            output_tokens=out, generated=rng.randint(0, out)),
+                    shared=shared, reservation=rng.choice(list(Reservation)))
+        ratio = rng.random()
+        assert own_input(r) == r.own_input
+        assert running_demand(r, own_input(r), ratio) == r.demand(ratio)
+        assert t_prefill(costs, own_input(r)) == costs.t_prefill(r.own_input)

@@ -240,6 +240,22 @@ def test_a_kept_index_is_the_index_of_the_queue_built_afresh(seed: int) -> None:
             rng.shuffle(queue)
         kept.update(tuple(queue), Reservation.FULL, 1.0)
         assert _state(kept) == _state(_indexed(queue))
+        assert [kept.demand(r) for r in queue] == [
+            r.admit_demand(Reservation.FULL, 1.0) for r in queue]
+
+
+def test_an_indexed_demand_is_of_the_indexed_object_and_mode() -> None:
+    """`QueueIndex.demand`: d_r under the mode and ratio of the last update,
+    for the request object indexed only (another object under its id, or a
+    request that left, has none)."""
+    r = request(1, 1, CHAIN, "a", input_tokens=10, output_tokens=100, generated=0)
+    index = _indexed([r])
+    assert index.demand(r) == r.admit_demand(Reservation.FULL, 1.0) == 110.0
+    assert index.demand(replace(r, input_tokens=11)) is None
+    index.update((r,), Reservation.OPTIMISTIC, 0.5)
+    assert index.demand(r) == r.admit_demand(Reservation.OPTIMISTIC, 0.5) == 60.0
+    index.update((), Reservation.OPTIMISTIC, 0.5)
+    assert index.demand(r) is None
 
 
 def test_a_queue_change_is_what_left_then_what_came() -> None:

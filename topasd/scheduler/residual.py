@@ -173,18 +173,36 @@ class _Residual:
         """Z at the stratified quantiles of row `row`, kept with the residual:
         an unstarted stage's residual is shared by every task and decision
         until its pair sees a new observation."""
-        hit = self._rows.get(row)
-        if hit is None or hit[0] is not quantiles:
-            u = quantiles[row]
-            if self._source is not None:  # the tail's entries, without building it
-                dist, k, e = self._source
-                picked = dist.at(k, quantiles, row) - e
+        hit = self.kept(row, quantiles)
+        if hit is None:
+            shift = self.shifted(row, quantiles)
+            if shift is not None:  # the tail's entries, without building it
+                picked = shift[0] - shift[1]
             elif self._tail is None:
-                picked = np.full(u.shape, self.point)
+                picked = np.full(quantiles.shape[1:], self.point)
             else:
-                picked = _at(self._tail, u)
-            hit = self._rows[row] = (quantiles, picked)
-        return hit[1]
+                picked = _at(self._tail, quantiles[row])
+            self.keep(row, quantiles, picked)
+            return picked
+        return hit
+
+    def kept(self, row: int, quantiles: np.ndarray) -> np.ndarray | None:
+        """`sampled` as kept for row `row` under `quantiles`, else None."""
+        hit = self._rows.get(row)
+        return None if hit is None or hit[0] is not quantiles else hit[1]
+
+    def keep(self, row: int, quantiles: np.ndarray, picked: np.ndarray) -> None:
+        """Keep `picked` as `sampled(row, quantiles)`."""
+        self._rows[row] = (quantiles, picked)
+
+    def shifted(self, row: int, quantiles: np.ndarray) -> tuple[np.ndarray, float] | None:
+        """For a started stage's X - e | X > e: (X's observations above e at
+        the quantiles of row `row`, e), whose difference is `sampled`; None
+        for any other residual."""
+        if self._source is None:
+            return None
+        dist, k, e = self._source
+        return dist.at(k, quantiles, row), e
 
     def cut_mean(self, d: float) -> float:
         """E[[Z - d]_+]."""
@@ -403,10 +421,11 @@ class TaskPaths:
                     at.append(j)
                     dhat.append(d)
         sets = list(place)
+        stacked = self._sample_sets(sets)
         if len(sets) == 1:
             z = self._one_set(sets[0], len(keys), rows, at, dhat)
         else:
-            z = self._many_sets(sets, picks, rows, at, dhat)
+            z = self._many_sets(sets, stacked, picks, rows, at, dhat)
         lp = _longest_path(wf, z)
         # the mean over samples, as ndarray.mean computes it (a sum, then / S)
         means = (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist()
@@ -424,14 +443,18 @@ class TaskPaths:
         z = samples[:, None] - cuts[:, :, None]
         return np.maximum(z, 0.0, out=z)
 
-    def _many_sets(self, sets: list[int], picks: list[int], rows: list[int], at: list[int],
+    def _many_sets(self, sets: list[int], stacked: tuple[np.ndarray, np.ndarray] | None,
+                   picks: list[int], rows: list[int], at: list[int],
                    dhat: list[float]) -> np.ndarray:
         """`_one_set` for columns of several sets (`picks`): x - 0.0 is x, so
-        only the stages a cut holds differ from their set's [Z]_+."""
-        clipped = np.array([self._samples(k, True) for k in sets]).transpose(1, 0, 2)
-        z = clipped.take(picks, axis=1)  # a new (stage, column, S) array
+        only the stages a cut holds differ from their set's [Z]_+. `stacked`:
+        the sets' (samples, [samples]_+) as (set, stage, S) arrays, if at hand."""
+        if stacked is None:
+            stacked = (np.array([self._samples(k, False) for k in sets]),
+                       np.array([self._samples(k, True) for k in sets]))
+        z = stacked[1].transpose(1, 0, 2).take(picks, axis=1)  # a new (stage, column, S) array
         if rows:
-            raw = np.array([self._samples(k, False) for k in sets]).transpose(1, 0, 2)
+            raw = stacked[0].transpose(1, 0, 2)
             cut_z = raw[rows, [picks[j] for j in at]] - np.array(dhat)[:, None]
             z[rows, at] = np.maximum(cut_z, 0.0, out=cut_z)
         return z
@@ -502,16 +525,47 @@ class TaskPaths:
         """S stratified samples of every Z_{i,v} of set k (row v uses quantile
         row v), or [Z]_+ of them."""
         m = self._memo[k]
-        samples = m.samples
-        if samples is None:
-            n_rows = self.u.shape[0]
-            samples = m.samples = np.array([r.sampled(i % n_rows, self.u)
-                                            for i, r in enumerate(self._set_res[k])])
-        if not clipped:
-            return samples
-        if m.clipped is None:
-            m.clipped = np.maximum(samples, 0.0)
-        return m.clipped
+        if m.samples is None or m.clipped is None:
+            self._sample_sets([k])
+        return (m.clipped if clipped else m.samples)  # type: ignore[return-value]
+
+    def _sample_sets(self, sets: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """`_samples` of those of `sets` without them, built at once: one
+        array for their rows, the started stages' X - e | X > e subtracted in
+        one step (the same differences, element for element, as
+        `_Residual.sampled`), and their [Z]_+ in one step. When it built
+        every one of `sets`: (samples, [samples]_+) as (set, stage, S) arrays."""
+        todo = [k for k in sets if self._memo[k].clipped is None]  # kept with its samples
+        if not todo:
+            return None
+        u, n_rows = self.u, self.u.shape[0]
+        rows: list[np.ndarray] = []
+        late: list[tuple[int, _Residual, int]] = []  # (place in `rows`, residual, row)
+        tails: list[np.ndarray] = []
+        shifts: list[float] = []
+        for k in todo:
+            for i, r in enumerate(self._set_res[k]):
+                row = i % n_rows
+                hit = r.kept(row, u)
+                shift = r.shifted(row, u) if hit is None else None
+                if shift is None:
+                    rows.append(r.sampled(row, u) if hit is None else hit)
+                    continue
+                late.append((len(rows), r, row))
+                rows.append(shift[0])  # a placeholder of the same shape
+                tails.append(shift[0])
+                shifts.append(shift[1])
+        if late:
+            picked = np.array(tails) - np.array(shifts)[:, None]
+            for (place, r, row), z in zip(late, picked, strict=True):
+                r.keep(row, u, z)
+                rows[place] = z
+        samples = np.array(rows).reshape(len(todo), -1, u.shape[1])
+        clipped = np.maximum(samples, 0.0)
+        for j, k in enumerate(todo):
+            m = self._memo[k]
+            m.samples, m.clipped = samples[j], clipped[j]
+        return (samples, clipped) if len(todo) == len(sets) else None
 
 
 _ZERO = _Residual(None, 0.0, 0.0)

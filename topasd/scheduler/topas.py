@@ -26,6 +26,7 @@ import numpy.ma  # np.isin imports it lazily: not in the first decision that sor
 
 from topasd.model import (
     Candidate,
+    CostHints,
     Decision,
     EngineEvent,
     EngineView,
@@ -36,6 +37,7 @@ from topasd.model import (
     ScoreTerms,
     StageStatus,
     TaskView,
+    Workflow,
     held_demand,
     missing_shared,
     redo_tokens,
@@ -62,6 +64,10 @@ class TopasPolicy:
         self.credits: dict[int, float] = {}  # lambda_r stored at admission (Eq. 10)
         self._quantiles = quantile_rows(64, self.params.samples, self.params.seed)
         self.path_memo = PathMemo()  # E[LP] of residual sets, from one decision to the next
+        # per running task: (its view, workflow and running stages, and `_reuse_pairs` of
+        # them), while each is the same (`_Search._reuse_counts`)
+        self.reuse_memo: dict[int, tuple[TaskView, Workflow, tuple[str, ...],
+                                         list[tuple[str, str]]]] = {}
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -139,7 +145,7 @@ class TopasPolicy:
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
             evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
-            reservation=Reservation(self.params.reservation),
+            reservation=_reservation(self.params),
             candidates=CandidateLog(states),
             chosen=best,
         )
@@ -335,9 +341,10 @@ class _Search(SearchBounds):
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
-        queue = view.waiting  # W_t, before the candidate window
-        view = self.view = candidate_window(view, p, (self.hol,), policy.queue)
-        self._index_waiting(view)
+        waiting = view.waiting  # W_t, before the candidate window
+        queue = indexed(view, p, policy.queue)  # the whole queue (`overdue` may have done it)
+        view = self.view = candidate_window(view, p, (self.hol,), queue)
+        self._index_waiting(view, queue)
         self._index_running(view)
         # agents whose every waiting request is its task's only pending work here
         self.solo_agents = frozenset(
@@ -380,7 +387,7 @@ class _Search(SearchBounds):
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
-        self.started_late = self._started_late(queue)
+        self.started_late = self._started_late(waiting)
 
     def _fresh_heads(self) -> frozenset[int]:
         """`fresh_hol`: the new tasks that have waited at least that many times
@@ -408,12 +415,12 @@ class _Search(SearchBounds):
         return any(t - r.queued_at >= theta * ref[r.workflow]
                    and not is_fresh(tasks.get(r.task_id), running) for r in queue)
 
-    def _index_waiting(self, view: EngineView) -> None:
-        """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's least d_r."""
+    def _index_waiting(self, view: EngineView, queue: QueueIndex) -> None:
+        """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's
+        least d_r; `queue` is indexed to this decision's waiting queue."""
         self.requests = {r.id: r for r in view.waiting}
-        mode, ratio = Reservation(self.params.reservation), view.new_request_ratio
         self.held = held = frozenset(shared_kv(view.running))  # shared copies Q_t locks
-        self.d = d = {r.id: held_demand(r, held, mode, ratio) for r in view.waiting}  # Eq. 2
+        self.d = d = {r.id: self._held_demand(r, queue, held) for r in view.waiting}  # Eq. 2
         by_agent: defaultdict[str, list[Request]] = defaultdict(list)
         self.waiting_by_agent = by_agent
         by_task: defaultdict[int, list[Request]] = defaultdict(list)
@@ -425,6 +432,14 @@ class _Search(SearchBounds):
             least = self.min_d.get(r.agent)
             if least is None or d[r.id] < least:
                 self.min_d[r.agent] = d[r.id]
+
+    def _held_demand(self, r: Request, queue: QueueIndex, held: frozenset[str]) -> float:
+        """`held_demand` of r, its `admit_demand` read from `queue` (which
+        computed it under this decision's reservation mode and ratio)."""
+        d = queue.demand(r)
+        if d is None:
+            return held_demand(r, held, _reservation(self.params), self.view.new_request_ratio)
+        return d + missing_shared(r, held) if r.shared else d
 
     def _reuse_terms(self) -> None:
         """Eq. 11's terms per (agent of the running predecessor, agent of the
@@ -455,15 +470,16 @@ class _Search(SearchBounds):
         self.run_tasks = run_tasks
         running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
         self.running_stage = running_stage
-        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
+        ratio, credits, costs = view.new_token_ratio, self.policy.credits, view.costs
         run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
         self.run_growth = run_growth
         for r in view.running:
-            a = r.agent
+            a, own, generated = r.agent, own_input(r), r.generated
             run_ids[a].append(r.id)
-            run_kv[a] += r.demand(ratio)
-            run_growth[a].append((r.remaining, r.kv_tokens()))  # for `decode_peak`
-            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.own_input)  # Eq. 9
+            run_kv[a] += running_demand(r, own, ratio)
+            # (`remaining`, `kv_tokens`) for `decode_peak`
+            run_growth[a].append((r.output_tokens - generated, own + generated))
+            run_redo[a] += t_dec * generated + redo_input * t_prefill(costs, own)  # Eq. 9
             run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
             run_tasks[a].add(r.task_id)
             running_stage[r.task_id][r.stage] = r
@@ -540,9 +556,8 @@ class _Search(SearchBounds):
             ubs = coarse.tolist()
         else:
             ubs = quick if quick is not None else [self.quick_bound(r) for r in sets]
-        order = list(zip(ubs, range(len(sets)), strict=True))
-        order.sort(key=lambda b: (-b[0], b[1]))
-        return order
+        keyed = sorted([(-ub, i) for i, ub in enumerate(ubs)])  # -(-ub) is ub, exactly
+        return [(-neg, i) for neg, i in keyed]
 
     def _greedy_sets(self, active: list[str]) -> None:
         """Greedy additions from R_t, one pair test at the first stall, repairs.
@@ -1097,22 +1112,19 @@ class _Search(SearchBounds):
         predecessor (u not in R') does not make the stage ready soon, so
         V_reuse counts a pair only when both u and a stay resident."""
         counts: dict[tuple[str, str], int] = defaultdict(int)
+        memo, kept = self.policy.reuse_memo, {}
         for task_id, stages in self.running_stage.items():
             task = self.view.tasks.get(task_id)
             if task is None:
                 continue
-            wf, status = self.view.workflows[task.workflow], task.stages
-            undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
-            for u in stages:
-                for v in wf.succs[u]:
-                    if status[v].status is not StageStatus.PENDING:
-                        continue
-                    left = undone.get(v)
-                    if left is None:
-                        left = undone[v] = [p for p in wf.preds[v]
-                                            if status[p].status is not StageStatus.DONE]
-                    if not left or left == [u]:  # every other predecessor is done
-                        counts[(wf.stages[u].agent, wf.stages[v].agent)] += 1
+            wf, running = self.view.workflows[task.workflow], tuple(stages)
+            hit = memo.get(task_id)
+            if hit is None or hit[0] is not task or hit[1] is not wf or hit[2] != running:
+                hit = (task, wf, running, _reuse_pairs(wf, task, running))
+            kept[task_id] = hit
+            for pair in hit[3]:
+                counts[pair] += 1
+        self.policy.reuse_memo = kept  # the running tasks' entries: the others are dropped
         return counts
 
     def _aging(self) -> dict[int, float]:
@@ -1472,6 +1484,14 @@ def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any
     return (lambda ratio, unrep, arrival: (ratio, unrep, arrival)), 0
 
 
+_RESERVATIONS = {mode.value: mode for mode in Reservation}
+
+
+def _reservation(params: TopasParams) -> Reservation:
+    """The `Reservation` named by `params.reservation`."""
+    return _RESERVATIONS[params.reservation]
+
+
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
     """The waiting request of the oldest task (then lowest id), if `hol_age` is
     set and that task has waited at least this long."""
@@ -1536,6 +1556,47 @@ def decode_peak(growth: list[tuple[int, int]]) -> float:
         held += kv
         peak = max(peak, held + n * rem)
     return float(peak)
+
+
+def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(agent of u, agent of v) for each pending stage v of a task whose only
+    unfinished predecessor is a running stage u (`_Search._reuse_counts`)."""
+    status = task.stages
+    pairs: list[tuple[str, str]] = []
+    undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
+    for u in running:
+        for v in wf.succs[u]:
+            if status[v].status is not StageStatus.PENDING:
+                continue
+            left = undone.get(v)
+            if left is None:
+                left = undone[v] = [p for p in wf.preds[v]
+                                    if status[p].status is not StageStatus.DONE]
+            if not left or left == [u]:  # every other predecessor is done
+                pairs.append((wf.stages[u].agent, wf.stages[v].agent))
+    return pairs
+
+
+# `Request` and `CostHints` (topasd.model) run interpreted: the search reads their
+# hottest values through these compiled copies (tests/test_topas_terms.py pins them)
+DEMAND_CLIP = 4096  # `Request.demand`'s default clip
+
+
+def own_input(r: Request) -> int:
+    """`Request.own_input`: its input beyond its shared segments."""
+    return r.input_tokens - sum(s.tokens for s in r.shared) if r.shared else r.input_tokens
+
+
+def running_demand(r: Request, own: int, ratio: float) -> float:
+    """`Request.demand(ratio)` (d_r(t) of Eq. 2) of a request whose `own_input` is `own`."""
+    if r.reservation is Reservation.FULL:
+        return float(own + r.output_tokens)
+    return own + r.generated + ratio * min(r.output_tokens - r.generated, DEMAND_CLIP)
+
+
+def t_prefill(costs: CostHints, tokens: int) -> float:
+    """`CostHints.t_prefill`: T_prefill(|input|) on a cached prefix."""
+    return costs.prefill_base_s + costs.prefill_s_per_token * tokens
 
 
 def _t_decode(view: EngineView) -> float:

@@ -59,7 +59,7 @@ class QueueIndex:
     Each task's d_r are in queue order, as a fresh index would hold them."""
 
     _last: tuple[Request, ...]
-    _place: dict[int, tuple[Request, int]]  # id -> (request, place in the queue)
+    _place: dict[int, tuple[Request, int, float]]  # id -> (request, place in the queue, d_r)
     _next: int  # the place of the next request to come
     by_agent: dict[str, dict[int, list[float]]]
     _members: dict[str, dict[int, list[Request]]]  # the requests, parallel to `by_agent`
@@ -105,7 +105,7 @@ class QueueIndex:
 
     def _add(self, r: Request, d: float) -> None:
         place = self._next
-        self._place[r.id] = (r, place)
+        self._place[r.id] = (r, place, d)
         self._next += 1
         agent, tid, wf = r.agent, r.task_id, r.workflow
         heapq.heappush(self._by_age.setdefault(wf, []), (r.task_arrival, r.id, place))
@@ -164,6 +164,12 @@ class QueueIndex:
                 heapq.heappop(heap)
             out[wf] = self._place[heap[0][1]][0]
         return out
+
+    def demand(self, r: Request) -> float | None:
+        """d_r as indexed (`Request.admit_demand` under the index's reservation
+        mode and ratio), if r is the request object the index holds."""
+        hit = self._place.get(r.id)
+        return hit[2] if hit is not None and hit[0] is r else None
 
     def _waits(self, entry: tuple[float, int, int]) -> bool:
         hit = self._place.get(entry[1])
