@@ -179,8 +179,8 @@ def render(rows: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
     if has_peers(rows):
         lines += render_peers(rows)
     lines += ["(Change = TOPAS vs the best baseline: negative means TOPAS is lower, as in "
-              "the paper's column. `topas` runs ten extensions beyond the paper by "
-              "default (docs/topas.md, \"Extensions\"); `topas-paper` is section IV as "
+              "the paper's column. `topas` runs the extensions beyond the paper that "
+              "docs/topas.md lists as defaults (\"Extensions\"); `topas-paper` is section IV as "
               "given, shown with its change against the same best baseline. The ablation "
               "variants keep every extension and turn off only what names them.)",
               "",

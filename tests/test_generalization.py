@@ -37,6 +37,9 @@ CASES = [  # (family, draw seed, load): section IV's TOPAS was 1.5-2.2x its best
     ("react", 2, "burst"),
     ("coding", 0, "burst"),
     ("agent_loop", 1, "overload"),  # kept conversations: TOPAS's highest p99 ratio (1.20x)
+    # a reduce prompt of ~13k of the 18k-token pool, outside every chosen prefix set:
+    # 1.88x SPF's mean before `started_hol` (docs/topas.md)
+    ("shared_fanout", 4536062, "heavy"),
 ]
 
 
