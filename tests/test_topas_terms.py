@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import replace
 
 import pytest
@@ -18,18 +17,10 @@ from tests.topas_views import (
     view,
     workflow,
 )
-from topasd.model import (
-    EngineEvent,
-    EventKind,
-    Location,
-    Request,
-    Reservation,
-    Segment,
-    TopasError,
-)
+from topasd.model import EngineEvent, EventKind, Location, Request, TopasError
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import PAPER, TopasParams, check_variant
-from topasd.scheduler.topas import TopasPolicy, _Search, own_input, running_demand, t_prefill
+from topasd.scheduler.topas import TopasPolicy, _Search
 
 
 def policy(**params: object) -> TopasPolicy:
@@ -727,21 +718,3 @@ def test_start_gate_never_closes_an_idle_engine() -> None:
     assert policy(start_gate=True).decide(v).admit == (2,)  # started first
     assert policy(start_gate=True, hol_age=0.0).decide(v).admit == (1,)
 
-
-@pytest.mark.parametrize("seed", range(3))
-def test_the_compiled_copies_of_request_and_cost_terms_are_the_models(seed: int) -> None:
-    """`own_input`, `running_demand` and `t_prefill` (read by the search, which
-    may be compiled) give the floats `Request` and `CostHints` give."""
-    rng = random.Random(seed)
-    costs = replace(COSTS, prefill_base_s=rng.random() / 7, prefill_s_per_token=rng.random() / 3)
-    for i in range(200):
-        shared = tuple(Segment(f"s{j}", rng.randint(0, 50)) for j in range(rng.randint(0, 2)))
-        out = rng.randint(1, 9000)
-        r = replace(request(i, i, FORK, "b", running=True, started_at=0.0,
-                            input_tokens=sum(x.tokens for x in shared) + rng.randint(0, 900),
-                            output_tokens=out, generated=rng.randint(0, out)),
-                    shared=shared, reservation=rng.choice(list(Reservation)))
-        ratio = rng.random()
-        assert own_input(r) == r.own_input
-        assert running_demand(r, own_input(r), ratio) == r.demand(ratio)
-        assert t_prefill(costs, own_input(r)) == costs.t_prefill(r.own_input)

@@ -26,7 +26,6 @@ import numpy.ma  # np.isin imports it lazily: not in the first decision that sor
 
 from topasd.model import (
     Candidate,
-    CostHints,
     Decision,
     EngineEvent,
     EngineView,
@@ -470,16 +469,15 @@ class _Search(SearchBounds):
         self.run_tasks = run_tasks
         running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
         self.running_stage = running_stage
-        ratio, credits, costs = view.new_token_ratio, self.policy.credits, view.costs
+        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
         run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
         self.run_growth = run_growth
         for r in view.running:
-            a, own, generated = r.agent, own_input(r), r.generated
+            a = r.agent
             run_ids[a].append(r.id)
-            run_kv[a] += running_demand(r, own, ratio)
-            # (`remaining`, `kv_tokens`) for `decode_peak`
-            run_growth[a].append((r.output_tokens - generated, own + generated))
-            run_redo[a] += t_dec * generated + redo_input * t_prefill(costs, own)  # Eq. 9
+            run_kv[a] += r.demand(ratio)
+            run_growth[a].append((r.remaining, r.kv_tokens()))  # for `decode_peak`
+            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.own_input)  # Eq. 9
             run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
             run_tasks[a].add(r.task_id)
             running_stage[r.task_id][r.stage] = r
@@ -1575,28 +1573,6 @@ def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list
             if not left or left == [u]:  # every other predecessor is done
                 pairs.append((wf.stages[u].agent, wf.stages[v].agent))
     return pairs
-
-
-# `Request` and `CostHints` (topasd.model) run interpreted: the search reads their
-# hottest values through these compiled copies (tests/test_topas_terms.py pins them)
-DEMAND_CLIP = 4096  # `Request.demand`'s default clip
-
-
-def own_input(r: Request) -> int:
-    """`Request.own_input`: its input beyond its shared segments."""
-    return r.input_tokens - sum(s.tokens for s in r.shared) if r.shared else r.input_tokens
-
-
-def running_demand(r: Request, own: int, ratio: float) -> float:
-    """`Request.demand(ratio)` (d_r(t) of Eq. 2) of a request whose `own_input` is `own`."""
-    if r.reservation is Reservation.FULL:
-        return float(own + r.output_tokens)
-    return own + r.generated + ratio * min(r.output_tokens - r.generated, DEMAND_CLIP)
-
-
-def t_prefill(costs: CostHints, tokens: int) -> float:
-    """`CostHints.t_prefill`: T_prefill(|input|) on a cached prefix."""
-    return costs.prefill_base_s + costs.prefill_s_per_token * tokens
 
 
 def _t_decode(view: EngineView) -> float:
