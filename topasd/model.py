@@ -492,8 +492,13 @@ def held_demand(r: Request, held: Collection[str], reservation: Reservation = Re
     """d_r of Eq. 2 for admitting a waiting request beside the shared segments
     `held` (locked by running requests): `admit_demand` plus its segments
     not yet held, each of which its admission locks."""
-    d = r.admit_demand(reservation, ratio, clip)
-    return d + missing_shared(r, held) if r.shared else d
+    return beside_held(r, r.admit_demand(reservation, ratio, clip), held)
+
+
+def beside_held(r: Request, admit: float, held: Collection[str]) -> float:
+    """d_r of Eq. 2 from r's `admit_demand` `admit`: plus its shared segments
+    not in `held`, each of which its admission locks (`held_demand`)."""
+    return admit + missing_shared(r, held) if r.shared else admit
 
 
 def redo_tokens(r: Request) -> int:

@@ -37,6 +37,7 @@ from topasd.model import (
     StageStatus,
     TaskView,
     Workflow,
+    beside_held,
     held_demand,
     missing_shared,
     redo_tokens,
@@ -144,7 +145,7 @@ class TopasPolicy:
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
             evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
-            reservation=_reservation(self.params),
+            reservation=Reservation(self.params.reservation),
             candidates=CandidateLog(states),
             chosen=best,
         )
@@ -384,9 +385,17 @@ class _Search(SearchBounds):
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
+        self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
         self.started_late = self._started_late(waiting)
+
+    def fresh_ref(self) -> dict[str, float]:
+        """Each workflow's expected path of a fresh task (`fresh_paths`), once
+        per decision: the scale of linear aging, `fresh_hol` and `started_hol`."""
+        if self._fresh_ref is None:
+            self._fresh_ref = self.policy.fresh_paths(self.view, self.paths)
+        return self._fresh_ref
 
     def _fresh_heads(self) -> frozenset[int]:
         """`fresh_hol`: the new tasks that have waited at least that many times
@@ -394,7 +403,7 @@ class _Search(SearchBounds):
         theta = self.params.fresh_hol
         if theta is None or not self.fresh:
             return frozenset()
-        ref = self.policy.fresh_paths(self.view, self.paths)
+        ref = self.fresh_ref()
         heads: list[int] = []
         for tid in self.fresh:
             r = self.waiting_by_task[tid][0]
@@ -409,7 +418,7 @@ class _Search(SearchBounds):
         theta = self.params.started_hol
         if theta is None or not self.params.start_gate:
             return False
-        ref = self.policy.fresh_paths(self.view, self.paths)
+        ref = self.fresh_ref()
         t, tasks, running = self.view.t, self.view.tasks, frozenset(self.running_stage)
         return any(t - r.queued_at >= theta * ref[r.workflow]
                    and not is_fresh(tasks.get(r.task_id), running) for r in queue)
@@ -437,8 +446,9 @@ class _Search(SearchBounds):
         computed it under this decision's reservation mode and ratio)."""
         d = queue.demand(r)
         if d is None:
-            return held_demand(r, held, _reservation(self.params), self.view.new_request_ratio)
-        return d + missing_shared(r, held) if r.shared else d
+            return held_demand(r, held, Reservation(self.params.reservation),
+                               self.view.new_request_ratio)
+        return beside_held(r, d, held)
 
     def _reuse_terms(self) -> None:
         """Eq. 11's terms per (agent of the running predecessor, agent of the
@@ -1139,7 +1149,7 @@ class _Search(SearchBounds):
         paths = self._remaining_paths(tasks) if p.srpt else {}
         scale = self.policy.age_scale(self.view, self.paths)
         if p.aging:
-            fresh = self.policy.fresh_paths(self.view, self.paths) if p.age_curve == "linear" \
+            fresh = self.fresh_ref() if p.age_curve == "linear" \
                 else None
             for tid, task in tasks.items():
                 if task is not None:
@@ -1480,14 +1490,6 @@ def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any
     if pack_order == "arrival":
         return (lambda ratio, unrep, arrival: (arrival, ratio, unrep)), 1
     return (lambda ratio, unrep, arrival: (ratio, unrep, arrival)), 0
-
-
-_RESERVATIONS = {mode.value: mode for mode in Reservation}
-
-
-def _reservation(params: TopasParams) -> Reservation:
-    """The `Reservation` named by `params.reservation`."""
-    return _RESERVATIONS[params.reservation]
 
 
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
