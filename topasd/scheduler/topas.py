@@ -463,34 +463,18 @@ class _Search(SearchBounds):
 
     def _index_running(self, view: EngineView) -> None:
         """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
-        t_dec = _t_decode(view)
-        # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
-        # prompt when the engine drops its KV on preemption (prefilled again).
-        redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
-        run_ids: defaultdict[str, list[int]] = defaultdict(list)
-        self.run_ids = run_ids
-        run_kv: defaultdict[str, float] = defaultdict(float)
-        self.run_kv = run_kv
-        run_redo: defaultdict[str, float] = defaultdict(float)
-        self.run_redo = run_redo
-        run_revoke: defaultdict[str, float] = defaultdict(float)
-        self.run_revoke = run_revoke
-        run_tasks: defaultdict[str, set[int]] = defaultdict(set)
-        self.run_tasks = run_tasks
         running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
         self.running_stage = running_stage
-        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
-        run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
-        self.run_growth = run_growth
+        by_agent: dict[str, list[Request]] = {}  # Q_t by agent, each in queue order
         for r in view.running:
-            a = r.agent
-            run_ids[a].append(r.id)
-            run_kv[a] += r.demand(ratio)
-            run_growth[a].append((r.remaining, r.kv_tokens()))  # for `decode_peak`
-            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.own_input)  # Eq. 9
-            run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
-            run_tasks[a].add(r.task_id)
             running_stage[r.task_id][r.stage] = r
+            mine = by_agent.get(r.agent)
+            if mine is None:
+                by_agent[r.agent] = [r]
+            else:
+                mine.append(r)
+        self._agent_sums(view, by_agent)
+        run_kv = self.run_kv
         counted: set[str] = set()
         for r in view.running:  # each locked shared copy once, for its agent (`Segment`)
             for s in r.shared:
@@ -517,6 +501,42 @@ class _Search(SearchBounds):
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
                                    if pre.location is Location.NONE
                                    else self.sec_per_token * pre.tokens)
+
+    def _agent_sums(self, view: EngineView, by_agent: dict[str, list[Request]]) -> None:
+        """Per agent of Q_t: its requests' ids, d_r (Eq. 2), (remaining output,
+        KV) for `decode_peak`, y_r(t) (Eq. 9), lambda_r (Eq. 10) and tasks,
+        each summed in queue order (one dict write per agent, not per request)."""
+        t_dec = _t_decode(view)
+        # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
+        # prompt when the engine drops its KV on preemption (prefilled again).
+        redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
+        run_ids: defaultdict[str, list[int]] = defaultdict(list)
+        self.run_ids = run_ids
+        run_kv: defaultdict[str, float] = defaultdict(float)
+        self.run_kv = run_kv
+        run_redo: defaultdict[str, float] = defaultdict(float)
+        self.run_redo = run_redo
+        run_revoke: defaultdict[str, float] = defaultdict(float)
+        self.run_revoke = run_revoke
+        run_tasks: defaultdict[str, set[int]] = defaultdict(set)
+        self.run_tasks = run_tasks
+        run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.run_growth = run_growth
+        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
+        for a, rs in by_agent.items():
+            kv = redo = revoke = 0.0
+            ids: list[int] = []
+            growth: list[tuple[int, int]] = []
+            tasks: set[int] = set()
+            for r in rs:
+                ids.append(r.id)
+                kv += r.demand(ratio)
+                growth.append((r.remaining, r.kv_tokens()))
+                redo += t_dec * r.generated + redo_input * t_prefill(r.own_input)
+                revoke += credits.get(r.id, 0.0)
+                tasks.add(r.task_id)
+            run_ids[a], run_kv[a], run_growth[a] = ids, kv, growth
+            run_redo[a], run_revoke[a], run_tasks[a] = redo, revoke, tasks
 
     # -------------------------------------------------------- Algorithm 1
 
