@@ -81,6 +81,7 @@ class SearchBounds(ABC):
     # per task: its waiting requests' (stage row, D_hat, agent) sorted, if no two share a row
     _by_row: dict[int, list[tuple[int, float, str]] | None]
     _item_arrays: ItemArrays | None
+    _orders: dict[frozenset[str], list[str]]  # `ordered`
 
     # provided by `_Search`: abstract methods, not callable attributes (mypyc compiles both)
     @abstractmethod
@@ -114,6 +115,15 @@ class SearchBounds(ABC):
     @abstractmethod
     def partial_cap(self, task_id: int) -> float:
         ...
+
+    def ordered(self, agents: frozenset[str]) -> list[str]:
+        """`sorted(agents)`, once per set and decision (not to be changed): sums
+        over a prefix set run in this fixed order, so that every process
+        computes the same floats."""
+        hit = self._orders.get(agents)
+        if hit is None:
+            hit = self._orders[agents] = sorted(agents)
+        return hit
 
     def bound(self, resident: frozenset[str]) -> float:
         """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
@@ -152,7 +162,7 @@ class SearchBounds(ABC):
         terms = self._quick_terms()
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
         agents0, parts, memo = 0, self._quick_parts, self._touched_memo
-        for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
+        for a in self.ordered(base):  # a fixed order: the same floats (and visits) everywhere
             hold, need_d, lost_d, value, bits, bit = terms[a]
             room0, need0, lost0, reuse0, mask0, agents0 = (
                 room0 - hold, need0 + need_d, lost0 - lost_d, reuse0 + value, mask0 | bits,
@@ -229,7 +239,7 @@ class SearchBounds(ABC):
     def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
         room, need, lost = self.budget, 0.0, self.lost_all
         terms = self.agent_terms
-        for a in sorted(resident):  # a fixed order: the same floats in every process
+        for a in self.ordered(resident):  # a fixed order: the same floats in every process
             hold, share, least = terms[a]
             room -= hold
             if share is None:
@@ -251,7 +261,7 @@ class SearchBounds(ABC):
         for a, move in self.gpu_moves:  # sorted
             if a not in resident:
                 t_out += move
-        for a in sorted(resident):
+        for a in self.ordered(resident):
             if a not in self.gpu:
                 t_in += self.move_in[a]
         return t_out + t_in

@@ -181,9 +181,9 @@ class _Pack:
     __slots__ = ("gains", "j_redo", "j_revoke", "names", "preempt", "resident", "seq", "t_move",
                  "v_reuse")
 
-    def __init__(self, resident: frozenset[str], preempt: tuple[int, ...], t_move: float,
-                 j_redo: float, j_revoke: float, v_reuse: float, seq: list[int],
-                 gains: list[float]) -> None:
+    def __init__(self, resident: frozenset[str], names: tuple[str, ...],
+                 preempt: tuple[int, ...], t_move: float, j_redo: float, j_revoke: float,
+                 v_reuse: float, seq: list[int], gains: list[float]) -> None:
         self.resident = resident
         self.preempt = preempt
         self.t_move = t_move  # T_move(S'|S_t), Eq. 8
@@ -192,7 +192,7 @@ class _Pack:
         self.v_reuse = v_reuse  # Eq. 11
         self.seq = seq  # admission order
         self.gains = gains  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
-        self.names = tuple(sorted(resident))  # the prefix set, sorted (for logs)
+        self.names = names  # the prefix set, sorted (for logs)
 
 
 class _State:
@@ -382,6 +382,7 @@ class _Search(SearchBounds):
         self._quick: QuickTerms | None = None
         self._touched_memo: dict[tuple[int, int], tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
+        self._orders: dict[frozenset[str], list[str]] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
@@ -895,7 +896,7 @@ class _Search(SearchBounds):
         if not (preempt and self.params.preempt_exchange):
             return False
         rho, fixed = self._exchange_terms(preempt)
-        n = sum(len(self.waiting_by_agent.get(a, ())) for a in sorted(resident))
+        n = sum(len(self.waiting_by_agent.get(a, ())) for a in self.ordered(resident))
         if self.params.k:
             n = min(n, self.params.k)
         return rho * n <= fixed
@@ -923,11 +924,14 @@ class _Search(SearchBounds):
         if self.overdue is not None and self.overdue.agent not in resident:
             return []
         reserved = 0.0
-        for a in sorted(uncovered):  # sums in a fixed order: every process (TP rank) agrees
+        order = self.ordered(resident)
+        for a in order:  # sums in a fixed order: every process (TP rank) agrees
+            if a in self.running_agents:
+                continue  # covered by its running requests
             if a not in self.min_d:
                 return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
-        used = sum((self.hold[a] for a in sorted(resident)), 0.0)
+        used = sum((self.hold[a] for a in order), 0.0)
         if used + reserved > self.budget:
             return []
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
@@ -948,7 +952,7 @@ class _Search(SearchBounds):
         if peak is None:
             peak = self._peaks[kept] = decode_peak(
                 [g for a in sorted(kept) for g in self.run_growth[a]])
-        return max(0.0, sum((self.ell[a] for a in sorted(resident)), 0.0) + peak - used)
+        return max(0.0, sum((self.ell[a] for a in self.ordered(resident)), 0.0) + peak - used)
 
     def head_reservation(self, resident: frozenset[str], free: float,
                          need: float) -> tuple[float, float]:
@@ -1106,17 +1110,22 @@ class _Search(SearchBounds):
 
     def _new_pack(self, resident: frozenset[str], preempt: tuple[int, ...]) -> _Pack:
         """The per-R terms: T_move (Eq. 8), J_redo (9), J_revoke (10), V_reuse (11)."""
-        out_running = self.running_agents - resident
+        out_running = self._leaving(resident)
         t_move = self._t_move(resident)
-        j_redo = sum((self.run_redo[a] for a in sorted(out_running)), 0.0)
-        j_revoke = sum((self.run_revoke[a] for a in sorted(out_running)), 0.0)
-        return _Pack(resident, preempt, t_move, j_redo, j_revoke, self.v_reuse(resident), [], [])
+        j_redo = sum((self.run_redo[a] for a in out_running), 0.0)
+        j_revoke = sum((self.run_revoke[a] for a in out_running), 0.0)
+        return _Pack(resident, tuple(self.ordered(resident)), preempt, t_move, j_redo, j_revoke,
+                     self.v_reuse(resident), [], [])
+
+    def _leaving(self, resident: frozenset[str]) -> list[str]:
+        """The running agents R leaves out, sorted."""
+        return [a for a in self.ordered(self.running_agents) if a not in resident]
 
     def grabs_kv(self, resident: frozenset[str]) -> bool:
         """Whether R preempts running requests that hold more KV than the
         prefixes leaving with them (`start_gate`: a swap made for its room,
         not to bring in a prefix)."""
-        out = sorted(self.running_agents - resident)
+        out = self._leaving(resident)
         return sum(self.run_kv[a] for a in out) > sum(self.ell[a] for a in out)
 
     def v_reuse(self, resident: frozenset[str]) -> float:
@@ -1260,18 +1269,20 @@ class _Search(SearchBounds):
                reqs: list[Request]) -> list[float]:
         """g_i * Delta_task(r | H, t) for several requests of one task (Eqs. 6, 7, 12)."""
         memo = self._gain
-        missing = [r for r in reqs if (r.id, cut) not in memo]
-        if missing:
-            task = self.view.tasks.get(task_id)
-            values = [0.0] * len(missing)
-            if task is not None:
-                running = self.running_stage.get(task_id, {})
-                after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
-                lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
-                before, g = lhats[0], self.g.get(task_id, 1.0)
-                values = [g * max(0.0, before - v) for v in lhats[1:]]
-            for r, v in zip(missing, values, strict=True):
-                memo[(r.id, cut)] = v
+        known = [memo.get((r.id, cut)) for r in reqs]  # each key hashed once when all known
+        missing = [r for r, v in zip(reqs, known, strict=True) if v is None]
+        if not missing:
+            return known  # type: ignore[return-value]
+        task = self.view.tasks.get(task_id)
+        values = [0.0] * len(missing)
+        if task is not None:
+            running = self.running_stage.get(task_id, {})
+            after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
+            lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
+            before, g = lhats[0], self.g.get(task_id, 1.0)
+            values = [g * max(0.0, before - v) for v in lhats[1:]]
+        for r, v in zip(missing, values, strict=True):
+            memo[(r.id, cut)] = v
         return [memo[(r.id, cut)] for r in reqs]
 
     def delta(self, r: Request, cut: dict[int, float]) -> float:
