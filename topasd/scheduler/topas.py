@@ -1503,17 +1503,19 @@ class _SoloOrder:
 
 
 HeapEntry = tuple[Any, ...]  # GreedyPack's heap entry (`_Search._fill_stream`)
+PackKey = Callable[[float, bool, float], tuple[Any, Any, Any]]  # `_pack_key`
 
 
-def _entry(new: bool, key: Callable[[float, bool, float], tuple[Any, ...]], ratio: float,
-           unrepresented: bool, arrival: float, rid: int, mark: int) -> HeapEntry:
+def _entry(new: bool, key: PackKey, ratio: float, unrepresented: bool, arrival: float,
+           rid: int, mark: int) -> HeapEntry:
     """A request's GreedyPack heap entry: its task new (`start_gate`), then
     `key` of (-gain per KV token, task not represented, task arrival), id,
     and the version of its task's gains it was keyed with."""
-    return (new, *key(ratio, unrepresented, arrival), rid, mark)
+    k = key(ratio, unrepresented, arrival)
+    return (new, k[0], k[1], k[2], rid, mark)
 
 
-def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any, ...]], int]:
+def _pack_key(pack_order: str) -> tuple[PackKey, int]:
     """GreedyPack's admission order as a sort key of (-gain per KV token, task
     not yet represented, task arrival), and where the ratio sits in it:
     "ratio" is the paper's, "arrival" serves tasks in arrival order (the
