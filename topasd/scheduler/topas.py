@@ -362,6 +362,7 @@ class _Search(SearchBounds):
         self._solo: _SoloOrder | None = None
         self._entries: tuple[list[Request], dict[int, tuple[HeapEntry, HeapEntry]]] | None = None
         self._dhats: dict[int, float] = {}
+        self._rows: dict[int, int] = {}  # `_row`
         self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
         self._covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]] = {}
@@ -1300,7 +1301,11 @@ class _Search(SearchBounds):
         return hit
 
     def _row(self, r: Request) -> int:
-        return self.view.workflows[r.workflow].stage_index[r.stage]
+        """r's stage row (`Workflow.stage_index`), once per request and decision."""
+        hit = self._rows.get(r.id)
+        if hit is None:
+            hit = self._rows[r.id] = self.view.workflows[r.workflow].stage_index[r.stage]
+        return hit
 
 
 class _Filler:
