@@ -28,7 +28,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -78,8 +78,9 @@ class SearchBounds(ABC):
     _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
     task_agents: dict[int, frozenset[str]]
     _cover_cuts: dict[tuple[int, frozenset[str]], Cut]
-    # per task: its waiting requests' (stage row, D_hat, agent) sorted, if no two share a row
-    _by_row: dict[int, list[tuple[int, float, str]] | None]
+    # per task: its waiting requests' ((stage row, D_hat), agent) by row, if no two share a
+    # row (each pair one object, shared by every cut `_cut_of` builds: kept boxed)
+    _by_row: dict[int, list[tuple[object, str]] | None]
     _item_arrays: ItemArrays | None
     _orders: dict[frozenset[str], list[str]]  # `ordered`
 
@@ -395,10 +396,11 @@ class SearchBounds(ABC):
         else:
             table = self._task_table(task_id)
             by_row = self._by_row[task_id] = (
-                sorted((row, dhat, a) for a, row, dhat, _, _ in table)
+                [((row, dhat), a) for row, dhat, a in sorted(
+                    (row, dhat, a) for a, row, dhat, _, _ in table)]
                 if len({row for _, row, _, _, _ in table}) == len(table) else None)
         if by_row is not None:  # nothing to merge: the rows' sorted order is the cut's
-            return tuple([(row, dhat) for row, dhat, a in by_row if a in agents])
+            return cast(Cut, tuple([entry for entry, a in by_row if a in agents]))
         return self._joint_cut([r for r in reqs if r.agent in agents])
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:

@@ -375,7 +375,7 @@ class _Search(SearchBounds):
         self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
         self._gain_cut_memo: dict[int, list[Cut]] = {}
         self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
-        self._by_row: dict[int, list[tuple[int, float, str]] | None] = {}
+        self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
         self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
@@ -387,6 +387,8 @@ class _Search(SearchBounds):
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
+        self._preempt_memo: dict[int, tuple[float, float, float, int]] = {}
+        self._running_by_id: dict[int, Request] = {}  # `_preempt_terms`
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
@@ -881,13 +883,24 @@ class _Search(SearchBounds):
         other tasks in the system."""
         hit = self._exchange_memo.get(preempt)
         if hit is None:
-            running = {r.id: r for r in self.view.running}
-            rho = max(self._remaining(running[rid]) for rid in preempt)
-            elapsed = sum(self._elapsed(running[rid]) for rid in preempt)
-            others = len(self.task_ids - {running[rid].task_id for rid in preempt})
-            prefill = self.view.costs.t_prefill
-            redo = sum(prefill(redo_tokens(running[rid])) for rid in preempt)
+            terms = [self._preempt_terms(rid) for rid in preempt]
+            rho = max(t[0] for t in terms)
+            elapsed = sum(t[1] for t in terms)
+            others = len(self.task_ids - {t[3] for t in terms})
+            redo = sum(t[2] for t in terms)
             hit = self._exchange_memo[preempt] = (rho, elapsed + redo * others)
+        return hit
+
+    def _preempt_terms(self, rid: int) -> tuple[float, float, float, int]:
+        """A running request's (remaining service, elapsed service, time to
+        compute its KV again, task) for `_exchange_terms`, once per decision."""
+        hit = self._preempt_memo.get(rid)
+        if hit is None:
+            if not self._running_by_id:
+                self._running_by_id.update((r.id, r) for r in self.view.running)
+            r = self._running_by_id[rid]
+            hit = self._preempt_memo[rid] = (self._remaining(r), self._elapsed(r),
+                                             self.view.costs.t_prefill(redo_tokens(r)), r.task_id)
         return hit
 
     def _exchange_hopeless(self, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
