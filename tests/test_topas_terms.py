@@ -196,6 +196,29 @@ def test_preemption_revokes_the_credit_stored_at_admission() -> None:
     assert 1 not in pol.credits
 
 
+def test_running_requests_are_summed_per_agent_in_queue_order() -> None:
+    """Q_t's per-agent terms (Eqs. 2, 9, 10) and each prefix set's sorted
+    order, as the search reads them: whatever the queue interleaves."""
+    pol = policy()
+    ra1 = request(1, 1, FORK, "b", running=True, generated=3, started_at=0.0)
+    rc = request(2, 1, FORK, "c", running=True, generated=1, started_at=0.0)
+    ra2 = request(3, 2, FORK, "b", running=True, generated=5, output_tokens=20, started_at=0.0)
+    pol.credits[3] = 2.5
+    tasks = [task(1, FORK, a="done", b="active", c="active"),
+             task(2, FORK, a="done", b="active")]
+    s = _Search(pol, view(FORK, tasks, [ra1, rc, ra2], [], t=1.0))
+    assert s.run_ids == {"B": [1, 3], "C": [2]}
+    assert s.run_kv["B"] == ra1.demand(1.0) + ra2.demand(1.0)
+    assert s.run_growth["B"] == [(7, 13), (15, 15)]
+    assert s.run_revoke == {"B": 2.5, "C": 0.0}
+    assert s.run_tasks == {"B": {1, 2}, "C": {1}}
+    assert s.run_redo["B"] == pytest.approx(0.1 * (3 + 5))  # prefill is free in COSTS
+    assert dict(s.running_stage) == {1: {"b": ra1, "c": rc}, 2: {"b": ra2}}
+    both = frozenset({"C", "B", "A"})
+    assert s.ordered(both) == ["A", "B", "C"]
+    assert s.ordered(frozenset(["A", "B", "C"])) is s.ordered(both)  # once per set
+
+
 @pytest.mark.parametrize(("drops_input", "redo"), [(True, 0.1 * 3 + 0.01 * 10), (False, 0.1 * 3)])
 def test_preemption_redoes_the_prompt_prefill_when_the_engine_drops_it(
         drops_input: bool, redo: float) -> None:

@@ -28,7 +28,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -78,9 +78,11 @@ class SearchBounds(ABC):
     _covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]]
     task_agents: dict[int, frozenset[str]]
     _cover_cuts: dict[tuple[int, frozenset[str]], Cut]
-    # per task: its waiting requests' (stage row, D_hat, agent) sorted, if no two share a row
-    _by_row: dict[int, list[tuple[int, float, str]] | None]
+    # per task: its waiting requests' ((stage row, D_hat), agent) by row, if no two share a
+    # row (each pair one object, shared by every cut `_cut_of` builds: kept boxed)
+    _by_row: dict[int, list[tuple[object, str]] | None]
     _item_arrays: ItemArrays | None
+    _orders: dict[frozenset[str], list[str]]  # `ordered`
 
     # provided by `_Search`: abstract methods, not callable attributes (mypyc compiles both)
     @abstractmethod
@@ -114,6 +116,15 @@ class SearchBounds(ABC):
     @abstractmethod
     def partial_cap(self, task_id: int) -> float:
         ...
+
+    def ordered(self, agents: frozenset[str]) -> list[str]:
+        """`sorted(agents)`, once per set and decision (not to be changed): sums
+        over a prefix set run in this fixed order, so that every process
+        computes the same floats."""
+        hit = self._orders.get(agents)
+        if hit is None:
+            hit = self._orders[agents] = sorted(agents)
+        return hit
 
     def bound(self, resident: frozenset[str]) -> float:
         """An upper bound on Phi(R): V_reuse - J_redo - J_revoke plus a
@@ -152,7 +163,7 @@ class SearchBounds(ABC):
         terms = self._quick_terms()
         room0, need0, lost0, reuse0, mask0 = self.budget, 0.0, self.lost_all, 0.0, 0
         agents0, parts, memo = 0, self._quick_parts, self._touched_memo
-        for a in sorted(base):  # a fixed order: the same floats (and visits) in every process
+        for a in self.ordered(base):  # a fixed order: the same floats (and visits) everywhere
             hold, need_d, lost_d, value, bits, bit = terms[a]
             room0, need0, lost0, reuse0, mask0, agents0 = (
                 room0 - hold, need0 + need_d, lost0 - lost_d, reuse0 + value, mask0 | bits,
@@ -229,7 +240,7 @@ class SearchBounds(ABC):
     def _bound(self, resident: frozenset[str], covers: bool = False) -> float:
         room, need, lost = self.budget, 0.0, self.lost_all
         terms = self.agent_terms
-        for a in sorted(resident):  # a fixed order: the same floats in every process
+        for a in self.ordered(resident):  # a fixed order: the same floats in every process
             hold, share, least = terms[a]
             room -= hold
             if share is None:
@@ -251,7 +262,7 @@ class SearchBounds(ABC):
         for a, move in self.gpu_moves:  # sorted
             if a not in resident:
                 t_out += move
-        for a in sorted(resident):
+        for a in self.ordered(resident):
             if a not in self.gpu:
                 t_in += self.move_in[a]
         return t_out + t_in
@@ -385,10 +396,11 @@ class SearchBounds(ABC):
         else:
             table = self._task_table(task_id)
             by_row = self._by_row[task_id] = (
-                sorted((row, dhat, a) for a, row, dhat, _, _ in table)
+                [((row, dhat), a) for row, dhat, a in sorted(
+                    (row, dhat, a) for a, row, dhat, _, _ in table)]
                 if len({row for _, row, _, _, _ in table}) == len(table) else None)
         if by_row is not None:  # nothing to merge: the rows' sorted order is the cut's
-            return tuple([(row, dhat) for row, dhat, a in by_row if a in agents])
+            return cast(Cut, tuple([entry for entry, a in by_row if a in agents]))
         return self._joint_cut([r for r in reqs if r.agent in agents])
 
     def _prime_covers(self, sets: list[frozenset[str]]) -> None:

@@ -420,31 +420,31 @@ class TaskPaths:
                     rows.append(row)
                     at.append(j)
                     dhat.append(d)
-        sets = list(place)
+        sets, n_cols = list(place), len(keys)
+        flat = [row * n_cols + j for row, j in zip(rows, at, strict=True)]  # (stage, column)
         stacked = self._sample_sets(sets)
         if len(sets) == 1:
-            z = self._one_set(sets[0], len(keys), rows, at, dhat)
+            z = self._one_set(sets[0], n_cols, flat, dhat)
         else:
-            z = self._many_sets(sets, stacked, picks, rows, at, dhat)
+            z = self._many_sets(sets, stacked, picks, rows, at, flat, dhat)
         lp = _longest_path(wf, z)
-        # the mean over samples, as ndarray.mean computes it (a sum, then / S)
-        means = (np.add.reduce(lp, axis=-1) / lp.shape[-1]).tolist()
-        for (k, cut), mean in zip(keys, means, strict=True):
-            self._memo[k].lhat[cut] = mean
+        n = lp.shape[-1]
+        sums: list[float] = np.add.reduce(lp, axis=-1).tolist()
+        for (k, cut), total in zip(keys, sums, strict=True):
+            self._memo[k].lhat[cut] = total / n  # the mean as ndarray.mean takes it
 
-    def _one_set(self, k: int, n_cols: int, rows: list[int], at: list[int],
-                 dhat: list[float]) -> np.ndarray:
+    def _one_set(self, k: int, n_cols: int, flat: list[int], dhat: list[float]) -> np.ndarray:
         """(stage, column, S) = [Z - D_hat]_+ (IV-B, after Eq. 4) of set k
-        under the cuts (row, column, D_hat)."""
+        under the cuts (stage row * n_cols + column, D_hat)."""
         samples = self._samples(k, False)
-        cuts = np.zeros((samples.shape[0], n_cols))  # D_hat per (stage, column)
-        if rows:
-            cuts[rows, at] = dhat
-        z = samples[:, None] - cuts[:, :, None]
+        cuts = np.zeros(samples.shape[0] * n_cols)  # D_hat per (stage, column)
+        if flat:
+            cuts[flat] = dhat
+        z = samples[:, None] - cuts.reshape(samples.shape[0], n_cols, 1)
         return np.maximum(z, 0.0, out=z)
 
     def _many_sets(self, sets: list[int], stacked: tuple[np.ndarray, np.ndarray] | None,
-                   picks: list[int], rows: list[int], at: list[int],
+                   picks: list[int], rows: list[int], at: list[int], flat: list[int],
                    dhat: list[float]) -> np.ndarray:
         """`_one_set` for columns of several sets (`picks`): x - 0.0 is x, so
         only the stages a cut holds differ from their set's [Z]_+. `stacked`:
@@ -453,11 +453,15 @@ class TaskPaths:
             stacked = (np.array([self._samples(k, False) for k in sets]),
                        np.array([self._samples(k, True) for k in sets]))
         z = stacked[1].transpose(1, 0, 2).take(picks, axis=1)  # a new (stage, column, S) array
-        if rows:
-            raw = stacked[0].transpose(1, 0, 2)
-            cut_z = raw[rows, [picks[j] for j in at]] - np.array(dhat)[:, None]
-            z[rows, at] = np.maximum(cut_z, 0.0, out=cut_z)
-        return z
+        if not rows:
+            return z
+        n_stages, n = z.shape[0], z.shape[-1]
+        raw = stacked[0].reshape(-1, n)  # (set * stage, S)
+        cut_z = raw[[picks[j] * n_stages + row for row, j in zip(rows, at, strict=True)]] \
+            - np.array(dhat)[:, None]
+        by_cell = z.reshape(-1, n)  # (stage * column, S)
+        by_cell[flat] = np.maximum(cut_z, 0.0, out=cut_z)
+        return by_cell.reshape(z.shape)
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""

@@ -181,9 +181,9 @@ class _Pack:
     __slots__ = ("gains", "j_redo", "j_revoke", "names", "preempt", "resident", "seq", "t_move",
                  "v_reuse")
 
-    def __init__(self, resident: frozenset[str], preempt: tuple[int, ...], t_move: float,
-                 j_redo: float, j_revoke: float, v_reuse: float, seq: list[int],
-                 gains: list[float]) -> None:
+    def __init__(self, resident: frozenset[str], names: tuple[str, ...],
+                 preempt: tuple[int, ...], t_move: float, j_redo: float, j_revoke: float,
+                 v_reuse: float, seq: list[int], gains: list[float]) -> None:
         self.resident = resident
         self.preempt = preempt
         self.t_move = t_move  # T_move(S'|S_t), Eq. 8
@@ -192,7 +192,7 @@ class _Pack:
         self.v_reuse = v_reuse  # Eq. 11
         self.seq = seq  # admission order
         self.gains = gains  # g_i(t) * Delta_task of each admission (J_admit^age, IV-D)
-        self.names = tuple(sorted(resident))  # the prefix set, sorted (for logs)
+        self.names = names  # the prefix set, sorted (for logs)
 
 
 class _State:
@@ -362,6 +362,7 @@ class _Search(SearchBounds):
         self._solo: _SoloOrder | None = None
         self._entries: tuple[list[Request], dict[int, tuple[HeapEntry, HeapEntry]]] | None = None
         self._dhats: dict[int, float] = {}
+        self._rows: dict[int, int] = {}  # `_row`
         self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
         self._covers: dict[tuple[int, frozenset[str]], tuple[float, float, bool]] = {}
@@ -374,7 +375,7 @@ class _Search(SearchBounds):
         self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
         self._gain_cut_memo: dict[int, list[Cut]] = {}
         self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
-        self._by_row: dict[int, list[tuple[int, float, str]] | None] = {}
+        self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
         self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
@@ -382,9 +383,12 @@ class _Search(SearchBounds):
         self._quick: QuickTerms | None = None
         self._touched_memo: dict[tuple[int, int], tuple[float, float]] = {}
         self._bounds: dict[frozenset[str], float] = {}
+        self._orders: dict[frozenset[str], list[str]] = {}
         self._item_arrays: ItemArrays | None = None
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
+        self._preempt_memo: dict[int, tuple[float, float, float, int]] = {}
+        self._running_by_id: dict[int, Request] = {}  # `_preempt_terms`
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
@@ -463,34 +467,18 @@ class _Search(SearchBounds):
 
     def _index_running(self, view: EngineView) -> None:
         """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
-        t_dec = _t_decode(view)
-        # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
-        # prompt when the engine drops its KV on preemption (prefilled again).
-        redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
-        run_ids: defaultdict[str, list[int]] = defaultdict(list)
-        self.run_ids = run_ids
-        run_kv: defaultdict[str, float] = defaultdict(float)
-        self.run_kv = run_kv
-        run_redo: defaultdict[str, float] = defaultdict(float)
-        self.run_redo = run_redo
-        run_revoke: defaultdict[str, float] = defaultdict(float)
-        self.run_revoke = run_revoke
-        run_tasks: defaultdict[str, set[int]] = defaultdict(set)
-        self.run_tasks = run_tasks
         running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
         self.running_stage = running_stage
-        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
-        run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
-        self.run_growth = run_growth
+        by_agent: dict[str, list[Request]] = {}  # Q_t by agent, each in queue order
         for r in view.running:
-            a = r.agent
-            run_ids[a].append(r.id)
-            run_kv[a] += r.demand(ratio)
-            run_growth[a].append((r.remaining, r.kv_tokens()))  # for `decode_peak`
-            run_redo[a] += t_dec * r.generated + redo_input * t_prefill(r.own_input)  # Eq. 9
-            run_revoke[a] += credits.get(r.id, 0.0)  # Eq. 10
-            run_tasks[a].add(r.task_id)
             running_stage[r.task_id][r.stage] = r
+            mine = by_agent.get(r.agent)
+            if mine is None:
+                by_agent[r.agent] = [r]
+            else:
+                mine.append(r)
+        self._agent_sums(view, by_agent)
+        run_kv = self.run_kv
         counted: set[str] = set()
         for r in view.running:  # each locked shared copy once, for its agent (`Segment`)
             for s in r.shared:
@@ -517,6 +505,42 @@ class _Search(SearchBounds):
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
                                    if pre.location is Location.NONE
                                    else self.sec_per_token * pre.tokens)
+
+    def _agent_sums(self, view: EngineView, by_agent: dict[str, list[Request]]) -> None:
+        """Per agent of Q_t: its requests' ids, d_r (Eq. 2), (remaining output,
+        KV) for `decode_peak`, y_r(t) (Eq. 9), lambda_r (Eq. 10) and tasks,
+        each summed in queue order (one dict write per agent, not per request)."""
+        t_dec = _t_decode(view)
+        # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
+        # prompt when the engine drops its KV on preemption (prefilled again).
+        redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
+        run_ids: defaultdict[str, list[int]] = defaultdict(list)
+        self.run_ids = run_ids
+        run_kv: defaultdict[str, float] = defaultdict(float)
+        self.run_kv = run_kv
+        run_redo: defaultdict[str, float] = defaultdict(float)
+        self.run_redo = run_redo
+        run_revoke: defaultdict[str, float] = defaultdict(float)
+        self.run_revoke = run_revoke
+        run_tasks: defaultdict[str, set[int]] = defaultdict(set)
+        self.run_tasks = run_tasks
+        run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+        self.run_growth = run_growth
+        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
+        for a, rs in by_agent.items():
+            kv = redo = revoke = 0.0
+            ids: list[int] = []
+            growth: list[tuple[int, int]] = []
+            tasks: set[int] = set()
+            for r in rs:
+                ids.append(r.id)
+                kv += r.demand(ratio)
+                growth.append((r.remaining, r.kv_tokens()))
+                redo += t_dec * r.generated + redo_input * t_prefill(r.own_input)
+                revoke += credits.get(r.id, 0.0)
+                tasks.add(r.task_id)
+            run_ids[a], run_kv[a], run_growth[a] = ids, kv, growth
+            run_redo[a], run_revoke[a], run_tasks[a] = redo, revoke, tasks
 
     # -------------------------------------------------------- Algorithm 1
 
@@ -859,13 +883,24 @@ class _Search(SearchBounds):
         other tasks in the system."""
         hit = self._exchange_memo.get(preempt)
         if hit is None:
-            running = {r.id: r for r in self.view.running}
-            rho = max(self._remaining(running[rid]) for rid in preempt)
-            elapsed = sum(self._elapsed(running[rid]) for rid in preempt)
-            others = len(self.task_ids - {running[rid].task_id for rid in preempt})
-            prefill = self.view.costs.t_prefill
-            redo = sum(prefill(redo_tokens(running[rid])) for rid in preempt)
+            terms = [self._preempt_terms(rid) for rid in preempt]
+            rho = max(t[0] for t in terms)
+            elapsed = sum(t[1] for t in terms)
+            others = len(self.task_ids - {t[3] for t in terms})
+            redo = sum(t[2] for t in terms)
             hit = self._exchange_memo[preempt] = (rho, elapsed + redo * others)
+        return hit
+
+    def _preempt_terms(self, rid: int) -> tuple[float, float, float, int]:
+        """A running request's (remaining service, elapsed service, time to
+        compute its KV again, task) for `_exchange_terms`, once per decision."""
+        hit = self._preempt_memo.get(rid)
+        if hit is None:
+            if not self._running_by_id:
+                self._running_by_id.update((r.id, r) for r in self.view.running)
+            r = self._running_by_id[rid]
+            hit = self._preempt_memo[rid] = (self._remaining(r), self._elapsed(r),
+                                             self.view.costs.t_prefill(redo_tokens(r)), r.task_id)
         return hit
 
     def _exchange_hopeless(self, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
@@ -875,7 +910,7 @@ class _Search(SearchBounds):
         if not (preempt and self.params.preempt_exchange):
             return False
         rho, fixed = self._exchange_terms(preempt)
-        n = sum(len(self.waiting_by_agent.get(a, ())) for a in sorted(resident))
+        n = sum(len(self.waiting_by_agent.get(a, ())) for a in self.ordered(resident))
         if self.params.k:
             n = min(n, self.params.k)
         return rho * n <= fixed
@@ -903,11 +938,14 @@ class _Search(SearchBounds):
         if self.overdue is not None and self.overdue.agent not in resident:
             return []
         reserved = 0.0
-        for a in sorted(uncovered):  # sums in a fixed order: every process (TP rank) agrees
+        order = self.ordered(resident)
+        for a in order:  # sums in a fixed order: every process (TP rank) agrees
+            if a in self.running_agents:
+                continue  # covered by its running requests
             if a not in self.min_d:
                 return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
-        used = sum((self.hold[a] for a in sorted(resident)), 0.0)
+        used = sum((self.hold[a] for a in order), 0.0)
         if used + reserved > self.budget:
             return []
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
@@ -928,7 +966,7 @@ class _Search(SearchBounds):
         if peak is None:
             peak = self._peaks[kept] = decode_peak(
                 [g for a in sorted(kept) for g in self.run_growth[a]])
-        return max(0.0, sum((self.ell[a] for a in sorted(resident)), 0.0) + peak - used)
+        return max(0.0, sum((self.ell[a] for a in self.ordered(resident)), 0.0) + peak - used)
 
     def head_reservation(self, resident: frozenset[str], free: float,
                          need: float) -> tuple[float, float]:
@@ -1086,17 +1124,22 @@ class _Search(SearchBounds):
 
     def _new_pack(self, resident: frozenset[str], preempt: tuple[int, ...]) -> _Pack:
         """The per-R terms: T_move (Eq. 8), J_redo (9), J_revoke (10), V_reuse (11)."""
-        out_running = self.running_agents - resident
+        out_running = self._leaving(resident)
         t_move = self._t_move(resident)
-        j_redo = sum((self.run_redo[a] for a in sorted(out_running)), 0.0)
-        j_revoke = sum((self.run_revoke[a] for a in sorted(out_running)), 0.0)
-        return _Pack(resident, preempt, t_move, j_redo, j_revoke, self.v_reuse(resident), [], [])
+        j_redo = sum((self.run_redo[a] for a in out_running), 0.0)
+        j_revoke = sum((self.run_revoke[a] for a in out_running), 0.0)
+        return _Pack(resident, tuple(self.ordered(resident)), preempt, t_move, j_redo, j_revoke,
+                     self.v_reuse(resident), [], [])
+
+    def _leaving(self, resident: frozenset[str]) -> list[str]:
+        """The running agents R leaves out, sorted."""
+        return [a for a in self.ordered(self.running_agents) if a not in resident]
 
     def grabs_kv(self, resident: frozenset[str]) -> bool:
         """Whether R preempts running requests that hold more KV than the
         prefixes leaving with them (`start_gate`: a swap made for its room,
         not to bring in a prefix)."""
-        out = sorted(self.running_agents - resident)
+        out = self._leaving(resident)
         return sum(self.run_kv[a] for a in out) > sum(self.ell[a] for a in out)
 
     def v_reuse(self, resident: frozenset[str]) -> float:
@@ -1240,18 +1283,20 @@ class _Search(SearchBounds):
                reqs: list[Request]) -> list[float]:
         """g_i * Delta_task(r | H, t) for several requests of one task (Eqs. 6, 7, 12)."""
         memo = self._gain
-        missing = [r for r in reqs if (r.id, cut) not in memo]
-        if missing:
-            task = self.view.tasks.get(task_id)
-            values = [0.0] * len(missing)
-            if task is not None:
-                running = self.running_stage.get(task_id, {})
-                after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
-                lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
-                before, g = lhats[0], self.g.get(task_id, 1.0)
-                values = [g * max(0.0, before - v) for v in lhats[1:]]
-            for r, v in zip(missing, values, strict=True):
-                memo[(r.id, cut)] = v
+        known = [memo.get((r.id, cut)) for r in reqs]  # each key hashed once when all known
+        missing = [r for r, v in zip(reqs, known, strict=True) if v is None]
+        if not missing:
+            return known  # type: ignore[return-value]
+        task = self.view.tasks.get(task_id)
+        values = [0.0] * len(missing)
+        if task is not None:
+            running = self.running_stage.get(task_id, {})
+            after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
+            lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
+            before, g = lhats[0], self.g.get(task_id, 1.0)
+            values = [g * max(0.0, before - v) for v in lhats[1:]]
+        for r, v in zip(missing, values, strict=True):
+            memo[(r.id, cut)] = v
         return [memo[(r.id, cut)] for r in reqs]
 
     def delta(self, r: Request, cut: dict[int, float]) -> float:
@@ -1269,7 +1314,11 @@ class _Search(SearchBounds):
         return hit
 
     def _row(self, r: Request) -> int:
-        return self.view.workflows[r.workflow].stage_index[r.stage]
+        """r's stage row (`Workflow.stage_index`), once per request and decision."""
+        hit = self._rows.get(r.id)
+        if hit is None:
+            hit = self._rows[r.id] = self.view.workflows[r.workflow].stage_index[r.stage]
+        return hit
 
 
 class _Filler:
@@ -1472,17 +1521,19 @@ class _SoloOrder:
 
 
 HeapEntry = tuple[Any, ...]  # GreedyPack's heap entry (`_Search._fill_stream`)
+PackKey = Callable[[float, bool, float], tuple[Any, Any, Any]]  # `_pack_key`
 
 
-def _entry(new: bool, key: Callable[[float, bool, float], tuple[Any, ...]], ratio: float,
-           unrepresented: bool, arrival: float, rid: int, mark: int) -> HeapEntry:
+def _entry(new: bool, key: PackKey, ratio: float, unrepresented: bool, arrival: float,
+           rid: int, mark: int) -> HeapEntry:
     """A request's GreedyPack heap entry: its task new (`start_gate`), then
     `key` of (-gain per KV token, task not represented, task arrival), id,
     and the version of its task's gains it was keyed with."""
-    return (new, *key(ratio, unrepresented, arrival), rid, mark)
+    k = key(ratio, unrepresented, arrival)
+    return (new, k[0], k[1], k[2], rid, mark)
 
 
-def _pack_key(pack_order: str) -> tuple[Callable[[float, bool, float], tuple[Any, ...]], int]:
+def _pack_key(pack_order: str) -> tuple[PackKey, int]:
     """GreedyPack's admission order as a sort key of (-gain per KV token, task
     not yet represented, task arrival), and where the ratio sits in it:
     "ratio" is the paper's, "arrival" serves tasks in arrival order (the
