@@ -19,7 +19,7 @@ import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.ma  # np.isin imports it lazily: not in the first decision that sorts
@@ -388,7 +388,6 @@ class _Search(SearchBounds):
         self._gain: dict[tuple[int, tuple[tuple[int, float], ...]], float] = {}
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self._preempt_memo: dict[int, tuple[float, float, float, int]] = {}
-        self._running_by_id: dict[int, Request] = {}  # `_preempt_terms`
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
@@ -470,6 +469,7 @@ class _Search(SearchBounds):
         running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
         self.running_stage = running_stage
         by_agent: dict[str, list[Request]] = {}  # Q_t by agent, each in queue order
+        self.running_by_id = {r.id: r for r in view.running}
         for r in view.running:
             running_stage[r.task_id][r.stage] = r
             mine = by_agent.get(r.agent)
@@ -896,9 +896,7 @@ class _Search(SearchBounds):
         compute its KV again, task) for `_exchange_terms`, once per decision."""
         hit = self._preempt_memo.get(rid)
         if hit is None:
-            if not self._running_by_id:
-                self._running_by_id.update((r.id, r) for r in self.view.running)
-            r = self._running_by_id[rid]
+            r = self.running_by_id[rid]
             hit = self._preempt_memo[rid] = (self._remaining(r), self._elapsed(r),
                                              self.view.costs.t_prefill(redo_tokens(r)), r.task_id)
         return hit
@@ -1286,7 +1284,7 @@ class _Search(SearchBounds):
         known = [memo.get((r.id, cut)) for r in reqs]  # each key hashed once when all known
         missing = [r for r, v in zip(reqs, known, strict=True) if v is None]
         if not missing:
-            return known  # type: ignore[return-value]
+            return cast(list[float], known)
         task = self.view.tasks.get(task_id)
         values = [0.0] * len(missing)
         if task is not None:
