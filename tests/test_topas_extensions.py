@@ -178,14 +178,22 @@ def test_an_overdue_task_is_served_next() -> None:
 
 # ---------------------------------------------------------------- started_hol
 
+def _running_a_round(t: float) -> Request:
+    """Started task 8's a round, running since t - 1: room that will free."""
+    return request(80, 8, CHAIN, "a", running=True, generated=1, started_at=t - 1)
+
+
 def _late_started_view(t: float):  # type: ignore[no-untyped-def]
     """Started task 9 waits with a b round (1,000 input tokens, ready at 0)
     that does not fit in the 400-token pool, B's prefix on the host; new task
-    2 (arrived 5 s ago) waits with a 20-token a round, A's prefix on the GPU."""
+    2 (arrived 5 s ago) waits with a 20-token a round, A's prefix on the GPU,
+    where started task 8's a round runs."""
     late = request(91, 9, CHAIN, "b", input_tokens=1000)
     young = request(2, 2, CHAIN, "a", arrival=t - 5)
-    tasks = [task(9, CHAIN, a="done", b="active"), task(2, CHAIN, arrival=t - 5, a="active")]
-    return view(CHAIN, tasks, [], [late, young], t=t, budget=400, gpu=("A",))
+    tasks = [task(8, CHAIN, a="active"), task(9, CHAIN, a="done", b="active"),
+             task(2, CHAIN, arrival=t - 5, a="active")]
+    return view(CHAIN, tasks, [_running_a_round(t)], [late, young], t=t, budget=400,
+                gpu=("A",))
 
 
 @pytest.mark.parametrize(("started_hol", "t", "starts"),
@@ -199,6 +207,15 @@ def test_started_hol_starts_no_new_task_while_a_started_request_waits_late(
     `started_hol` task 2 always starts."""
     pol = policy(start_gate=True, pack_order="arrival", started_hol=started_hol)
     assert pol.decide(_late_started_view(t)).admit == ((2,) if starts else ())
+
+
+def test_started_hol_does_not_close_an_engine_with_nothing_running() -> None:
+    """The gate waits for running requests to free room for the late one;
+    with none running no room will free, so closing it would leave the
+    engine idle for good: new task 2 starts."""
+    v = _late_started_view(200.0)
+    pol = policy(start_gate=True, pack_order="arrival", started_hol=1.0)
+    assert pol.decide(replace(v, running=())).admit == (2,)
 
 
 def test_started_hol_counts_the_wait_since_the_request_last_entered_the_queue() -> None:
@@ -227,9 +244,10 @@ def test_started_hol_sees_the_whole_queue_past_the_candidate_window() -> None:
                      ready_at=t - 1, queued_at=t - 1)
     late = request(91, 9, CHAIN, "b", input_tokens=1000)
     tasks = [task(8, CHAIN, arrival=-10.0, a="done", b="active"),
-             task(9, CHAIN, a="done", b="active"),
+             task(9, CHAIN, a="done", b="active"), task(7, CHAIN, a="active"),
              *[task(r.task_id, CHAIN, arrival=t - 5, a="active") for r in young]]
-    v = view(CHAIN, tasks, [], [recent, late, *young], t=t, budget=700, gpu=("A",))
+    running = replace(_running_a_round(t), id=70, task_id=7)
+    v = view(CHAIN, tasks, [running], [recent, late, *young], t=t, budget=700, gpu=("A",))
     window = {"start_gate": True, "pack_order": "arrival", "window": 1.0, "window_cap": 64}
     new_tasks = {r.id for r in young}
     pol = policy(**window)

@@ -417,10 +417,11 @@ class _Search(SearchBounds):
     def _started_late(self, queue: Sequence[Request]) -> bool:
         """`started_hol`: whether a started task's request in W_t has waited, since
         it last entered the queue, at least that many times its workflow's
-        expected path of a fresh task (Eq. 5)."""
+        expected path of a fresh task (Eq. 5), while requests run whose room
+        will free for it."""
         theta = self.params.started_hol
-        if theta is None or not self.params.start_gate:
-            return False
+        if theta is None or not self.params.start_gate or not self.running_agents:
+            return False  # with nothing running no room frees for it: gating would idle
         ref = self.fresh_ref()
         t, tasks, running = self.view.t, self.view.tasks, frozenset(self.running_stage)
         return any(t - r.queued_at >= theta * ref[r.workflow]
