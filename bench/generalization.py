@@ -2,6 +2,7 @@
 
     python bench/generalization.py [--draws 10] [--tasks 100] [--jobs N] [--fresh-seed]
         [--family F]... [--load L]... [-p POLICY]... [--param NAME=VALUE]... [--write]
+        [--json NOW.json] [--against EARLIER.json]
     python bench/generalization.py --ablation --draws 3 [--write]
 
 A case is (family draw, load, seed): a workload drawn by
@@ -32,7 +33,9 @@ TOPAS, and after a change to one peer only that peer. Writes the
 `generalization` section of docs/RESULTS.md with `--write` (`--versus all`:
 the `generalization-peers` section; `--ablation`: the
 `generalization-ablation` section, each of TOPAS's extensions beyond the
-paper turned off alone).
+paper turned off alone). An experiment is judged against the run before it:
+`--json NOW.json` keeps a run's ratios, and `--against EARLIER.json` prints
+every bound before and now, the cases that crossed one and the largest moves.
 """
 
 from __future__ import annotations
@@ -316,18 +319,25 @@ def counts(ratios: Sequence[float]) -> tuple[int, int, int]:
     return wins, len(ratios) - wins - losses, losses
 
 
-def criteria(results: Sequence[CaseResult]) -> list[tuple[str, str, bool]]:
-    """(criterion, measured, holds) for each acceptance bound."""
+def ratio_criteria(ratios: Sequence[tuple[float, float]]) -> list[tuple[str, str, bool]]:
+    """(criterion, measured, holds) for each bound on the (mean, p99) ratios
+    of the cases: the shares within each bound, and the geometric mean."""
     out = []
     for what, bound, share in BOUNDS:
-        ratios = [r.mean_ratio if what == "mean" else r.p99_ratio for r in results]
-        held = sum(x <= bound for x in ratios) / len(ratios)
+        xs = [m if what == "mean" else p for m, p in ratios]
+        held = sum(x <= bound for x in xs) / len(xs)
         rule = "every case" if share == 1.0 else f"at least {share:.0%} of cases"
         out.append((f"{what} JCT <= {bound:.2f}x the best baseline's in {rule}",
-                    f"{held:.1%} of cases (worst {max(ratios):.3f}x)", held >= share))
-    gm = geomean(r.mean_ratio for r in results)
+                    f"{held:.1%} of cases (worst {max(xs):.3f}x)", held >= share))
+    gm = geomean(m for m, _ in ratios)
     out.append((f"geometric mean of mean-JCT ratios <= {GEOMEAN_BOUND}", f"{gm:.3f}",
                 gm <= GEOMEAN_BOUND))
+    return out
+
+
+def criteria(results: Sequence[CaseResult]) -> list[tuple[str, str, bool]]:
+    """(criterion, measured, holds) for each acceptance bound."""
+    out = ratio_criteria([(r.mean_ratio, r.p99_ratio) for r in results])
     recomputed = waste_ratio(results, "recomputed_tokens")
     out.append(("median case: tokens prefilled again <= 1.5x the best baseline's",
                 f"{recomputed:.2f}x", recomputed <= 1.5))
@@ -422,6 +432,92 @@ def worst_cases(results: Sequence[CaseResult], policy: str, n: int, cache: Cache
         out.append((r, f"stalled: {stalled}" if stalled else
                     diagnose(rows[a], rows[b], r.best_mean[0])))
     return out
+
+
+# ------------------------------------------------------------ --against
+
+Case = tuple[str, int, str]
+
+
+def read_ratios(path: Path) -> dict[Case, tuple[float, float]]:
+    """Each case's (mean, p99) ratio from an earlier run's `--json` file;
+    ValueError naming the file and the fix if it is not one."""
+    fix = f"{path}: give a file an earlier `bench/generalization.py --json FILE` wrote"
+    try:
+        rows = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{fix} (cannot read it: {exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{fix} (not JSON: line {exc.lineno}, column {exc.colno})") from None
+    out: dict[Case, tuple[float, float]] = {}
+    for i, row in enumerate(rows if isinstance(rows, list) else [None]):
+        try:
+            family, seed, load = row["case"]
+            out[(str(family), int(seed), str(load))] = (
+                row["policy"]["mean_jct_s"] / row["best_mean"][1],
+                row["policy"]["p99_jct_s"] / row["best_p99"][1])
+        except (TypeError, KeyError, ValueError, IndexError, ZeroDivisionError):
+            raise ValueError(f"{fix} (row {i} is not a case's row)") from None
+    if not out:
+        raise ValueError(f"{fix} (it holds no case)")
+    return out
+
+
+def _case_name(case: Case) -> str:
+    return f"{case[0]} #{case[1]} {case[2]}"
+
+
+def crossings(before: dict[Case, tuple[float, float]],
+              now: dict[Case, tuple[float, float]]) -> list[str]:
+    """Per bound of BOUNDS: the cases of both runs that moved inside it and
+    those that moved outside it, each with its ratio before and now."""
+    lines = []
+    for what, bound, _ in BOUNDS:
+        k = 0 if what == "mean" else 1
+        moved = {True: [], False: []}  # now inside: cases
+        for case in sorted(before.keys() & now.keys()):
+            was, is_ = before[case][k], now[case][k]
+            if (was <= bound) != (is_ <= bound):
+                moved[is_ <= bound].append(f"{_case_name(case)} {was:.3f} -> {is_:.3f}")
+        lines.append(f"- {what} <= {bound:.2f}x: {len(moved[True])} in "
+                     f"({'; '.join(moved[True]) or '-'}), {len(moved[False])} out "
+                     f"({'; '.join(moved[False]) or '-'})")
+    return lines
+
+
+def render_against(results: Sequence[CaseResult], before: dict[Case, tuple[float, float]],
+                   path: Path, top: int = 5) -> str:
+    """This run against an earlier one's `--json`, on the cases both hold:
+    every ratio bound before and now, the cases that crossed one, and the
+    largest moves of the mean ratio each way."""
+    now = {r.case: (r.mean_ratio, r.p99_ratio) for r in results}
+    common = sorted(before.keys() & now.keys())
+    if not common:
+        return f"No case of this run is in {path}: nothing to compare.\n"
+    lines = [f"## Against `{path}`", "",
+             f"{len(common)} cases in both runs ({len(now.keys() - before.keys())} only in "
+             f"this one, {len(before.keys() - now.keys())} only in the earlier one).", "",
+             "| criterion | earlier | now |", "|---|---|---|"]
+    for (c, was, ok_was), (_, is_, ok) in zip(ratio_criteria([before[c] for c in common]),
+                                              ratio_criteria([now[c] for c in common]),
+                                              strict=True):
+        lines.append(f"| {c} | {was} ({_yes(ok_was)}) | {is_} ({_yes(ok)}) |")
+    lines += ["", "Cases across a bound (mean ratio or p99 ratio, earlier -> now):", "",
+              *crossings(before, now), ""]
+    by_move = sorted(common, key=lambda c: (now[c][0] / before[c][0], c))
+    better = [c for c in by_move if now[c][0] < before[c][0]][:top]
+    worse = [c for c in by_move[::-1] if now[c][0] > before[c][0]][:top]
+    for label, picked in (("improved", better), ("worsened", worse)):
+        lines.append(f"Mean ratio most {label}: " + ("; ".join(
+            f"{_case_name(c)} {before[c][0]:.3f} -> {now[c][0]:.3f}" for c in picked) or "-"))
+    return "\n".join(lines) + "\n"
+
+
+def json_rows(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
+    """What `--json` writes and `--against` reads: each case's row of the
+    judged policy and its best baselines by mean and by p99."""
+    return [{"case": r.case, "policy": r.topas, "best_mean": r.best_mean,
+             "best_p99": r.best_p99} for r in results]
 
 
 # ----------------------------------------------------------------- report
@@ -621,10 +717,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--worst", type=at_least(0), default=10, help="worst cases diagnosed")
     ap.add_argument("--no-cache", action="store_true", help="replay everything again")
     ap.add_argument("--json", type=Path, help="write every case's rows here")
+    ap.add_argument("--against", type=Path, metavar="EARLIER.json",
+                    help="also compare with an earlier run's --json file (of the same "
+                         "--versus): every bound before and now on the cases both hold, "
+                         "the cases that crossed one, the largest moves (printed only, "
+                         "never written)")
     ap.add_argument("--ablation", action="store_true",
                     help="instead: topas with each extension beyond the paper off in turn")
     ap.add_argument("--write", action="store_true", help="rewrite docs/RESULTS.md's section")
     args = ap.parse_args(argv)
+    if args.against and args.ablation:
+        ap.error("--against compares one run with an earlier one: not with --ablation")
+    try:  # before the replays: a wrong path fails now, not after the run
+        before = read_ratios(args.against) if args.against else None
+    except ValueError as exc:
+        ap.error(f"--against {exc}")
     if args.fresh_seed:
         args.base = int.from_bytes(os.urandom(3), "big") + 1
         print(f"fresh case list: --base-seed {args.base}", file=sys.stderr)
@@ -652,10 +759,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         text = render_versus(paper, results, rows, worst, args, took)
         section = "generalization-peers"
     print(text)
+    if before is not None:
+        print(render_against(results, before, args.against))
     if args.json:
-        args.json.write_text(json.dumps([{"case": r.case, "policy": r.topas, "best_mean":
-                                          r.best_mean, "best_p99": r.best_p99}
-                                         for r in results], indent=1))
+        args.json.write_text(json.dumps(json_rows(results), indent=1))
     if args.write:
         print(f"wrote {update_section(section, text)}", file=sys.stderr)
 

@@ -7,6 +7,7 @@ cached replay."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,58 @@ def test_generalization_versus_all_reports_both_comparators(gen: Any) -> None:
     assert geo[3] == f"{(90 / 80 * 0.8) ** 0.5:.3f}"  # vs the best of all
     mean_all = next(x for x in text.splitlines() if x.startswith("| mean JCT | best of all |"))
     assert "1 / 0 / 1" in mean_all
+
+
+def test_against_reads_an_earlier_json_and_names_the_cases_that_crossed(
+        gen: Any, tmp_path: Path) -> None:
+    rows = _two_cases(gen)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(gen.json_rows(gen.compare(rows, "topas"))))
+    before = gen.read_ratios(earlier)
+    assert before == {("chain", 0, "heavy"): (0.9, pytest.approx(0.9)),
+                      ("react", 0, "light"): (0.8, pytest.approx(0.8))}
+    for job in rows:  # this run: TOPAS 10% slower on the react case (0.88), 2x on chain
+        if job.policy == "topas":
+            scale = 1.1 if job.family == "react" else 2.0
+            rows[job] = {**rows[job], "mean_jct_s": rows[job]["mean_jct_s"] * scale,
+                         "p99_jct_s": rows[job]["p99_jct_s"] * scale}
+    text = gen.render_against(gen.compare(rows, "topas"), before, earlier)
+    assert "2 cases in both runs" in text
+    geo = _cells(text, "| geometric mean of mean-JCT ratios")
+    assert geo[1] == f"{(0.9 * 0.8) ** 0.5:.3f} (yes)"
+    assert geo[2] == f"{(1.8 * 0.88) ** 0.5:.3f} (**no**)"
+    crossed = next(x for x in text.splitlines() if x.startswith("- mean <= 1.02x"))
+    assert crossed == "- mean <= 1.02x: 0 in (-), 1 out (chain #0 heavy 0.900 -> 1.800)"
+    assert "Mean ratio most improved: -" in text
+    assert "worsened: chain #0 heavy 0.900 -> 1.800; react #0 light 0.800 -> 0.880" in text
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (None, "cannot read it"),
+    ("{not json", "not JSON: line 1"),
+    ('{"case": 1}', "row 0 is not a case's row"),
+    ('[{"case": ["chain", 0, "heavy"], "policy": {}}]', "row 0 is not a case's row"),
+    ("[]", "it holds no case"),
+])
+def test_against_rejects_a_file_that_is_no_earlier_run(gen: Any, tmp_path: Path,
+                                                        content: str | None, why: str) -> None:
+    path = tmp_path / "earlier.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=r"earlier\.json: give a file an earlier") as err:
+        gen.read_ratios(path)
+    assert why in str(err.value)
+
+
+def test_against_fails_before_any_replay(gen: Any, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:  # a replay would take minutes, and write a cache
+        gen.main(["--against", str(tmp_path / "missing.json"), "--no-cache"])
+    assert err.value.code == 2
+    assert "missing.json: give a file an earlier" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gen.main(["--ablation", "--against", str(tmp_path / "missing.json")])
+    assert "not with --ablation" in capsys.readouterr().err
 
 
 def test_a_baselines_cache_key_reads_neither_topas_nor_a_peer(gen: Any) -> None:
