@@ -2,7 +2,7 @@
 
     python bench/generalization.py [--draws 10] [--tasks 100] [--jobs N] [--fresh-seed]
         [--family F]... [--load L]... [-p POLICY]... [--param NAME=VALUE]... [--write]
-        [--json NOW.json] [--against EARLIER.json]
+        [--json NOW.json] [--against EARLIER.json] [--seeds N]
     python bench/generalization.py --ablation --draws 3 [--write]
 
 A case is (family draw, load, seed): a workload drawn by
@@ -36,6 +36,9 @@ the `generalization-peers` section; `--ablation`: the
 paper turned off alone). An experiment is judged against the run before it:
 `--json NOW.json` keeps a run's ratios, and `--against EARLIER.json` prints
 every bound before and now, the cases that crossed one and the largest moves.
+The judged TOPAS's only random input is the seed of its E[LP] quantiles:
+`--seeds 3` replays it under seeds 0, 1 and 2 too, so that a move can be set
+against how far the numbers move by chance.
 """
 
 from __future__ import annotations
@@ -513,6 +516,49 @@ def render_against(results: Sequence[CaseResult], before: dict[Case, tuple[float
     return "\n".join(lines) + "\n"
 
 
+def render_seeds(by_seed: dict[int, Sequence[CaseResult]]) -> str:
+    """`--seeds`: every ratio bound under each quantile seed of the judged
+    policy (its only random input), and the cases over a bound under every
+    seed (the policy's doing) or under some only (chance)."""
+    seeds = sorted(by_seed)
+    lines = ["## Across the quantile seeds (`--seeds`)", "",
+             "| criterion | " + " | ".join(f"seed {x}" for x in seeds) + " |",
+             "|---|" + "---|" * len(seeds)]
+    measured = [ratio_criteria([(r.mean_ratio, r.p99_ratio) for r in by_seed[x]])
+                for x in seeds]
+    for i, (label, _, _) in enumerate(measured[0]):
+        lines.append(f"| {label} | " + " | ".join(
+            f"{m[i][1]} ({_yes(m[i][2])})" for m in measured) + " |")
+    lines.append("")
+    for what, bound, _ in BOUNDS:
+        over: dict[Case, int] = defaultdict(int)
+        for x in seeds:
+            for r in by_seed[x]:
+                over[r.case] += (r.mean_ratio if what == "mean" else r.p99_ratio) > bound
+        every = sorted(c for c, n in over.items() if n == len(seeds))
+        some = sum(0 < n < len(seeds) for n in over.values())
+        lines.append(f"- {what} > {bound:.2f}x under every seed: {len(every)} "
+                     f"({'; '.join(_case_name(c) for c in every) or '-'}); "
+                     f"under some seeds only: {some}")
+    return "\n".join(lines) + "\n"
+
+
+def seed_results(rows: dict[Job, dict[str, Any]], args: argparse.Namespace,
+                 cases_: Sequence[Case], caps: dict[tuple[str, int], float],
+                 cache: Cache, others: Sequence[str]) -> dict[int, list[CaseResult]]:
+    """The judged policy against the same baselines' rows under quantile
+    seeds 1..`--seeds`-1 (seed 0 is `rows`' own run)."""
+    given = dict(parse_params(args.param or ()))
+    base = {job: row for job, row in rows.items() if job.policy != args.policy}
+    out = {0: compare(rows, args.policy, others)}
+    for seed in range(1, args.seeds):
+        params = {args.policy: tuple(sorted({**given, "seed": seed}.items()))}
+        mine = execute(case_jobs(cases_, [args.policy], args.tasks, caps, params), cache,
+                       args.jobs, f"seed {seed}")
+        out[seed] = compare({**base, **mine}, args.policy, others)
+    return out
+
+
 def json_rows(results: Sequence[CaseResult]) -> list[dict[str, Any]]:
     """What `--json` writes and `--against` reads: each case's row of the
     judged policy and its best baselines by mean and by p99."""
@@ -722,12 +768,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                          "--versus): every bound before and now on the cases both hold, "
                          "the cases that crossed one, the largest moves (printed only, "
                          "never written)")
+    ap.add_argument("--seeds", type=at_least(1), default=1, metavar="N",
+                    help="also replay the judged TOPAS under quantile seeds 1..N-1 (its "
+                         "only random input) and print each bound's spread across them, "
+                         "and the cases over a bound under every seed (printed only)")
     ap.add_argument("--ablation", action="store_true",
                     help="instead: topas with each extension beyond the paper off in turn")
     ap.add_argument("--write", action="store_true", help="rewrite docs/RESULTS.md's section")
     args = ap.parse_args(argv)
     if args.against and args.ablation:
         ap.error("--against compares one run with an earlier one: not with --ablation")
+    if args.seeds > 1 and (kind_of(args.policy) != "topas" or args.ablation
+                           or "seed" in dict(parse_params(args.param or ()))):
+        ap.error("--seeds replays the judged TOPAS under its quantile seeds 0..N-1: give a "
+                 "topas policy, without --param seed= and without --ablation")
     try:  # before the replays: a wrong path fails now, not after the run
         before = read_ratios(args.against) if args.against else None
     except ValueError as exc:
@@ -761,6 +815,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(text)
     if before is not None:
         print(render_against(results, before, args.against))
+    if args.seeds > 1:
+        print(render_seeds(seed_results(rows, args, cases_, caps, cache, others)))
     if args.json:
         args.json.write_text(json.dumps(json_rows(results), indent=1))
     if args.write:

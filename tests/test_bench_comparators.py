@@ -150,6 +150,38 @@ def test_against_fails_before_any_replay(gen: Any, tmp_path: Path,
     assert "not with --ablation" in capsys.readouterr().err
 
 
+def test_seeds_sets_each_bound_per_seed_and_names_the_cases_every_seed_misses(
+        gen: Any) -> None:
+    rows = _two_cases(gen)
+    seed0 = gen.compare(rows, "topas")  # 0.9 and 0.8: both within every bound
+    for job in rows:  # seed 1: the chain case 1.05x (over 1.02x), the react one 0.8x
+        if job.policy == "topas" and job.family == "chain":
+            rows[job] = {**rows[job], "mean_jct_s": 105.0}
+    seed1 = gen.compare(rows, "topas")
+    text = gen.render_seeds({0: seed0, 1: seed1})
+    assert "| criterion | seed 0 | seed 1 |" in text
+    share = _cells(text, "| mean JCT <= 1.02x")
+    assert share[1:] == ["100.0% of cases (worst 0.900x) (yes)",
+                         "50.0% of cases (worst 1.050x) (**no**)"]
+    assert "- mean > 1.02x under every seed: 0 (-); under some seeds only: 1" in text
+    text = gen.render_seeds({0: seed1, 1: seed1})
+    assert "- mean > 1.02x under every seed: 1 (chain #0 heavy); under some seeds only: 0" \
+        in text
+
+
+@pytest.mark.parametrize("argv", [
+    ["--seeds", "2", "-p", "lpm"],
+    ["--seeds", "2", "--param", "seed=3"],
+    ["--seeds", "2", "--ablation"],
+])
+def test_seeds_refuses_what_has_no_quantile_seed_before_any_replay(
+        gen: Any, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as err:
+        gen.main([*argv, "--no-cache"])
+    assert err.value.code == 2
+    assert "--seeds replays the judged TOPAS under its quantile seeds" in capsys.readouterr().err
+
+
 def test_a_baselines_cache_key_reads_neither_topas_nor_a_peer(gen: Any) -> None:
     sched = gen.ROOT / "topasd" / "scheduler"
     peers, topas = sched / "peers", sched / "topas.py"
