@@ -79,6 +79,7 @@ TIE = 0.02  # a ratio within 2% of 1 is a tie
 # the acceptance bounds: (what, ratio, share of cases that must be at or below it)
 BOUNDS = (("mean", 1.02, 0.95), ("mean", 1.10, 1.0), ("p99", 1.10, 0.95), ("p99", 1.25, 1.0))
 GEOMEAN_BOUND = 0.93
+RATIO = {"mean": 0, "p99": 1}  # where a bound's measure sits in a (mean, p99) ratio pair
 PACKAGES = ("topasd", "backends", "workflows")  # whose imported modules decide a result
 TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "param_specs.py", "native.py")
 PEER_SHARED = ("estimates.py", "__init__.py", "residual.py")  # what every peer's replay reads
@@ -284,6 +285,11 @@ class CaseResult:
     def p99_ratio(self) -> float:
         return self.topas["p99_jct_s"] / self.best_p99[1]
 
+    @property
+    def ratios(self) -> tuple[float, float]:
+        """(mean ratio, p99 ratio), indexed by `RATIO` of a bound's measure."""
+        return self.mean_ratio, self.p99_ratio
+
 
 def compare(rows: dict[Job, dict[str, Any]], policy: str,
             versus: Sequence[str] = tuple(BASELINES)) -> list[CaseResult]:
@@ -327,7 +333,7 @@ def ratio_criteria(ratios: Sequence[tuple[float, float]]) -> list[tuple[str, str
     of the cases: the shares within each bound, and the geometric mean."""
     out = []
     for what, bound, share in BOUNDS:
-        xs = [m if what == "mean" else p for m, p in ratios]
+        xs = [pair[RATIO[what]] for pair in ratios]
         held = sum(x <= bound for x in xs) / len(xs)
         rule = "every case" if share == 1.0 else f"at least {share:.0%} of cases"
         out.append((f"{what} JCT <= {bound:.2f}x the best baseline's in {rule}",
@@ -340,7 +346,7 @@ def ratio_criteria(ratios: Sequence[tuple[float, float]]) -> list[tuple[str, str
 
 def criteria(results: Sequence[CaseResult]) -> list[tuple[str, str, bool]]:
     """(criterion, measured, holds) for each acceptance bound."""
-    out = ratio_criteria([(r.mean_ratio, r.p99_ratio) for r in results])
+    out = ratio_criteria([r.ratios for r in results])
     recomputed = waste_ratio(results, "recomputed_tokens")
     out.append(("median case: tokens prefilled again <= 1.5x the best baseline's",
                 f"{recomputed:.2f}x", recomputed <= 1.5))
@@ -476,7 +482,7 @@ def crossings(before: dict[Case, tuple[float, float]],
     those that moved outside it, each with its ratio before and now."""
     lines = []
     for what, bound, _ in BOUNDS:
-        k = 0 if what == "mean" else 1
+        k = RATIO[what]
         moved = {True: [], False: []}  # now inside: cases
         for case in sorted(before.keys() & now.keys()):
             was, is_ = before[case][k], now[case][k]
@@ -493,7 +499,7 @@ def render_against(results: Sequence[CaseResult], before: dict[Case, tuple[float
     """This run against an earlier one's `--json`, on the cases both hold:
     every ratio bound before and now, the cases that crossed one, and the
     largest moves of the mean ratio each way."""
-    now = {r.case: (r.mean_ratio, r.p99_ratio) for r in results}
+    now = {r.case: r.ratios for r in results}
     common = sorted(before.keys() & now.keys())
     if not common:
         return f"No case of this run is in {path}: nothing to compare.\n"
@@ -524,8 +530,7 @@ def render_seeds(by_seed: dict[int, Sequence[CaseResult]]) -> str:
     lines = ["## Across the quantile seeds (`--seeds`)", "",
              "| criterion | " + " | ".join(f"seed {x}" for x in seeds) + " |",
              "|---|" + "---|" * len(seeds)]
-    measured = [ratio_criteria([(r.mean_ratio, r.p99_ratio) for r in by_seed[x]])
-                for x in seeds]
+    measured = [ratio_criteria([r.ratios for r in by_seed[x]]) for x in seeds]
     for i, (label, _, _) in enumerate(measured[0]):
         lines.append(f"| {label} | " + " | ".join(
             f"{m[i][1]} ({_yes(m[i][2])})" for m in measured) + " |")
@@ -534,7 +539,7 @@ def render_seeds(by_seed: dict[int, Sequence[CaseResult]]) -> str:
         over: dict[Case, int] = defaultdict(int)
         for x in seeds:
             for r in by_seed[x]:
-                over[r.case] += (r.mean_ratio if what == "mean" else r.p99_ratio) > bound
+                over[r.case] += r.ratios[RATIO[what]] > bound
         every = sorted(c for c, n in over.items() if n == len(seeds))
         some = sum(0 < n < len(seeds) for n in over.values())
         lines.append(f"- {what} > {bound:.2f}x under every seed: {len(every)} "
@@ -543,14 +548,15 @@ def render_seeds(by_seed: dict[int, Sequence[CaseResult]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def seed_results(rows: dict[Job, dict[str, Any]], args: argparse.Namespace,
-                 cases_: Sequence[Case], caps: dict[tuple[str, int], float],
-                 cache: Cache, others: Sequence[str]) -> dict[int, list[CaseResult]]:
+def seed_results(results: list[CaseResult], rows: dict[Job, dict[str, Any]],
+                 args: argparse.Namespace, cases_: Sequence[Case],
+                 caps: dict[tuple[str, int], float], cache: Cache,
+                 others: Sequence[str]) -> dict[int, list[CaseResult]]:
     """The judged policy against the same baselines' rows under quantile
-    seeds 1..`--seeds`-1 (seed 0 is `rows`' own run)."""
-    given = dict(parse_params(args.param or ()))
+    seeds 1..`--seeds`-1; seed 0 is `results`, the run of `rows`."""
+    given = dict(results[0].job.params)  # every case's --param, as the replays took them
     base = {job: row for job, row in rows.items() if job.policy != args.policy}
-    out = {0: compare(rows, args.policy, others)}
+    out = {0: results}
     for seed in range(1, args.seeds):
         params = {args.policy: tuple(sorted({**given, "seed": seed}.items()))}
         mine = execute(case_jobs(cases_, [args.policy], args.tasks, caps, params), cache,
@@ -658,7 +664,7 @@ def render_versus(paper: Sequence[CaseResult], every: Sequence[CaseResult],
               "| p75 | p95 | max | geometric mean |", "|---|---|" + "---|" * 9]
     for what in ("mean", "p99"):
         for label, res in (("best paper baseline", paper), ("best of all", every)):
-            xs = [r.mean_ratio if what == "mean" else r.p99_ratio for r in res]
+            xs = [r.ratios[RATIO[what]] for r in res]
             w, t, lo = counts(xs)
             lines.append(f"| {what} JCT | {label} | {w} / {t} / {lo} | {distribution(xs)} "
                          f"| {geomean(xs):.3f} |")
@@ -816,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if before is not None:
         print(render_against(results, before, args.against))
     if args.seeds > 1:
-        print(render_seeds(seed_results(rows, args, cases_, caps, cache, others)))
+        print(render_seeds(seed_results(results, rows, args, cases_, caps, cache, others)))
     if args.json:
         args.json.write_text(json.dumps(json_rows(results), indent=1))
     if args.write:
