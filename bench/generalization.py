@@ -4,6 +4,7 @@
         [--family F]... [--load L]... [-p POLICY]... [--param NAME=VALUE]... [--write]
         [--json NOW.json] [--against EARLIER.json] [--seeds N]
     python bench/generalization.py --ablation --draws 3 [--write]
+    python bench/generalization.py --calls LOG [--calls LOG2]... [--draws 10] [--write]
 
 A case is (family draw, load, seed): a workload drawn by
 `workflows/generator.py` from one of 9 families (chains, fork/joins, ReAct
@@ -36,6 +37,12 @@ the `generalization-peers` section; `--ablation`: the
 paper turned off alone). An experiment is judged against the run before it:
 `--json NOW.json` keeps a run's ratios, and `--against EARLIER.json` prints
 every bound before and now, the cases that crossed one and the largest moves.
+A real workload is judged the same way with `--calls LOG`: a call log
+(docs/trace-format.md, "Importing a call log"; `bench/chatdev_calls.py`
+writes one from ChatDev's run logs) is imported once, and each case draws
+`--tasks` of its tasks by the seed (each task's calls exactly as logged) at
+the same four loads relative to the capacity measured on them; the family
+of its cases is `calls:` and the log's name (section `generalization-calls`).
 The judged TOPAS's only random input is the seed of its E[LP] quantiles:
 `--seeds 3` replays it under seeds 0, 1 and 2 too, so that a move can be set
 against how far the numbers move by chance.
@@ -51,8 +58,9 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any
@@ -62,13 +70,24 @@ from _results import at_least, update_section  # bench/_results.py
 from _waits import Waits  # bench/_waits.py
 
 from backends.sim.engine import SimBackend
+from topasd.model import TopasError
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run, StalledRun
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
 from topasd.scheduler.params import PAPER
 from topasd.scheduler.peers import PEERS
-from workflows.generator import FAMILIES, LOADS, burst_trace, case_trace, draw_workload
+from workflows.calllog import load_calls
+from workflows.generator import (
+    FAMILIES,
+    LOADS,
+    burst_trace,
+    case_trace,
+    draw_workload,
+    log_case_trace,
+)
+from workflows.importer import import_calls
+from workflows.trace import Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".bench-cache" / "generalization"
@@ -97,6 +116,8 @@ class Job:
     params: tuple[tuple[str, Any], ...] = ()
     capacity: float = 0.0
     waits: bool = False  # keep per-stage waits (the worst cases' diagnosis)
+    log: str = ""  # a call log whose tasks the case draws (`--calls`) ...
+    log_sha: str = ""  # ... and its content's hash, so that an edited log replays again
 
     @property
     def case(self) -> tuple[str, int, str]:
@@ -145,11 +166,7 @@ def _source(module: str, file: str) -> Path:
 
 def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
     """Replay one job; the row keeps `KEEP` (and per-stage waits if asked)."""
-    wl = draw_workload(job.family, job.seed)
-    if job.load == "capacity":
-        trace = burst_trace(wl, job.tasks, job.seed)
-    else:
-        trace = case_trace(wl, job.load, job.tasks, job.capacity, job.seed)
+    trace = job_trace(job)
     sink = Waits() if job.waits else None
     policy = make_policy(job.policy, **dict(job.params))
     try:
@@ -166,6 +183,24 @@ def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
         row["slowest"] = (slowest, result.jct[slowest],
                           trace.tasks[[t.id for t in trace.tasks].index(slowest)].workflow)
     return job, row
+
+
+def job_trace(job: Job) -> Trace:
+    """The trace a job replays: its case's, or (load "capacity") the burst at
+    t=0 that measures the capacity of its draw or log."""
+    if job.log:
+        return log_case_trace(logged(job.log), job.load, job.tasks, job.capacity, job.seed)
+    wl = draw_workload(job.family, job.seed)
+    if job.load == "capacity":
+        return burst_trace(wl, job.tasks, job.seed)
+    return case_trace(wl, job.load, job.tasks, job.capacity, job.seed)
+
+
+@lru_cache(maxsize=8)
+def logged(path: str) -> Trace:
+    """The trace of a call log, imported once per process (its arrivals are
+    replaced by each case's)."""
+    return import_calls(load_calls(path), Path(path).stem, source=path, rate=1.0).trace
 
 
 class Cache:
@@ -241,25 +276,49 @@ def _progress(label: str, done: int, total: int, elapsed: float) -> None:
 # ----------------------------------------------------------------- cases
 
 
+Logs = Mapping[str, tuple[str, str]]  # a `--calls` family -> (its log's path, content hash)
+
+
+def read_logs(paths: Sequence[Path]) -> dict[str, tuple[str, str]]:
+    """Each `--calls` log as a family of cases, `calls:` and its name; imported
+    here once, so that a log that is no call log fails before any replay."""
+    logs: dict[str, tuple[str, str]] = {}
+    for path in paths:
+        family = f"calls:{path.stem}"
+        if family in logs:
+            raise ValueError(f"{path}: a second log named {path.stem!r}; rename one")
+        logged(str(path))  # raises CallLogError naming the line and the fix
+        logs[family] = (str(path), hashlib.sha256(path.read_bytes()).hexdigest()[:16])
+    return logs
+
+
+def _job(family: str, seed: int, load: str, policy: str, tasks: int, logs: Logs,
+         params: tuple[tuple[str, Any], ...] = (), capacity: float = 0.0) -> Job:
+    path, sha = logs.get(family, ("", ""))
+    return Job(family, seed, load, policy, tasks, params, capacity, log=path, log_sha=sha)
+
+
 def cases(families: Iterable[str], loads: Iterable[str], draws: int,
           base: int) -> list[tuple[str, int, str]]:
     return [(f, base + d, load) for f in families for d in range(draws) for load in loads]
 
 
 def capacities(cases_: Sequence[tuple[str, int, str]], tasks: int, cache: Cache,
-               workers: int) -> dict[tuple[str, int], float]:
+               workers: int, logs: Logs | None = None) -> dict[tuple[str, int], float]:
     """Per workload draw: tasks / the shortest baseline makespan of a burst at t=0."""
     draws = sorted({(f, s) for f, s, _ in cases_})
-    jobs = [Job(f, s, "capacity", p, tasks) for f, s in draws for p in BASELINES]
-    rows = execute(jobs, cache, workers, "capacity")
-    return {(f, s): tasks / min(rows[Job(f, s, "capacity", p, tasks)]["makespan_s"]
-                                for p in BASELINES) for f, s in draws}
+    jobs = {(f, s, p): _job(f, s, "capacity", p, tasks, logs or {})
+            for f, s in draws for p in BASELINES}
+    rows = execute(list(jobs.values()), cache, workers, "capacity")
+    return {(f, s): tasks / min(rows[jobs[(f, s, p)]]["makespan_s"] for p in BASELINES)
+            for f, s in draws}
 
 
 def case_jobs(cases_: Sequence[tuple[str, int, str]], policies: Sequence[str], tasks: int,
               caps: dict[tuple[str, int], float],
-              params: dict[str, tuple[tuple[str, Any], ...]]) -> list[Job]:
-    return [Job(f, s, load, p, tasks, params.get(p, ()), caps[(f, s)])
+              params: dict[str, tuple[tuple[str, Any], ...]],
+              logs: Logs | None = None) -> list[Job]:
+    return [_job(f, s, load, p, tasks, logs or {}, params.get(p, ()), caps[(f, s)])
             for f, s, load in cases_ for p in policies]
 
 
@@ -388,7 +447,7 @@ def family_table(results: Sequence[CaseResult], loads: Sequence[str]) -> list[st
     """Geometric mean (and worst) of the mean-JCT ratio per family and load."""
     lines = ["| family | " + " | ".join(loads) + " | all |",
              "|---|" + "---|" * (len(loads) + 1)]
-    for fam in sorted({r.case[0] for r in results}, key=FAMILIES.index):
+    for fam in sorted({r.case[0] for r in results}, key=family_order):
         cells = []
         for load in (*loads, None):
             rs = [r.mean_ratio for r in results
@@ -396,6 +455,11 @@ def family_table(results: Sequence[CaseResult], loads: Sequence[str]) -> list[st
             cells.append(f"{geomean(rs):.3f} ({max(rs):.2f})" if rs else "-")
         lines.append(f"| {fam} | " + " | ".join(cells) + " |")
     return lines
+
+
+def family_order(family: str) -> tuple[int, str]:
+    """The generated families in `FAMILIES` order, then the call logs by name."""
+    return (FAMILIES.index(family) if family in FAMILIES else len(FAMILIES), family)
 
 
 def diagnose(topas: dict[str, Any], base: dict[str, Any], name: str) -> str:
@@ -432,8 +496,8 @@ def worst_cases(results: Sequence[CaseResult], policy: str, n: int, cache: Cache
     jobs = []
     for r in worst:
         j = r.job
-        jobs += [Job(j.family, j.seed, j.load, p, j.tasks, j.params if p == policy else (),
-                     j.capacity, waits=True) for p in (policy, r.best_mean[0])]
+        jobs += [replace(j, policy=p, params=j.params if p == policy else (), waits=True)
+                 for p in (policy, r.best_mean[0])]
     rows = execute(jobs, cache, workers, "diagnosis")
     out = []
     for r, (a, b) in zip(worst, zip(jobs[::2], jobs[1::2], strict=True), strict=True):
@@ -559,8 +623,8 @@ def seed_results(results: list[CaseResult], rows: dict[Job, dict[str, Any]],
     out = {0: results}
     for seed in range(1, args.seeds):
         params = {args.policy: tuple(sorted({**given, "seed": seed}.items()))}
-        mine = execute(case_jobs(cases_, [args.policy], args.tasks, caps, params), cache,
-                       args.jobs, f"seed {seed}")
+        mine = execute(case_jobs(cases_, [args.policy], args.tasks, caps, params, args.logs),
+                       cache, args.jobs, f"seed {seed}")
         out[seed] = compare({**base, **mine}, args.policy, others)
     return out
 
@@ -588,11 +652,11 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
     means = [r.mean_ratio for r in results]
     p99s = [r.p99_ratio for r in results]
     loads = [load for load in LOADS if any(r.case[2] == load for r in results)]
-    lines = ["## Workloads nobody tuned for (`bench/generalization.py`)", "",
+    title = "Real call logs" if args.logs else "Workloads nobody tuned for"
+    lines = [f"## {title} (`bench/generalization.py`)", "",
              f"Command: `{command(args)}` ({took}). "
-             f"{len(results)} cases: {args.draws} draws of each of "
-             f"{len({r.case[0] for r in results})} workflow families "
-             f"(`workflows/generator.py`) x {len(loads)} loads, {args.tasks} tasks each, "
+             f"{len(results)} cases: {sources(results, args)} x {len(loads)} loads, "
+             f"{args.tasks} tasks each, "
              f"profile `{DEFAULT_PROFILE}`. `{policy}` against the best baseline of each "
              "case (lowest mean, and separately lowest p99, of "
              f"{', '.join(BASELINES)}); ratio = {policy} / best baseline.", "",
@@ -608,6 +672,21 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
               *family_table(results, loads), "",
               *worst_table(worst, "best baseline")]
     return "\n".join(lines) + "\n"
+
+
+def sources(results: Sequence[CaseResult], args: argparse.Namespace) -> str:
+    """Where the cases come from: generated families' draws, call logs' seeds."""
+    names = {r.case[0] for r in results}
+    logs = sorted(n for n in names if n in args.logs)
+    parts = []
+    if len(names) > len(logs):
+        parts.append(f"{args.draws} draw(s) of each of {len(names) - len(logs)} workflow "
+                     "families (`workflows/generator.py`)")
+    if logs:
+        parts.append(f"{args.draws} arrival seed(s) of each of {len(logs)} call log(s) ("
+                     + ", ".join(f"`{n}`: {logged(args.logs[n][0]).meta.get('tasks')} "
+                                 "logged tasks" for n in logs) + ")")
+    return " and ".join(parts)
 
 
 def worst_table(worst: Sequence[tuple[CaseResult, str]], comparator: str) -> list[str]:
@@ -650,9 +729,9 @@ def render_versus(paper: Sequence[CaseResult], every: Sequence[CaseResult],
     loads = [load for load in LOADS if any(r.case[2] == load for r in every)]
     lines = ["## Workloads nobody tuned for, against the peers too "
              "(`bench/generalization.py --versus all`)", "",
-             f"Command: `{command(args)}` ({took}). {len(every)} cases: {args.draws} "
-             f"draw(s) of each of {len({r.case[0] for r in every})} workflow families x "
-             f"{len(loads)} loads, {args.tasks} tasks each, profile `{DEFAULT_PROFILE}`. "
+             f"Command: `{command(args)}` ({took}). {len(every)} cases: "
+             f"{sources(every, args)} x {len(loads)} loads, {args.tasks} tasks each, "
+             f"profile `{DEFAULT_PROFILE}`. "
              "Two comparators per case: the best paper "
              f"baseline ({', '.join(BASELINES)}; the bounds of issue 25 are stated against "
              f"it) and the best of all, the peers included ({', '.join(PEERS)}).", "",
@@ -698,14 +777,14 @@ def ablation(cases_: Sequence[tuple[str, int, str]], args: argparse.Namespace,
     variants.append(("only the three chosen on the built-in workloads", "topas",
                      tuple(sorted((k, v) for k, v in PAPER.items() if k not in earlier))))
     variants.append(("topas-paper (none of them)", "topas-paper", ()))
-    base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}), cache, args.jobs,
+    base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}, args.logs), cache, args.jobs,
                    "baselines")
     lines = ["| variant | geometric mean of mean ratios | mean <= 1.02x | p99 <= 1.10x "
              "| worst mean | wins / ties / losses | prefilled again (median) "
              "| light load: prefix loads (median) |", "|---|---|---|---|---|---|---|---|"]
     for label, policy, params in variants:
-        rows = execute(case_jobs(cases_, [policy], args.tasks, caps, {policy: params}), cache,
-                       args.jobs, label)
+        rows = execute(case_jobs(cases_, [policy], args.tasks, caps, {policy: params}, args.logs),
+                       cache, args.jobs, label)
         res = compare({**base, **rows}, policy)
         means, p99s = [r.mean_ratio for r in res], [r.p99_ratio for r in res]
         w, t, lo = counts(means)
@@ -727,6 +806,7 @@ def command(args: argparse.Namespace) -> str:
     parts = ["python bench/generalization.py", f"--draws {args.draws}", f"--tasks {args.tasks}"]
     if args.base:
         parts.append(f"--base-seed {args.base}")
+    parts += [f"--calls {x}" for x in args.calls or ()]
     parts += [f"--family {f}" for f in args.family or ()]
     parts += [f"--load {x}" for x in args.load or ()]
     parts += [f"--param {x}" for x in args.param or ()]
@@ -754,7 +834,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--tasks", type=at_least(2), default=100, help="tasks per case (100)")
     ap.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1)
     ap.add_argument("--family", action="append", choices=FAMILIES,
-                    help=f"only this family (repeatable; default: all {len(FAMILIES)})")
+                    help=f"only this family (repeatable; default: all {len(FAMILIES)}, or "
+                         "none with --calls)")
+    ap.add_argument("--calls", action="append", type=Path, metavar="LOG",
+                    help="judge on tasks drawn from this call log (docs/trace-format.md, "
+                         "\"Importing a call log\"; repeatable): --draws arrival seeds x the "
+                         "loads, as the generated families are")
     ap.add_argument("--load", action="append", choices=LOADS,
                     help=f"only this load (repeatable; default: all {len(LOADS)})")
     ap.add_argument("--policy", "-p", default="topas", help="the policy judged (topas)")
@@ -792,13 +877,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         before = read_ratios(args.against) if args.against else None
     except ValueError as exc:
         ap.error(f"--against {exc}")
+    try:
+        args.logs = read_logs(args.calls or ())
+    except (OSError, ValueError, TopasError) as exc:
+        ap.error(f"--calls {exc}")
     if args.fresh_seed:
         args.base = int.from_bytes(os.urandom(3), "big") + 1
         print(f"fresh case list: --base-seed {args.base}", file=sys.stderr)
     t0 = time.monotonic()
     cache = Cache(None if args.no_cache else CACHE)
-    cases_ = cases(args.family or FAMILIES, args.load or LOADS, args.draws, args.base)
-    caps = capacities(cases_, args.tasks, cache, args.jobs)
+    families = [*(args.family or (() if args.logs else FAMILIES)), *args.logs]
+    cases_ = cases(families, args.load or LOADS, args.draws, args.base)
+    caps = capacities(cases_, args.tasks, cache, args.jobs, args.logs)
     if args.ablation:
         text = ablation(cases_, args, caps, cache)
         print(text)
@@ -807,17 +897,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     params = {args.policy: parse_params(args.param or ())}
     others = tuple(BASELINES) if args.versus == "paper" else everyone_but(args.policy)
-    rows = execute(case_jobs(cases_, [*others, args.policy], args.tasks, caps, params),
-                   cache, args.jobs, "cases")
+    rows = execute(case_jobs(cases_, [*others, args.policy], args.tasks, caps, params,
+                             args.logs), cache, args.jobs, "cases")
     results = compare(rows, args.policy, others)
     worst = worst_cases(results, args.policy, args.worst, cache, args.jobs)
     took = timing(time.monotonic() - t0, cache)
     if args.versus == "paper":
-        text, section = render(results, worst, args, args.policy, took), "generalization"
+        text = render(results, worst, args, args.policy, took)
+        section = "generalization-calls" if args.logs else "generalization"
     else:
         paper = compare(rows, args.policy)
         text = render_versus(paper, results, rows, worst, args, took)
-        section = "generalization-peers"
+        section = "generalization-peers" + ("-calls" if args.logs else "")
     print(text)
     if before is not None:
         print(render_against(results, before, args.against))

@@ -87,7 +87,8 @@ def test_generalization_standings_count_each_policys_best_cases(gen: Any) -> Non
 def test_generalization_versus_all_reports_both_comparators(gen: Any) -> None:
     rows = _two_cases(gen)
     args = argparse.Namespace(policy="topas", draws=1, tasks=10, base=0, family=None,
-                              load=None, param=None, versus="all")
+                              load=None, param=None, versus="all", calls=None,
+                              logs={})
     every = gen.compare(rows, "topas", gen.everyone_but("topas"))
     text = gen.render_versus(gen.compare(rows, "topas"), every, rows, [], args, "1 s")
     assert "--versus all" in text
@@ -180,6 +181,41 @@ def test_seeds_refuses_what_has_no_quantile_seed_before_any_replay(
         gen.main([*argv, "--no-cache"])
     assert err.value.code == 2
     assert "--seeds replays the judged TOPAS under its quantile seeds" in capsys.readouterr().err
+
+
+def test_calls_judges_topas_on_a_call_logs_tasks(gen: Any, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    log = Path(__file__).resolve().parents[1] / "docs" / "examples" / "calls.jsonl"
+    out = tmp_path / "now.json"
+    gen.main(["--calls", str(log), "--tasks", "6", "--draws", "2", "--load", "heavy",
+              "--load", "burst", "--jobs", "1", "--no-cache", "--worst", "1",
+              "--json", str(out)])
+    text = capsys.readouterr().out
+    assert "## Real call logs (`bench/generalization.py`)" in text
+    assert "4 cases: 2 arrival seed(s) of each of 1 call log(s) (`calls:calls`: 11 logged " \
+        "tasks) x 2 loads, 6 tasks each" in text
+    assert _cells(text, "| calls:calls |")[0] == "calls:calls"
+    assert "| calls:calls #0 " in text  # the worst case, diagnosed from its replays
+    cases = [tuple(r["case"]) for r in json.loads(out.read_text())]
+    assert sorted(cases) == [("calls:calls", s, load) for s in (0, 1)
+                             for load in ("burst", "heavy")]
+
+
+def test_calls_refuses_what_is_no_call_log_before_any_replay(
+        gen: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "runs.jsonl"
+    bad.write_text('{"task": "a", "call": "1", "agent": "x", "prompt_tokens": 10}\n')
+    with pytest.raises(SystemExit) as err:
+        gen.main(["--calls", str(bad), "--no-cache"])
+    assert err.value.code == 2
+    assert f"--calls {bad}:1:" in capsys.readouterr().err
+    other = tmp_path / "b"
+    other.mkdir()
+    log = Path(__file__).resolve().parents[1] / "docs" / "examples" / "calls.jsonl"
+    (other / "calls.jsonl").write_text(log.read_text())
+    with pytest.raises(SystemExit):
+        gen.main(["--calls", str(log), "--calls", str(other / "calls.jsonl"), "--no-cache"])
+    assert "a second log named 'calls'; rename one" in capsys.readouterr().err
 
 
 def test_a_baselines_cache_key_reads_neither_topas_nor_a_peer(gen: Any) -> None:

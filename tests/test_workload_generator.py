@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topasd.model import TopasError, Workflow
+from workflows.calllog import load_calls
 from workflows.generator import (
     BURST_WINDOW,
     DEFAULT_BUDGET,
@@ -25,7 +26,9 @@ from workflows.generator import (
     burst_trace,
     case_trace,
     draw_workload,
+    log_case_trace,
 )
+from workflows.importer import import_calls
 from workflows.spec import workflow_to_dict
 from workflows.trace import Trace, write_trace
 
@@ -154,6 +157,31 @@ def test_loads_are_set_relative_to_the_capacity() -> None:
     assert max(burst) <= BURST_WINDOW * 100 / capacity
     assert all(t == 0.0 for t in
                (task.arrival for task in burst_trace(draw_workload("debate", 1), 10, 1).tasks))
+
+
+def _logged() -> Trace:
+    return import_calls(load_calls("docs/examples/calls.jsonl"), "calls", rate=1.0).trace
+
+
+def test_a_logged_case_draws_the_logs_tasks_exactly_at_the_load() -> None:
+    log = _logged()
+    by_rounds = {repr(sorted(t.stages.items())): t.workflow for t in log.tasks}
+    few = log_case_trace(log, "heavy", len(log.tasks), 0.05, 3)  # each task once
+    assert sorted(repr(sorted(t.stages.items())) for t in few.tasks) == sorted(by_rounds)
+    assert [t.id for t in few.tasks] == list(range(len(log.tasks)))
+    assert [t.arrival for t in few.tasks] == arrivals("heavy", len(log.tasks), 0.05, 3)
+    many = log_case_trace(log, "overload", 40, 0.05, 3)  # more than the log holds: repeats
+    assert len(many.tasks) == 40 and len({t.id for t in many.tasks}) == 40
+    for task in many.tasks:  # every call as logged, under its shape's workflow
+        assert by_rounds[repr(sorted(task.stages.items()))] == task.workflow
+        assert task.workflow in many.workflows
+    assert set(many.workflows) == {t.workflow for t in many.tasks}
+    assert many == log_case_trace(log, "overload", 40, 0.05, 3)
+    assert many != log_case_trace(log, "overload", 40, 0.05, 4)
+    burst = log_case_trace(log, "capacity", 12, 0.0, 3)  # measures the capacity
+    assert {t.arrival for t in burst.tasks} == {0.0}
+    with pytest.raises(TopasError, match="no tasks to draw a case from"):
+        log_case_trace(Trace(log.workflows, (), {}), "heavy", 5, 0.05, 3)
 
 
 def test_bad_input_is_named() -> None:

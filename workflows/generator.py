@@ -22,7 +22,9 @@ A family's draws depend only on its index in `FAMILIES` and the seed, so a
 family added at the end leaves every earlier draw (and case) as it was;
 `mixed` draws from `MIXABLE`, the shapes it always drew from.
 `case_trace` turns a workload into a trace at a load relative to a measured
-capacity (Poisson arrivals) or as a burst (every task within a short window).
+capacity (Poisson arrivals) or as a burst (every task within a short window);
+`log_case_trace` does the same with the tasks of a trace imported from a
+real call log (`workflows/importer.py`), drawn from it by the seed.
 """
 
 from __future__ import annotations
@@ -404,6 +406,25 @@ def case_trace(wl: Workload, load: str, n_tasks: int, capacity: float, seed: int
     meta = {"workload": wl.name, "load": load, "capacity": capacity, "tasks": n_tasks,
             "seed": seed}
     return Trace({wf.name: wf for wf in wl.workflows}, tasks, meta)
+
+
+def log_case_trace(log: Trace, load: str, n_tasks: int, capacity: float,
+                   seed: int) -> Trace:
+    """A case of a logged workload: `n_tasks` of the log's tasks drawn by
+    `seed` (each once while the log has enough, else with repeats), their
+    calls exactly as logged, arriving at a load relative to `capacity`
+    (load "capacity": every task at t=0, the burst that measures it)."""
+    if not log.tasks:
+        raise TopasError("the call log has no tasks to draw a case from")
+    rng = np.random.default_rng([seed, 13])
+    picks = rng.choice(len(log.tasks), n_tasks, replace=n_tasks > len(log.tasks))
+    times = [0.0] * n_tasks if load == "capacity" else arrivals(load, n_tasks, capacity, seed)
+    tasks = tuple(replace(log.tasks[int(k)], id=i, arrival=t, line=None)
+                  for i, (k, t) in enumerate(zip(picks, times, strict=True)))
+    used = {t.workflow for t in tasks}
+    meta = {"workload": log.meta.get("workload", "calls"), "load": load, "tasks": n_tasks,
+            "seed": seed, **({"capacity": capacity} if load != "capacity" else {})}
+    return Trace({n: wf for n, wf in log.workflows.items() if n in used}, tasks, meta)
 
 
 def burst_trace(wl: Workload, n_tasks: int, seed: int, budget: int = DEFAULT_BUDGET) -> Trace:
