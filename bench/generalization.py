@@ -38,11 +38,12 @@ paper turned off alone). An experiment is judged against the run before it:
 `--json NOW.json` keeps a run's ratios, and `--against EARLIER.json` prints
 every bound before and now, the cases that crossed one and the largest moves.
 A real workload is judged the same way with `--calls LOG`: a call log
-(docs/trace-format.md, "Importing a call log"; `bench/chatdev_calls.py`
-writes one from ChatDev's run logs) is imported once, and each case draws
-`--tasks` of its tasks by the seed (each task's calls exactly as logged) at
-the same four loads relative to the capacity measured on them; the family
-of its cases is `calls:` and the log's name (section `generalization-calls`).
+(docs/trace-format.md, "Importing a call log"; `bench/external_calls.py`
+writes one from ChatDev's and MetaGPT's call records) is imported once,
+and each case draws `--tasks` of its tasks by the seed (each task's calls
+exactly as logged) at the same four loads relative to the capacity
+measured on them; the family of its cases is `calls:` and the log's name
+(section `generalization-calls`).
 The judged TOPAS's only random input is the seed of its E[LP] quantiles:
 `--seeds 3` replays it under seeds 0, 1 and 2 too, so that a move can be set
 against how far the numbers move by chance.

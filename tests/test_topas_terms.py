@@ -632,6 +632,24 @@ def test_pack_order_arrival_serves_the_older_task_first(pack_order: str, admitte
         pol.set_params(pack_order="fifo")
 
 
+@pytest.mark.parametrize(("longest_first", "admitted"), [(False, 1), (True, 2)])
+def test_longest_first_packs_a_tasks_longest_request_first(longest_first: bool,
+                                                           admitted: int) -> None:
+    """Two branches of one task's stage a wait; room for one. Both have the
+    pair's observed service as D_hat, so Eq. 6 values them alike and the
+    paper's ratio packs the one with fewer KV tokens (request 1, a 10-token
+    output); the stage ends only when the 50-token branch does, which
+    `longest_first` packs first (LPT)."""
+    pol = policy(pack_order="arrival", longest_first=longest_first)
+    observe(pol, "A", "a", [20, 40], request_service=20)
+    short = request(1, 1, CHAIN, "a", input_tokens=10, output_tokens=10)
+    long_ = request(2, 1, CHAIN, "a", input_tokens=10, output_tokens=50)
+    tasks = [task(1, CHAIN, a="active")]
+    d = pol.decide(view(CHAIN, tasks, [], [short, long_], t=10.0, budget=170, gpu=("A",)))
+    assert d.admit == (admitted,)
+    assert d.chosen_candidate.terms.j_admit > 0  # Eq. 6 values either branch
+
+
 # ------------------------------------------------ start gate (a default beyond the paper)
 
 

@@ -76,6 +76,8 @@ _WORDS: tuple[ParamSpec, ...] = (
           "off)", unset="off", extension=True),
     _spec("pack_order", "GreedyPack order: progress per KV token, or task arrival (extension)",
           choices=PACK_ORDERS, extension=True),
+    _spec("longest_first", "a task's own requests packed longest first (LPT; extension)",
+          extension=True),
     _spec("start_gate", "start no new task in a preemption or past a started one (extension)",
           extension=True),
     _spec("fresh_hol", "no new task passes a new task waiting this x its expected path "

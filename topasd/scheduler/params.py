@@ -54,6 +54,9 @@ class TopasParams:
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
     pack_order: str = "arrival"
+    # a task's own waiting requests are packed longest expected service first (LPT:
+    # its parallel requests end when the longest does), before the ratio orders them
+    longest_first: bool = True
     # started tasks' requests first; no new task in a candidate that preempts for KV
     # (more than the prefixes leaving), nor once a started task's request did not fit
     start_gate: bool = True
@@ -154,6 +157,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
 }
 # Section IV as the paper gives it: every default beyond it turned off
 PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order": "ratio",
+                         "longest_first": False,
                          "age_curve": "log", "srpt": 0.0, "keep_idle": False,
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
                          "fresh_hol": None, "started_hol": None,

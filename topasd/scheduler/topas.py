@@ -1031,7 +1031,8 @@ class _Search(SearchBounds):
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
                 for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
                     heapq.heappush(heap, _entry(x.task_id in fresh, key, -gx / self.d[x.id],
-                                                False, x.task_arrival, x.id, mark))
+                                                False, x.task_arrival, self._longest(x), x.id,
+                                                mark))
         return fill.states
 
     def _fill_stream(self, resident: frozenset[str]) -> list[HeapEntry]:
@@ -1045,8 +1046,9 @@ class _Search(SearchBounds):
             entries: dict[int, tuple[HeapEntry, HeapEntry]] = {}
             for r in self.view.waiting:
                 new, ratio = r.task_id in fresh, -self.base_gain(r) / self.d[r.id]
-                entries[r.id] = (_entry(new, key, ratio, False, r.task_arrival, r.id, 0),
-                                 _entry(new, key, ratio, True, r.task_arrival, r.id, 0))
+                own = self._longest(r)
+                entries[r.id] = (_entry(new, key, ratio, False, r.task_arrival, own, r.id, 0),
+                                 _entry(new, key, ratio, True, r.task_arrival, own, r.id, 0))
             ordered = sorted(self.view.waiting, key=lambda r: entries[r.id][1])
             self._entries = (ordered, entries)
         ordered, entries = self._entries
@@ -1093,15 +1095,14 @@ class _Search(SearchBounds):
         return fill.states
 
     def _solo_order(self) -> _SoloOrder:
-        """Every waiting request of a solo agent in GreedyPack order (-gain
-        per KV token, task arrival, id; `pack_order="arrival"` puts the task
-        arrival first) as arrays; built once per decision."""
+        """Every waiting request of a solo agent in GreedyPack order (the
+        heap's `_pack_key`, then id) as arrays; built once per decision."""
         if self._solo is None:
             reqs = [r for a in sorted(self.solo_agents) for r in self.waiting_by_agent[a]]
-            keyed = sorted((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs)
-            if self.params.pack_order != "ratio":  # the heap's order; solo tasks are
-                key, _ = _pack_key(self.params.pack_order)  # never represented yet
-                keyed.sort(key=lambda k: (*key(k[0], True, k[1]), k[2]))
+            key, _ = _pack_key(self.params.pack_order)  # the heap's order; solo tasks are
+            keyed = sorted(  # never represented yet
+                ((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs),
+                key=lambda k: (*key(k[0], True, k[1], self._longest(self.requests[k[2]])), k[2]))
             fresh = self.fresh
             if fresh:  # `start_gate`: started tasks first (a stable sort)
                 keyed.sort(key=lambda k: self.requests[k[2]].task_id in fresh)
@@ -1305,6 +1306,15 @@ class _Search(SearchBounds):
         h = tuple(sorted(cut.items()))
         after = _add_cut(h, self._row(r), self._dhat(r))
         return max(0.0, self.paths.lhat(task, running, h) - self.paths.lhat(task, running, after))
+
+    def _longest(self, r: Request) -> float:
+        """GreedyPack's order within a task (`longest_first`): minus r's own
+        expected service from its sizes, T_prefill(input) + T_decode x its
+        output budget (max_new_tokens), so that a task's longest request is
+        packed first (LPT); 0 for every request without it."""
+        if not self.params.longest_first:
+            return 0.0
+        return -self.view.costs.t_request(r.input_tokens, r.output_tokens)
 
     def _dhat(self, r: Request) -> float:
         hit = self._dhats.get(r.id)
@@ -1520,26 +1530,28 @@ class _SoloOrder:
 
 
 HeapEntry = tuple[Any, ...]  # GreedyPack's heap entry (`_Search._fill_stream`)
-PackKey = Callable[[float, bool, float], tuple[Any, Any, Any]]  # `_pack_key`
+PackKey = Callable[[float, bool, float, float], tuple[Any, Any, Any, Any]]  # `_pack_key`
 
 
 def _entry(new: bool, key: PackKey, ratio: float, unrepresented: bool, arrival: float,
-           rid: int, mark: int) -> HeapEntry:
+           longest: float, rid: int, mark: int) -> HeapEntry:
     """A request's GreedyPack heap entry: its task new (`start_gate`), then
-    `key` of (-gain per KV token, task not represented, task arrival), id,
-    and the version of its task's gains it was keyed with."""
-    k = key(ratio, unrepresented, arrival)
-    return (new, k[0], k[1], k[2], rid, mark)
+    `key` of (-gain per KV token, task not represented, task arrival, minus
+    its own service with `longest_first`), id, and the version of its task's
+    gains it was keyed with."""
+    k = key(ratio, unrepresented, arrival, longest)
+    return (new, k[0], k[1], k[2], k[3], rid, mark)
 
 
 def _pack_key(pack_order: str) -> tuple[PackKey, int]:
     """GreedyPack's admission order as a sort key of (-gain per KV token, task
-    not yet represented, task arrival), and where the ratio sits in it:
-    "ratio" is the paper's, "arrival" serves tasks in arrival order (the
-    ratio orders a task's own requests)."""
+    not yet represented, task arrival, -own service), and where the ratio
+    sits in it: "ratio" is the paper's, "arrival" serves tasks in arrival
+    order (a task's own requests longest first with `longest_first`, else,
+    and then, by the ratio)."""
     if pack_order == "arrival":
-        return (lambda ratio, unrep, arrival: (arrival, ratio, unrep)), 1
-    return (lambda ratio, unrep, arrival: (ratio, unrep, arrival)), 0
+        return (lambda ratio, unrep, arrival, longest: (arrival, longest, ratio, unrep)), 2
+    return (lambda ratio, unrep, arrival, longest: (ratio, unrep, arrival, longest)), 0
 
 
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:

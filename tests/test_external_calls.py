@@ -1,6 +1,8 @@
-"""bench/chatdev_calls.py: a table of ChatDev's logged calls becomes a call
-log that `trace import` reads, each run a chain of its calls in order, each
-role's prefix its shortest prompt; a table that is not one is named."""
+"""bench/external_calls.py: ChatDev's table of logged calls and ParrotServe's
+MetaGPT token usage become call logs that `trace import` reads (a ChatDev
+run a chain of its calls in order; a MetaGPT run its architect, then rounds
+of files in parallel), each agent's prefix its shortest prompt; input that
+is not the format named is named."""
 
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ clock_B,0,x,,,,180,150
 
 @pytest.fixture(scope="module")
 def chatdev() -> Any:
-    return load_bench("chatdev_calls")
+    return load_bench("external_calls")
 
 
-def _convert(chatdev: Any, tmp_path: Path, table: str, *extra: str) -> Path:
-    src, out = tmp_path / "calls.csv", tmp_path / "chatdev.jsonl"
+def _convert(chatdev: Any, tmp_path: Path, table: str, *extra: str,
+             fmt: str = "chatdev", name: str = "calls.csv") -> Path:
+    src, out = tmp_path / name, tmp_path / "calls.jsonl"
     src.write_text(table)
-    chatdev.main([str(src), "-o", str(out), *extra])
+    chatdev.main([fmt, str(src), "-o", str(out), *extra])
     return out
 
 
@@ -43,7 +46,8 @@ def test_each_run_is_a_chain_of_its_calls_with_each_roles_prefix(chatdev: Any,
     assert {r["agent"] for r in rows} == {"unattributed", "Chief_Product_Officer",
                                           "Programmer"}
     prefix = {r["agent"]: r["prefix_tokens"] for r in rows}
-    assert prefix == {"unattributed": 172, "Chief_Product_Officer": 618, "Programmer": 900}
+    # the officer made one call: no prefix to share
+    assert prefix == {"unattributed": 172, "Chief_Product_Officer": 0, "Programmer": 900}
     trace = import_calls(load_calls(out), "chatdev", rate=0.1).trace
     assert len(trace.tasks) == 2
     b = next(t for t in trace.tasks if sum(len(r) for r in t.stages.values()) == 2)
@@ -59,9 +63,34 @@ def test_no_prefix_gives_every_role_none(chatdev: Any, tmp_path: Path) -> None:
                for line in out.read_text().splitlines())
 
 
+def test_a_metagpt_run_is_its_architect_then_rounds_of_parallel_files(
+        chatdev: Any, tmp_path: Path) -> None:
+    usage = [{"file": "run1", "round": "r0", "role": "noname", "prompt_tokens": 180,
+              "completion_tokens": 700}]
+    usage += [{"file": "run1", "round": f"r{k}", "role": f"f{j}.py",
+               "prompt_tokens": 2000 + 100 * k + j, "completion_tokens": 100 * (j + 1)}
+              for k in (1, 2) for j in range(3)]
+    out = _convert(chatdev, tmp_path, json.dumps(usage), fmt="parrot-metagpt",
+                   name="usage.json")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    prefix = {r["agent"]: r["prefix_tokens"] for r in rows}
+    assert prefix == {"Architect": 0, "Engineer": 2100}  # one call: no prefix to share
+    trace = import_calls(load_calls(out), "metagpt", rate=0.1).trace
+    (task,) = trace.tasks
+    wf = trace.workflows[task.workflow]
+    assert [wf.stages[v].agent for v in wf.topo_order] == ["Architect", "Engineer",
+                                                           "Engineer"]
+    second = wf.topo_order[2]
+    assert wf.preds[second] == (wf.topo_order[1],)
+    assert [r.output_tokens for r in task.stages[second]] == [100, 200, 300]  # 3 branches
+    with pytest.raises(SystemExit):
+        _convert(chatdev, tmp_path, json.dumps([{**usage[0], "round": "final"}]),
+                 fmt="parrot-metagpt", name="usage.json")
+
+
 @pytest.mark.parametrize(("table", "message"), [
     ("project,seq,prompt_tokens\nA,0,10\n", "no column speaker, completion_tokens"),
-    (TABLE.replace("1500,700", "1500,lots"), "calls.csv:5: seq, prompt_tokens and "
+    (TABLE.replace("1500,700", "1500,lots"), "calls.csv:5: seq, prompt_tokens, "
                                              "completion_tokens must be whole numbers"),
     (TABLE.replace("clock_B,0", ",0"), "calls.csv:7: the project (the run) is empty"),
 ])
