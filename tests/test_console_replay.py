@@ -377,7 +377,8 @@ def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
         assert app.screen.query_one("#param-start_gate", Switch).value is False
         assert app.screen.query_one("#param-keep_idle", Switch).value is False
         assert app.screen.query_one("#param-age_curve", Select).value == "log"
-        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order, start_gate, "
+        assert answer.endswith("\npreempt, preempt_margin, hol_age, pack_order, "
+                               "longest_first, start_gate, "
                                "fresh_hol, started_hol, age_curve, srpt, keep_idle, "
                                "preempt_exchange, swap_only, decode_peak, head_reserve, overdue, "
                                "window, window_cap, "
