@@ -19,8 +19,8 @@ round writes each source file once, all in parallel, by one engineer agent
 
 With `--prefix min` (the default) each agent's prefix is the shortest
 prompt it sent (none if it made one call): every prompt of an agent starts
-with its system message, so that much of it is shared, and no more can be. `--prefix none` gives no
-agent a prefix.
+with its system message, so that much of it is shared, and no more can be.
+`--prefix none` gives no agent a prefix.
 """
 
 from __future__ import annotations
@@ -102,14 +102,11 @@ def with_prefixes(calls: list[Call], rule: str) -> list[Call]:
     made more than one call, as a prefix is what an agent's calls share), or none."""
     if rule == "none":
         return calls
-    shortest: dict[str, int] = {}
-    made: dict[str, int] = {}
+    prompts: dict[str, list[int]] = {}
     for c in calls:
-        a, p = str(c["agent"]), int(c["prompt_tokens"])
-        shortest[a] = min(shortest.get(a, p), p)
-        made[a] = made.get(a, 0) + 1
-    return [{**c, "prefix_tokens": shortest[a] if made[a] > 1 else 0}
-            for c in calls for a in (str(c["agent"]),)]
+        prompts.setdefault(str(c["agent"]), []).append(int(c["prompt_tokens"]))
+    prefix = {a: min(ps) if len(ps) > 1 else 0 for a, ps in prompts.items()}
+    return [{**c, "prefix_tokens": prefix[str(c["agent"])]} for c in calls]
 
 
 def call_lines(calls: list[Call]) -> Iterator[str]:
