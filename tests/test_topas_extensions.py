@@ -211,11 +211,46 @@ def test_started_hol_starts_no_new_task_while_a_started_request_waits_late(
 
 def test_started_hol_does_not_close_an_engine_with_nothing_running() -> None:
     """The gate waits for running requests to free room for the late one;
-    with none running no room will free, so closing it would leave the
-    engine idle for good: new task 2 starts."""
+    with none running and a late round the empty pool cannot hold (1,010
+    tokens and its prefix in 400), closing it would leave the engine idle
+    for good: new task 2 starts."""
     v = _late_started_view(200.0)
     pol = policy(start_gate=True, pack_order="arrival", started_hol=1.0)
     assert pol.decide(replace(v, running=())).admit == (2,)
+
+
+def _idle_late_view(budget: int):  # type: ignore[no-untyped-def]
+    """Nothing runs; started task 9's b round (1,010 tokens with its decode,
+    B's 100-token prefix on the host) has waited 200 s; new tasks 2-4 wait
+    with 20-token a rounds, A's prefix on the GPU."""
+    t = 200.0
+    young = [request(i, i, CHAIN, "a", arrival=t - 5) for i in (2, 3, 4)]
+    tasks = [task(9, CHAIN, a="done", b="active"),
+             *(task(i, CHAIN, arrival=t - 5, a="active") for i in (2, 3, 4))]
+    late = request(91, 9, CHAIN, "b", input_tokens=1000)
+    return view(CHAIN, tasks, [], [late, *young], t=t, budget=budget, gpu=("A",))
+
+
+def test_started_hol_holds_an_idle_engine_for_a_late_request_that_fits_it() -> None:
+    """With nothing running, the late round fits the empty 1,150-token pool
+    (1,110 with its prefix) but not beside A's prefix and a new task's round.
+    Gating idles nothing here: the late round takes the pool, where without
+    `started_hol` the three new tasks score more and take it."""
+    v = _idle_late_view(1150)
+    assert policy(start_gate=True, pack_order="arrival", started_hol=None).decide(
+        v).admit == (2, 3, 4)
+    assert policy(start_gate=True, pack_order="arrival", started_hol=1.0).decide(
+        v).admit == (91,)
+
+
+def test_started_hol_lets_new_tasks_into_the_room_a_late_request_leaves() -> None:
+    """In a 1,500-token pool the late round fits beside the running one, and
+    so does new task 2's: a candidate that admits every late request may
+    start new tasks in the room left; one that leaves it waiting may not."""
+    v = replace(_late_started_view(200.0), budget_tokens=1500)
+    d = policy(start_gate=True, pack_order="arrival", started_hol=1.0).decide(v)
+    assert d.admit == (91, 2)
+    assert all(91 in c.admit for c in d.candidates if 2 in c.admit)
 
 
 def test_started_hol_counts_the_wait_since_the_request_last_entered_the_queue() -> None:

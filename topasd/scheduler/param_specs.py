@@ -82,7 +82,7 @@ _WORDS: tuple[ParamSpec, ...] = (
           extension=True),
     _spec("fresh_hol", "no new task passes a new task waiting this x its expected path "
           "(extension; empty: off)", unset="off", extension=True),
-    _spec("started_hol", "no new task starts while a started task's request has waited "
+    _spec("started_hol", "no new task starts beside a started task's request left waiting "
           "this x its expected path (extension; empty: off)", unset="off", extension=True),
     _spec("age_curve", "task weight g_i: log (Eq. 12) or linear in the slowdown so far "
           "(extension)", choices=AGE_CURVES, extension=True),

@@ -64,9 +64,9 @@ class TopasParams:
     # is passed by no later new task: once its request did not fit, a fill admits no
     # new task after it; None: off
     fresh_hol: float | None = 1.0
-    # with `start_gate`: no new task starts, in any candidate, while a started task's
-    # request (anywhere in the queue) has waited this many times its workflow's
-    # expected fresh path; None: off
+    # with `start_gate`: no new task starts, in any candidate that leaves it waiting,
+    # while a started task's request (anywhere in the queue) has waited this many
+    # times its workflow's expected fresh path; None: off
     started_hol: float | None = 1.0
     # task weight g_i: "log" is Eq. 12; "linear" grows with the task's slowdown so far,
     # 1 + rho * age / (its workflow's expected path of a fresh task), so no task starves

@@ -391,6 +391,7 @@ class _Search(SearchBounds):
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
+        self.late_ids: frozenset[int] = frozenset()  # `started_hol`'s late requests
         self.started_late = self._started_late(waiting)
 
     def fresh_ref(self) -> dict[str, float]:
@@ -417,15 +418,25 @@ class _Search(SearchBounds):
     def _started_late(self, queue: Sequence[Request]) -> bool:
         """`started_hol`: whether a started task's request in W_t has waited, since
         it last entered the queue, at least that many times its workflow's
-        expected path of a fresh task (Eq. 5), while requests run whose room
-        will free for it."""
+        expected path of a fresh task (Eq. 5: it is late), while requests run
+        whose room will free for it or, with none running, while a candidate
+        can admit it now. Sets `late_ids`: no fill starts a new task before
+        it has admitted every late request (`_Filler.late_left`)."""
         theta = self.params.started_hol
-        if theta is None or not self.params.start_gate or not self.running_agents:
-            return False  # with nothing running no room frees for it: gating would idle
+        if theta is None or not self.params.start_gate:
+            return False
         ref = self.fresh_ref()
         t, tasks, running = self.view.t, self.view.tasks, frozenset(self.running_stage)
-        return any(t - r.queued_at >= theta * ref[r.workflow]
-                   and not is_fresh(tasks.get(r.task_id), running) for r in queue)
+        late = [r for r in queue if t - r.queued_at >= theta * ref[r.workflow]
+                and not is_fresh(tasks.get(r.task_id), running)]
+        self.late_ids = frozenset(r.id for r in late)
+        if not late or self.running_agents:
+            return bool(late)
+        # nothing runs, so no room will free: the gate holds only for a late request
+        # that a candidate can admit now (in the candidate window, and the empty pool
+        # holds it with its prefix); else it would leave the engine idle for good
+        d, ell = self.d, self.ell
+        return any(r.id in d and d[r.id] + ell[r.agent] <= self.budget for r in late)
 
     def _index_waiting(self, view: EngineView, queue: QueueIndex) -> None:
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's
@@ -1086,7 +1097,7 @@ class _Search(SearchBounds):
         started = n - int(order.fresh[sel].sum()) if self.fresh else n
         if not _fill_runs(fill, order, sel, d[:started], pos):
             fill.close()  # a started task's request did not fit
-        if fill.gated:
+        if fill.gated or fill.late_left:
             return fill.states
         if self.fresh_heads:  # `fresh_hol`: a head that does not fit may close the fill
             _fill_each(fill, order, sel, max(pos, started), n)
@@ -1334,9 +1345,9 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "gated", "headroom", "hol_pending", "j_admit", "late_used", "limit",
-                 "pack", "reserved", "search", "spare", "states", "t_star", "tasks_in",
-                 "uncovered", "used")
+    __slots__ = ("charged", "gated", "headroom", "hol_pending", "j_admit", "late_left",
+                 "late_used", "limit", "pack", "reserved", "search", "spare", "states", "t_star",
+                 "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float, headroom: float) -> None:
@@ -1359,11 +1370,11 @@ class _Filler:
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
         hol = search.hol  # the head-of-line request keeps its room until admitted
         self.hol_pending: bool = hol is not None and hol.agent in pack.resident
-        # `start_gate`: no new task in a candidate that preempts for KV, nor in any
-        # while a started task's request waits late (`started_hol`), nor once a
-        # started task's request did not fit (`refuse`)
-        self.gated: bool = search.started_late or (search.params.start_gate
-                                                   and search.grabs_kv(pack.resident))
+        # `start_gate`: no new task in a candidate that preempts for KV, nor once a
+        # started task's request did not fit (`refuse`), nor while one of the late
+        # requests (`started_hol`) is not admitted: each fill takes started tasks first
+        self.gated: bool = search.params.start_gate and search.grabs_kv(pack.resident)
+        self.late_left = len(search.late_ids) if search.started_late else 0
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
@@ -1371,7 +1382,7 @@ class _Filler:
         still open to r's task if it is new."""
         s = self.search
         forced = s.overdue is not None and r.id == s.overdue.id
-        if self.gated and r.task_id in s.fresh and not forced:
+        if (self.gated or self.late_left) and r.task_id in s.fresh and not forced:
             return False
         extra = self.demand(r) - (s.min_d[r.agent] if r.agent in self.uncovered else 0.0)
         slots = len(self.pack.seq) + 1 + len(self.uncovered) - (r.agent in self.uncovered)
@@ -1439,6 +1450,8 @@ class _Filler:
             self.hol_pending = False
         pack.seq.append(r.id)
         pack.gains.append(gain)
+        if self.late_left and r.id in s.late_ids:
+            self.late_left -= 1
         if self.late(r):
             self.late_used += self.demand(r)
         self.used += self.demand(r)
@@ -1488,7 +1501,10 @@ class _Filler:
         n_in = (len(self.tasks_in) + np.cumsum(incoming)).tolist()
         self.tasks_in.update(order.task[idx][incoming].tolist())
         first = len(pack.seq)
-        pack.seq.extend(order.rid[idx].tolist())
+        rids = order.rid[idx].tolist()
+        if self.late_left:
+            self.late_left -= sum(1 for rid in rids if rid in self.search.late_ids)
+        pack.seq.extend(rids)
         pack.gains.extend(gains.tolist())
         self.used, self.j_admit = float(used[-1]), j_admit[-1]
         if not self.uncovered:
