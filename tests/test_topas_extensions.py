@@ -243,6 +243,21 @@ def test_started_hol_holds_an_idle_engine_for_a_late_request_that_fits_it() -> N
         v).admit == (91,)
 
 
+def test_started_hol_lifts_a_gate_under_which_an_idle_engine_would_stay_idle() -> None:
+    """Nothing runs. Late started task 9's b round fits the empty 1,110-token
+    pool only alone, and `hol_age=0` keeps room at B for the oldest task's
+    round, new task 2's, which the gate holds back: no candidate admits
+    anything under the gate, so the search runs without it and task 2's
+    round starts (before, the engine stayed idle for good)."""
+    solo_b = workflow("solo_b", {"b": ()})
+    late = replace(request(91, 9, CHAIN, "b", input_tokens=1000), task_arrival=10.0)
+    new = request(2, 2, solo_b, "b")
+    tasks = [task(9, CHAIN, arrival=10.0, a="done", b="active"), task(2, solo_b, b="active")]
+    v = view([CHAIN, solo_b], tasks, [], [late, new], t=200.0, budget=1110)
+    pol = policy(start_gate=True, pack_order="arrival", started_hol=1.0, hol_age=0.0)
+    assert pol.decide(v).admit == (2,)
+
+
 def test_started_hol_lets_new_tasks_into_the_room_a_late_request_leaves() -> None:
     """In a 1,500-token pool the late round fits beside the running one, and
     so does new task 2's: a candidate that admits every late request may

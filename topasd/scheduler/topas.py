@@ -557,6 +557,19 @@ class _Search(SearchBounds):
     # -------------------------------------------------------- Algorithm 1
 
     def run(self) -> list[_State]:
+        """Algorithm 1's candidate states. With nothing running, a `started_hol`
+        gate under which no candidate admits anything (the late request is
+        held back by another rule too) would idle the engine for good: the
+        search runs again without it."""
+        states = self._search_sets()
+        if self.started_late and not self.running_agents and all(s.is_empty for s in states):
+            self.started_late, self.late_ids = False, frozenset()
+            self.packs.clear()
+            self.best_total, self.steps = -math.inf, 0.0
+            states = self._search_sets()
+        return states
+
+    def _search_sets(self) -> list[_State]:
         active = sorted({r.agent for r in self.view.waiting} | self.running_agents)
         incumbent = self._incumbent()
         if not incumbent.is_empty:
