@@ -60,9 +60,11 @@ def sim_state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_state_answers_200_at_any_moment_with_the_simulators_fields(
-        daemon: Daemon, sim_state: dict[str, Any]) -> None:
+        sim_state: dict[str, Any], daemon: Daemon) -> None:
     """Polled all through the workload (decisions due or not): never an
-    error, and the same top-level and nested fields as the simulator's."""
+    error, and the same top-level and nested fields as the simulator's.
+    The simulator's state is taken first, so that the polls start as the
+    SGLang daemon's workload does (it could end while the simulator ran)."""
     seen_running = False
     while True:
         r = daemon.http.get("/v1/state", params={"limit": 50})
