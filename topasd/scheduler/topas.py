@@ -391,8 +391,7 @@ class _Search(SearchBounds):
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
         self.g = self._aging()  # reads the memos above
         self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
-        self.late_ids: frozenset[int] = frozenset()  # `started_hol`'s late requests
-        self.started_late = self._started_late(waiting)
+        self.late_ids = self._late_ids(waiting)  # `started_hol`: {} while the gate is open
 
     def fresh_ref(self) -> dict[str, float]:
         """Each workflow's expected path of a fresh task (`fresh_paths`), once
@@ -415,28 +414,29 @@ class _Search(SearchBounds):
                 heads.append(tid)
         return frozenset(heads)
 
-    def _started_late(self, queue: Sequence[Request]) -> bool:
-        """`started_hol`: whether a started task's request in W_t has waited, since
-        it last entered the queue, at least that many times its workflow's
-        expected path of a fresh task (Eq. 5: it is late), while requests run
-        whose room will free for it or, with none running, while a candidate
-        can admit it now. Sets `late_ids`: no fill starts a new task before
-        it has admitted every late request (`_Filler.late_left`)."""
+    def _late_ids(self, queue: Sequence[Request]) -> frozenset[int]:
+        """`started_hol`: the started tasks' requests in W_t that have waited,
+        since they last entered the queue, at least that many times their
+        workflow's expected path of a fresh task (Eq. 5: late), while requests
+        run whose room will free for them or, with none running, while a
+        candidate can admit one now; else none (the gate is open). No fill
+        starts a new task before it has admitted every one (`_Filler.late_left`)."""
         theta = self.params.started_hol
         if theta is None or not self.params.start_gate:
-            return False
+            return frozenset()
         ref = self.fresh_ref()
         t, tasks, running = self.view.t, self.view.tasks, frozenset(self.running_stage)
         late = [r for r in queue if t - r.queued_at >= theta * ref[r.workflow]
                 and not is_fresh(tasks.get(r.task_id), running)]
-        self.late_ids = frozenset(r.id for r in late)
+        ids = frozenset(r.id for r in late)
         if not late or self.running_agents:
-            return bool(late)
+            return ids
         # nothing runs, so no room will free: the gate holds only for a late request
         # that a candidate can admit now (in the candidate window, and the empty pool
         # holds it with its prefix); else it would leave the engine idle for good
         d, ell = self.d, self.ell
-        return any(r.id in d and d[r.id] + ell[r.agent] <= self.budget for r in late)
+        admissible = any(r.id in d and d[r.id] + ell[r.agent] <= self.budget for r in late)
+        return ids if admissible else frozenset()
 
     def _index_waiting(self, view: EngineView, queue: QueueIndex) -> None:
         """W_t by id, by agent and by task, with d_r (Eq. 2) and each agent's
@@ -562,8 +562,8 @@ class _Search(SearchBounds):
         held back by another rule too) would idle the engine for good: the
         search runs again without it."""
         states = self._search_sets()
-        if self.started_late and not self.running_agents and all(s.is_empty for s in states):
-            self.started_late, self.late_ids = False, frozenset()
+        if self.late_ids and not self.running_agents and all(s.is_empty for s in states):
+            self.late_ids = frozenset()
             self.packs.clear()
             self.best_total, self.steps = -math.inf, 0.0
             states = self._search_sets()
@@ -1387,7 +1387,7 @@ class _Filler:
         # started task's request did not fit (`refuse`), nor while one of the late
         # requests (`started_hol`) is not admitted: each fill takes started tasks first
         self.gated: bool = search.params.start_gate and search.grabs_kv(pack.resident)
-        self.late_left = len(search.late_ids) if search.started_late else 0
+        self.late_left = len(search.late_ids)
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
