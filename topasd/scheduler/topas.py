@@ -998,17 +998,28 @@ class _Search(SearchBounds):
         each freeing its d_r at its expected end, have freed enough for it; the
         spare is what is free beyond the head's need then. (inf, inf) when they
         never free enough: no reservation binds."""
+        for t, kv in self._release_curve(resident):
+            free += kv
+            if free >= need:
+                return t, free - need
+        return math.inf, math.inf
+
+    def _release_curve(self, resident: frozenset[str]) -> list[tuple[float, float]]:
+        """(expected end, d_r) of each running request R keeps, by end."""
         kept = resident & self.running_agents
         curve = self._releases.get(kept)
         if curve is None:
             ends = sorted((self._remaining(r), r.demand(self.view.new_token_ratio), r.id)
                           for r in self.view.running if r.agent in kept)
             curve = self._releases[kept] = [(t, kv) for t, kv, _ in ends]
-        for t, kv in curve:
+        return curve
+
+    def free_at_last(self, resident: frozenset[str], free: float) -> float:
+        """`free` KV plus what the running requests R keeps free as they end,
+        summed as `head_reservation` sums it."""
+        for _, kv in self._release_curve(resident):
             free += kv
-            if free >= need:
-                return t, free - need
-        return math.inf, math.inf
+        return free
 
     def _fill(self, pack: _Pack, uncovered: set[str], used: float,
               reserved: float, headroom: float) -> list[_State]:
@@ -1481,17 +1492,28 @@ class _Filler:
 
     def next_fit(self, pos: int, d: np.ndarray) -> int:
         """The first index >= pos whose request `fits` now (len(d) if none),
-        once every prefix of R is covered."""
+        once every prefix of R is covered; with `head_reserve`, one past the
+        first request that did not fit and became the head (`_past_misfit`),
+        from where the fill goes request by request."""
         s = self.search
         if s.params.k and len(self.pack.seq) >= s.params.k:
             return len(d)
         ok = (self.used + self.reserved) + d[pos:] <= self.limit
-        if not ok[0]:  # as `fits` has it
-            self._past_misfit(float(d[pos]))
-            if self.t_star < math.inf:
-                return pos + 1  # `head_reserve` binds: request by request from here
-            ok = (self.used + self.reserved) + d[pos:] <= self.limit
-        return pos + int(np.argmax(ok)) if ok.any() else len(d)
+        if ok[0]:
+            return pos
+        self._past_misfit(float(d[pos]))  # as `fits` has it
+        if self.t_star < math.inf:
+            return pos + 1  # `head_reserve` binds: request by request from here
+        ok = (self.used + self.reserved) + d[pos:] <= self.limit
+        nxt = pos + int(np.argmax(ok)) if ok.any() else len(d)
+        if s.params.head_reserve:  # each misfit passed over may be the head `fits` finds
+            most = s.free_at_last(self.pack.resident, self.limit - self.used - self.reserved)
+            heads = np.flatnonzero(d[pos + 1:nxt] <= most)
+            if len(heads):
+                head = pos + 1 + int(heads[0])
+                self._past_misfit(float(d[head]))
+                return head + 1
+        return nxt
 
     def fitting_run(self, d: np.ndarray) -> int:
         """How many of `d` (requests of covered prefixes) fit taken in a row."""
