@@ -295,8 +295,12 @@ def test_the_solo_fill_matches_on_crowded_single_stage_pools(
                   for j in range(n_tasks))
     trace = Trace(wfs, tasks, {})
     profile = get_profile("small").with_overrides(budget_tokens=budget)
-    for peak, head in (("off", False), ("backfill", False), ("backfill", True)):
-        params = TopasParams(k=k, samples=16, decode_peak=peak, head_reserve=head)
+    # `head_reserve` holds room for a started task's request: none here with the start
+    # gate (every task is new), any request without it
+    for peak, head, gate in (("off", False, True), ("backfill", False, True),
+                             ("backfill", True, True), ("backfill", True, False)):
+        params = TopasParams(k=k, samples=16, decode_peak=peak, head_reserve=head,
+                             start_gate=gate)
         assert _decision_log(trace, profile, params, True) == _decision_log(
             trace, profile, params, False)
 

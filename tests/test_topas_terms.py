@@ -17,7 +17,7 @@ from tests.topas_views import (
     view,
     workflow,
 )
-from topasd.model import EngineEvent, EventKind, Location, Request, TopasError
+from topasd.model import EngineEvent, EventKind, Location, Request, TopasError, Workflow
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import PAPER, TopasParams, check_variant
 from topasd.scheduler.topas import TopasPolicy, _Search
@@ -568,6 +568,55 @@ def test_head_reserve_backfills_only_what_leaves_the_head_its_room(
     short = request(2, 2, CHAIN, "a", input_tokens=10, output_tokens=10, arrival=100.0)
     long = request(3, 3, CHAIN, "a", input_tokens=1, output_tokens=99, arrival=100.0)
     tasks = [task(i, CHAIN, arrival=0.0 if i == 1 else 100.0, a="active") for i in (1, 2, 3, 9)]
+    d = pol.decide(view(CHAIN, tasks, [running], [head, short, long], t=100.0, budget=340,
+                        gpu=("A",)))
+    assert tuple(sorted(d.admit)) == admitted
+
+
+LONG = workflow("long", {"a": (), "b": ("a",), "c": ("b",), "d": ("c",), "e": ("d",),
+                         "f": ("e",)})
+
+
+@pytest.mark.parametrize(("head_workflow", "admitted"), [(CHAIN, (2,)), (LONG, (2, 3))])
+def test_head_reserve_lets_pass_only_a_task_weighing_more_than_the_head(
+        head_workflow: Workflow, admitted: tuple[int, ...]) -> None:
+    """The case above with every task started and TOPAS's defaults, the long
+    request's task (arrived at 50 s) weighing g = 2.48. Behind a head of
+    CHAIN's (arrived at 0 s, g = 3.45) it waits for t*; behind a head of a
+    six-stage workflow (g = 1.98: more path left, the srpt factor) it is the
+    more urgent work, and the reservation does not hold it back."""
+    pol = make_policy("topas", pack_order="arrival", head_reserve=True)
+    running = request(9, 9, CHAIN, "b", running=True, generated=1, started_at=99.0,
+                      input_tokens=10, output_tokens=100, arrival=100.0)
+    head = request(1, 1, head_workflow, "b", input_tokens=140, output_tokens=10, arrival=0.0)
+    short = request(2, 2, CHAIN, "b", input_tokens=10, output_tokens=10, arrival=100.0)
+    long = request(3, 3, CHAIN, "b", input_tokens=1, output_tokens=99, arrival=50.0)
+    tasks = [task(1, head_workflow, arrival=0.0, a="done", b="active"),
+             *(task(i, CHAIN, arrival=at, a="done", b="active")
+               for i, at in ((2, 100.0), (3, 50.0), (9, 100.0)))]
+    v = view([CHAIN, LONG], tasks, [running], [head, short, long], t=100.0, budget=340,
+             gpu=("B",))
+    weights = _Search(pol, v).g  # type: ignore[arg-type]
+    assert (weights[3] > weights[1]) == (head_workflow is LONG)
+    assert tuple(sorted(pol.decide(v).admit)) == admitted
+
+
+@pytest.mark.parametrize(("start_gate", "admitted"), [(True, (2, 3)), (False, (2,))])
+def test_head_reserve_keeps_room_only_for_a_started_tasks_request(
+        start_gate: bool, admitted: tuple[int, ...]) -> None:
+    """Three new tasks' first requests behind a running one, as above. With
+    the start gate a new task's request is no head (`fresh_hol` governs new
+    tasks: here off), so the long request is admitted; without the gate no
+    task counts as new and the old task's request is the head."""
+    pol = make_policy("topas", pack_order="arrival", head_reserve=True, fresh_hol=None,
+                      start_gate=start_gate)
+    running = request(9, 9, CHAIN, "a", running=True, generated=1, started_at=99.0,
+                      input_tokens=10, output_tokens=100, arrival=100.0)
+    head = request(1, 1, CHAIN, "a", input_tokens=140, output_tokens=10, arrival=0.0)
+    short = request(2, 2, CHAIN, "a", input_tokens=10, output_tokens=10, arrival=100.0)
+    long = request(3, 3, CHAIN, "a", input_tokens=1, output_tokens=99, arrival=100.0)
+    tasks = [task(1, CHAIN, arrival=0.0), task(2, CHAIN, arrival=100.0),
+             task(3, CHAIN, arrival=100.0), task(9, CHAIN, arrival=100.0, a="active")]
     d = pol.decide(view(CHAIN, tasks, [running], [head, short, long], t=100.0, budget=340,
                         gpu=("A",)))
     assert tuple(sorted(d.admit)) == admitted

@@ -97,8 +97,9 @@ _WORDS: tuple[ParamSpec, ...] = (
     _spec("decode_peak", "admissions leave the running requests' decode peak free: never, "
           "past a request that did not fit, or always (extension)", choices=DECODE_PEAKS,
           extension=True),
-    _spec("head_reserve", "past a request that did not fit, admit only what leaves it room "
-          "when the running requests free it (EASY backfilling; extension)", extension=True),
+    _spec("head_reserve", "past a started task's request that did not fit, admit only what "
+          "leaves it room when the running requests free it, or a heavier task's (EASY "
+          "backfilling by g_i; extension)", extension=True),
     _spec("overdue", "serve next a task older than this x its workflow's mean JCT (extension; "
           "empty: off)", unset="off", extension=True),
     _spec("window", "past window_cap waiting: each agent's first tasks a fill into this x "

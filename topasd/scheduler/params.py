@@ -47,10 +47,11 @@ class TopasParams:
     # that did not fit (the engine's own admission stops there); "always" everywhere
     # (decoding then never outgrows the pool)
     decode_peak: str = "backfill"
-    # EASY backfilling: past the first request of a fill that did not fit (the head),
-    # admit only what leaves the head its room once the kept running requests free
-    # enough, or what is expected to end before then
-    head_reserve: bool = False
+    # EASY backfilling by task weight: past the first request of a started task that did
+    # not fit in a fill (the head), admit only what leaves the head its room once the kept
+    # running requests free enough, what is expected to end before then, or a request of
+    # a task weighing more than the head's (g_i)
+    head_reserve: bool = True
     # GreedyPack's admission order: "ratio" (the paper: age-weighted progress per KV
     # token) or "arrival" (task arrival first, ratio among a task's requests)
     pack_order: str = "arrival"

@@ -512,6 +512,7 @@ class _Search(SearchBounds):
         self.move_in: dict[str, float] = {}
         self._peaks: dict[frozenset[str], float] = {}
         self._releases: dict[frozenset[str], list[tuple[float, float]]] = {}
+        self._ends: list[tuple[float, float, int, str]] | None = None
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
@@ -1004,14 +1005,20 @@ class _Search(SearchBounds):
                 return t, free - need
         return math.inf, math.inf
 
+    def may_head(self, r: Request) -> bool:
+        """`head_reserve`: whether r, once it does not fit, is the head EASY keeps
+        room for: a started task's request (a new task's waits by `fresh_hol`)."""
+        return r.task_id not in self.fresh
+
     def _release_curve(self, resident: frozenset[str]) -> list[tuple[float, float]]:
         """(expected end, d_r) of each running request R keeps, by end."""
         kept = resident & self.running_agents
         curve = self._releases.get(kept)
         if curve is None:
-            ends = sorted((self._remaining(r), r.demand(self.view.new_token_ratio), r.id)
-                          for r in self.view.running if r.agent in kept)
-            curve = self._releases[kept] = [(t, kv) for t, kv, _ in ends]
+            if self._ends is None:  # every running request's, sorted once per decision
+                self._ends = sorted((self._remaining(r), r.demand(self.view.new_token_ratio),
+                                     r.id, r.agent) for r in self.view.running)
+            curve = self._releases[kept] = [(t, kv) for t, kv, _, a in self._ends if a in kept]
         return curve
 
     def free_at_last(self, resident: frozenset[str], free: float) -> float:
@@ -1152,6 +1159,8 @@ class _Search(SearchBounds):
                 incoming=np.array([r.agent not in self.gpu for r in rs], dtype=bool),
                 task=np.array([r.task_id for r in rs], dtype=np.int64),
                 fresh=np.array([r.task_id in fresh for r in rs], dtype=bool),
+                head=np.array([self.may_head(r) for r in rs], dtype=bool),
+                g=[self.g.get(r.task_id, 1.0) for r in rs],
                 code_of=code_of, rids=rids, gains=gain.tolist())
         return self._solo
 
@@ -1369,9 +1378,9 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "gated", "headroom", "hol_pending", "j_admit", "late_left",
-                 "late_used", "limit", "pack", "reserved", "search", "spare", "states", "t_star",
-                 "tasks_in", "uncovered", "used")
+    __slots__ = ("charged", "gated", "head_g", "headroom", "hol_pending", "j_admit", "late_left",
+                 "late_used", "limit", "no_head", "pack", "reserved", "search", "spare", "states",
+                 "t_star", "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float, headroom: float) -> None:
@@ -1388,6 +1397,8 @@ class _Filler:
         # `head_reserve`: once the head did not fit, admissions expected to run past
         # t* (when the kept running requests have freed its room) share `spare`
         self.t_star = self.spare = math.inf
+        self.head_g = 0.0
+        self.no_head = (-math.inf, math.inf)  # (free, need) of a head that never got room
         self.late_used = 0.0
         self.tasks_in: set[int] = set()
         self.charged: set[str] = set()  # shared copies an admission here already locks
@@ -1419,24 +1430,28 @@ class _Filler:
             slots += 0 if in_slot else 1
         k = s.params.k
         if self.used + self.reserved + extra > self.limit:
-            self._past_misfit(extra)
+            self._past_misfit(extra, s.g.get(r.task_id, 1.0) if s.may_head(r) else None)
             return False
-        if self.late(r) and self.late_used + extra > self.spare and (hol is None
-                                                                    or r.id != hol.id):
-            return False  # it would still hold the head's room at t*
+        if self.late(r) and self.late_used + extra > self.spare and (
+                hol is None or r.id != hol.id) and s.g.get(r.task_id, 1.0) <= self.head_g:
+            return False  # it would still hold the room at t* of a head weighing as much
         return not (k and slots > k)
 
-    def _past_misfit(self, need: float) -> None:
+    def _past_misfit(self, need: float, head_g: float | None) -> None:
         """A request needing `need` more KV did not fit: with `decode_peak`
         "backfill", the requests admitted past it (filling the room the
         engine's admission leaves, since it stops there) must also leave the
-        decode headroom free; with `head_reserve`, the first such request
-        whose room the kept running requests free is the head, whose room
-        they must leave it at t*."""
+        decode headroom free; with `head_reserve`, the first such request of
+        a started task (`head_g`: its task's weight g_i, else None) whose
+        room the kept running requests free is the head, whose room the
+        requests of tasks weighing no more must leave it at t*."""
         s = self.search
-        if s.params.head_reserve and self.t_star == math.inf:
+        if s.params.head_reserve and head_g is not None and self.t_star == math.inf:
             free = self.limit - self.used - self.reserved
-            self.t_star, self.spare = s.head_reservation(self.pack.resident, free, need)
+            if free > self.no_head[0] or need < self.no_head[1]:  # else as the last: never
+                self.t_star, self.spare = s.head_reservation(self.pack.resident, free, need)
+                self.head_g = head_g
+                self.no_head = (free, need)
         if self.headroom and self.limit == s.budget:
             self.limit = s.budget - self.headroom
 
@@ -1490,7 +1505,7 @@ class _Filler:
         if not self.uncovered:
             self.states.append(_State(pack, len(pack.seq), self.j_admit, len(self.tasks_in)))
 
-    def next_fit(self, pos: int, d: np.ndarray) -> int:
+    def next_fit(self, pos: int, d: np.ndarray, order: _SoloOrder, sel: np.ndarray) -> int:
         """The first index >= pos whose request `fits` now (len(d) if none),
         once every prefix of R is covered; with `head_reserve`, one past the
         first request that did not fit and became the head (`_past_misfit`),
@@ -1501,17 +1516,18 @@ class _Filler:
         ok = (self.used + self.reserved) + d[pos:] <= self.limit
         if ok[0]:
             return pos
-        self._past_misfit(float(d[pos]))  # as `fits` has it
+        first = int(sel[pos])
+        self._past_misfit(float(d[pos]), order.g[first] if order.head[first] else None)
         if self.t_star < math.inf:
             return pos + 1  # `head_reserve` binds: request by request from here
         ok = (self.used + self.reserved) + d[pos:] <= self.limit
         nxt = pos + int(np.argmax(ok)) if ok.any() else len(d)
         if s.params.head_reserve:  # each misfit passed over may be the head `fits` finds
             most = s.free_at_last(self.pack.resident, self.limit - self.used - self.reserved)
-            heads = np.flatnonzero(d[pos + 1:nxt] <= most)
-            if len(heads):
-                head = pos + 1 + int(heads[0])
-                self._past_misfit(float(d[head]))
+            found = np.flatnonzero((d[pos + 1:nxt] <= most) & order.head[sel[pos + 1:nxt]])
+            if len(found):
+                head = pos + 1 + int(found[0])
+                self._past_misfit(float(d[head]), order.g[sel[head]])
                 return head + 1
         return nxt
 
@@ -1575,6 +1591,8 @@ class _SoloOrder:
     incoming: np.ndarray  # the agent's prefix is not on the GPU
     task: np.ndarray
     fresh: np.ndarray  # the task is new (`start_gate`)
+    head: np.ndarray  # `_Search.may_head`
+    g: list[float]  # the task weight g_i
     code_of: dict[str, int]
     rids: list[int]  # `rid` and `gain` as Python lists, for request-by-request fills
     gains: list[float]
@@ -1622,7 +1640,7 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
     while pos < len(d):
         if fill.t_star < math.inf:  # `head_reserve` binds: each request is checked
             return _fill_each(fill, order, sel, pos, len(d)) and every
-        nxt = fill.next_fit(pos, d)
+        nxt = fill.next_fit(pos, d, order, sel)
         every = every and nxt == pos
         pos = nxt
         if pos < len(d) and fill.t_star == math.inf:
