@@ -1448,7 +1448,8 @@ class _Filler:
         s = self.search
         if s.params.head_reserve and head_g is not None and self.t_star == math.inf:
             free = self.limit - self.used - self.reserved
-            if free > self.no_head[0] or need < self.no_head[1]:  # else as the last: never
+            # less free KV and a larger need than a head that never got room: nor does this
+            if free > self.no_head[0] or need < self.no_head[1]:
                 self.t_star, self.spare = s.head_reservation(self.pack.resident, free, need)
                 self.head_g = head_g
                 self.no_head = (free, need)
