@@ -5,6 +5,7 @@
         [--json NOW.json] [--against EARLIER.json] [--seeds N]
     python bench/generalization.py --ablation --draws 3 [--write]
     python bench/generalization.py --calls LOG [--calls LOG2]... [--draws 10] [--write]
+    python bench/generalization.py --holdout [--draws 10] [--write]
 
 A case is (family draw, load, seed): a workload drawn by
 `workflows/generator.py` from one of 9 families (chains, fork/joins, ReAct
@@ -44,6 +45,12 @@ and each case draws `--tasks` of its tasks by the seed (each task's calls
 exactly as logged) at the same four loads relative to the capacity
 measured on them; the family of its cases is `calls:` and the log's name
 (section `generalization-calls`).
+`--holdout` judges five shapes that are never in the fixed list
+(`workflows/generator.py`, `HOLDOUT`: two-level map-reduce, validation
+loops, wide fan-outs merged by a long answer, a long middle stage, binary
+trees) the same way (section `generalization-holdout`): they are for
+checking that a change holds beyond the shapes it was made on, never for
+tuning.
 The judged TOPAS's only random input is the seed of its E[LP] quantiles:
 `--seeds 3` replays it under seeds 0, 1 and 2 too, so that a move can be set
 against how far the numbers move by chance.
@@ -80,7 +87,9 @@ from topasd.scheduler.params import PAPER
 from topasd.scheduler.peers import PEERS
 from workflows.calllog import load_calls
 from workflows.generator import (
+    ALL_FAMILIES,
     FAMILIES,
+    HOLDOUT,
     LOADS,
     burst_trace,
     case_trace,
@@ -459,8 +468,9 @@ def family_table(results: Sequence[CaseResult], loads: Sequence[str]) -> list[st
 
 
 def family_order(family: str) -> tuple[int, str]:
-    """The generated families in `FAMILIES` order, then the call logs by name."""
-    return (FAMILIES.index(family) if family in FAMILIES else len(FAMILIES), family)
+    """The generated families in `ALL_FAMILIES` order, then the call logs by name."""
+    return (ALL_FAMILIES.index(family) if family in ALL_FAMILIES else len(ALL_FAMILIES),
+            family)
 
 
 def diagnose(topas: dict[str, Any], base: dict[str, Any], name: str) -> str:
@@ -653,7 +663,8 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
     means = [r.mean_ratio for r in results]
     p99s = [r.p99_ratio for r in results]
     loads = [load for load in LOADS if any(r.case[2] == load for r in results)]
-    title = "Real call logs" if args.logs else "Workloads nobody tuned for"
+    title = ("Real call logs" if args.logs else "Holdout shapes, never tuned on"
+             if args.holdout else "Workloads nobody tuned for")
     lines = [f"## {title} (`bench/generalization.py`)", "",
              f"Command: `{command(args)}` ({took}). "
              f"{len(results)} cases: {sources(results, args)} x {len(loads)} loads, "
@@ -808,6 +819,8 @@ def command(args: argparse.Namespace) -> str:
     if args.base:
         parts.append(f"--base-seed {args.base}")
     parts += [f"--calls {x}" for x in args.calls or ()]
+    if args.holdout:
+        parts.append("--holdout")
     parts += [f"--family {f}" for f in args.family or ()]
     parts += [f"--load {x}" for x in args.load or ()]
     parts += [f"--param {x}" for x in args.param or ()]
@@ -834,9 +847,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--draws", type=at_least(1), default=10, help="draws per family (10)")
     ap.add_argument("--tasks", type=at_least(2), default=100, help="tasks per case (100)")
     ap.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1)
-    ap.add_argument("--family", action="append", choices=FAMILIES,
-                    help=f"only this family (repeatable; default: all {len(FAMILIES)}, or "
-                         "none with --calls)")
+    ap.add_argument("--family", action="append", choices=ALL_FAMILIES,
+                    help=f"only this family (repeatable; default: all {len(FAMILIES)}, the "
+                         f"{len(HOLDOUT)} of --holdout with it, or none with --calls)")
+    ap.add_argument("--holdout", action="store_true",
+                    help=f"the shapes never in the fixed list instead ({', '.join(HOLDOUT)}): "
+                         "a check beyond what TOPAS was tuned on")
     ap.add_argument("--calls", action="append", type=Path, metavar="LOG",
                     help="judge on tasks drawn from this call log (docs/trace-format.md, "
                          "\"Importing a call log\"; repeatable): --draws arrival seeds x the "
@@ -868,6 +884,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="instead: topas with each extension beyond the paper off in turn")
     ap.add_argument("--write", action="store_true", help="rewrite docs/RESULTS.md's section")
     args = ap.parse_args(argv)
+    if args.holdout and args.calls:
+        ap.error("--holdout judges the generated holdout shapes, --calls a call log: give one")
     if args.against and args.ablation:
         ap.error("--against compares one run with an earlier one: not with --ablation")
     if args.seeds > 1 and (kind_of(args.policy) != "topas" or args.ablation
@@ -887,7 +905,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"fresh case list: --base-seed {args.base}", file=sys.stderr)
     t0 = time.monotonic()
     cache = Cache(None if args.no_cache else CACHE)
-    families = [*(args.family or (() if args.logs else FAMILIES)), *args.logs]
+    default = () if args.logs else (HOLDOUT if args.holdout else FAMILIES)
+    families = [*(args.family or default), *args.logs]
     cases_ = cases(families, args.load or LOADS, args.draws, args.base)
     caps = capacities(cases_, args.tasks, cache, args.jobs, args.logs)
     if args.ablation:
@@ -905,11 +924,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     took = timing(time.monotonic() - t0, cache)
     if args.versus == "paper":
         text = render(results, worst, args, args.policy, took)
-        section = "generalization-calls" if args.logs else "generalization"
+        section = ("generalization-calls" if args.logs
+                   else "generalization-holdout" if args.holdout else "generalization")
     else:
         paper = compare(rows, args.policy)
         text = render_versus(paper, results, rows, worst, args, took)
-        section = "generalization-peers" + ("-calls" if args.logs else "")
+        section = "generalization-peers" + ("-calls" if args.logs
+                                            else "-holdout" if args.holdout else "")
     print(text)
     if before is not None:
         print(render_against(results, before, args.against))

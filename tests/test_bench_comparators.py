@@ -87,7 +87,7 @@ def test_generalization_standings_count_each_policys_best_cases(gen: Any) -> Non
 def test_generalization_versus_all_reports_both_comparators(gen: Any) -> None:
     rows = _two_cases(gen)
     args = argparse.Namespace(policy="topas", draws=1, tasks=10, base=0, family=None,
-                              load=None, param=None, versus="all", calls=None,
+                              load=None, param=None, versus="all", calls=None, holdout=False,
                               logs={})
     every = gen.compare(rows, "topas", gen.everyone_but("topas"))
     text = gen.render_versus(gen.compare(rows, "topas"), every, rows, [], args, "1 s")
@@ -199,6 +199,27 @@ def test_calls_judges_topas_on_a_call_logs_tasks(gen: Any, tmp_path: Path,
     cases = [tuple(r["case"]) for r in json.loads(out.read_text())]
     assert sorted(cases) == [("calls:calls", s, load) for s in (0, 1)
                              for load in ("burst", "heavy")]
+
+
+def test_holdout_judges_topas_on_the_shapes_never_in_the_fixed_list(
+        gen: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "now.json"
+    gen.main(["--holdout", "--family", "tree", "--family", "long_tail", "--tasks", "6",
+              "--draws", "1", "--load", "light", "--jobs", "1", "--no-cache", "--worst", "0",
+              "--json", str(out)])
+    text = capsys.readouterr().out
+    assert "## Holdout shapes, never tuned on (`bench/generalization.py`)" in text
+    assert "--holdout --family tree --family long_tail" in text  # the command reruns it
+    cases = sorted(tuple(r["case"]) for r in json.loads(out.read_text()))
+    assert cases == [("long_tail", 0, "light"), ("tree", 0, "light")]
+    gen.main(["--holdout", "--tasks", "4", "--draws", "1", "--load", "burst", "--jobs", "1",
+              "--no-cache", "--worst", "0", "--json", str(out)])
+    assert {r["case"][0] for r in json.loads(out.read_text())} == set(gen.HOLDOUT)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as err:
+        gen.main(["--holdout", "--calls", str(tmp_path / "x.jsonl"), "--no-cache"])
+    assert err.value.code == 2
+    assert "give one" in capsys.readouterr().err
 
 
 def test_calls_refuses_what_is_no_call_log_before_any_replay(

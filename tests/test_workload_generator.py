@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from topasd.model import TopasError, Workflow
 from workflows.calllog import load_calls
 from workflows.generator import (
+    ALL_FAMILIES,
     BURST_WINDOW,
     DEFAULT_BUDGET,
     FAMILIES,
+    HOLDOUT,
     LOAD_SHARE,
     MAX_PREFIX,
     arrivals,
@@ -46,7 +48,7 @@ def _shape(wf: Workflow) -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(FAMILIES), SEEDS)
+@given(st.sampled_from(ALL_FAMILIES), SEEDS)
 def test_a_draw_is_a_function_of_family_and_seed(family: str, seed: int) -> None:
     a, b = draw_workload(family, seed), draw_workload(family, seed)
     assert [_shape(w) for w in a.workflows] == [_shape(w) for w in b.workflows]
@@ -55,7 +57,7 @@ def test_a_draw_is_a_function_of_family_and_seed(family: str, seed: int) -> None
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(FAMILIES), SEEDS)
+@given(st.sampled_from(ALL_FAMILIES), SEEDS)
 def test_every_request_fits_the_budget_and_prefixes_stay_in_range(family: str,
                                                                  seed: int) -> None:
     wl = draw_workload(family, seed)
@@ -120,6 +122,49 @@ def test_the_families_have_the_shapes_they_name() -> None:
     for s in seeds:
         wf = draw_workload("recurrent", s).workflows[0]
         assert Counter(st_.agent for st_ in wf.stages.values()).most_common(1)[0][1] >= 2
+
+
+def _after(wf: Workflow, stages: tuple[str, ...]) -> list[str]:
+    return [v for v, st_ in wf.stages.items() if st_.after == stages]
+
+
+def test_the_holdout_shapes_are_what_they_name_and_never_in_the_fixed_list() -> None:
+    assert not set(HOLDOUT) & set(FAMILIES)  # the bench's default list is `FAMILIES`
+    seeds = range(40)
+    for s in seeds:
+        wf = draw_workload("map_reduce", s).workflows[0]
+        first, second = _after(wf, ("plan",)), _after(wf, ("combine",))
+        assert 2 <= len(first) <= 6 and 2 <= len(second) <= 6
+        assert len({wf.stages[v].agent for v in first}) == 1  # one agent maps
+        assert wf.stages["reduce"].after == tuple(sorted(second))
+    attempts, tool_loops = [], 0
+    for s in seeds:
+        wf = draw_workload("validate_loop", s).workflows[0]
+        loops = [v for v in wf.stages if v.startswith("w")]
+        attempts.append(len(loops))
+        assert [wf.stages[f"v{i}"].after for i in range(len(loops))] == [
+            (f"w{i}",) for i in range(len(loops))]  # each attempt is validated
+        tool_loops += sum(wf.stages[v].profile.tool_wait_s.kind == "lognormal" for v in loops)
+        assert wf.stages["sum"].agent == wf.stages["plan"].agent  # the planner again
+    assert min(attempts) == 1 and max(attempts) == 3
+    assert tool_loops > len(seeds)  # workers mostly run ReAct loops with tool waits
+    widths = [len(_after(draw_workload("wide_merge", s).workflows[0], ("split",)))
+              for s in seeds]
+    assert min(widths) >= 12 and max(widths) <= 24
+    for s in seeds:
+        wf = draw_workload("long_tail", s).workflows[0]
+        assert wf.is_chain and len(wf.stages) == 3
+        outs = [wf.stages[v].profile.output_tokens.median for v in ("s0", "s1", "s2")]
+        assert outs[1] > 4 * max(outs[0], outs[2])  # the middle stage writes long answers
+    for s in seeds:
+        wf = draw_workload("tree", s).workflows[0]
+        fanned = [v for v in wf.stages if v.startswith("root_")]
+        leaves = [v for v in fanned if not wf.succs[v][0].startswith("root_")]
+        assert (len(fanned), len(leaves)) in ((6, 4), (14, 8))  # 2-3 binary levels
+        assert all(len(wf.succs[v]) == 2 for v in ("root", *fanned) if v not in leaves)
+        joins = [v for v in wf.stages if v.startswith("j")]
+        assert len(joins) == len(leaves) - 1 and all(len(wf.preds[v]) == 2 for v in joins)
+        assert [v for v in wf.stages if not wf.succs[v]] == joins[-1:]  # one final join
 
 
 def test_react_rounds_wait_for_tools_and_mixed_workflows_share_agents() -> None:

@@ -15,11 +15,23 @@ multi-agent workflow shapes, with every size drawn from the seed:
                    waits (`share_rounds`), optionally reading a task document held once
                    (`share_history`) and fanning out over 2-6 branches of one agent
 
+Five more shapes, `HOLDOUT`, are never in the fixed case list and only
+drawn on request (`bench/generalization.py --holdout`): a check on shapes
+nobody tuned for, as long as nobody tunes on them:
+
+    map_reduce     a plan, a map over one shared agent, a combine, a second map, a reduce
+    validate_loop  a plan, then 1-3 attempts of a worker's ReAct loop and a validator,
+                   then the planner again
+    wide_merge     a split into 12-24 short calls over 2-4 agents, merged by one long answer
+    long_tail      three stages whose middle one writes long answers
+    tree           a binary fan-out 2-3 levels deep, joined back in pairs
+
 Token sizes are lognormal with a wide spread (sigma 0.3-1.2), prefixes from 0
 to 10k tokens; every draw keeps each request within `budget` KV tokens
 (prefix + input + output), so a trace fits the engine it is replayed on.
-A family's draws depend only on its index in `FAMILIES` and the seed, so a
-family added at the end leaves every earlier draw (and case) as it was;
+A family's draws depend only on its index in `ALL_FAMILIES` (`FAMILIES`,
+then `HOLDOUT`) and the seed, so a family added at the end leaves every
+earlier draw (and case) as it was;
 `mixed` draws from `MIXABLE`, the shapes it always drew from.
 `case_trace` turns a workload into a trace at a load relative to a measured
 capacity (Poisson arrivals) or as a burst (every task within a short window);
@@ -311,11 +323,88 @@ def agent_loop(draw: Draw, name: str) -> list[Spec]:
     return stages
 
 
+# ------------------------------------------------------------ holdout shapes
+# Drawn only with `--holdout` (bench/generalization.py): shapes outside the
+# fixed list, to check that what holds there holds on workflows nobody tuned for.
+
+
+def map_reduce(draw: Draw, name: str) -> list[Spec]:
+    """Plan -> a first map (one shared agent) -> combine -> a second map -> reduce."""
+    first, second = draw.agent("map"), draw.agent("map")
+    stages = [stage(draw, "plan", draw.agent("plan"), [])]
+    maps = [f"a{i}" for i in range(draw.integer(2, 6))]
+    stages += [stage(draw, m, first, ["plan"], history="parents") for m in maps]
+    stages.append(stage(draw, "combine", draw.agent("comb"), maps, history="parents"))
+    again = [f"b{i}" for i in range(draw.integer(2, 6))]
+    stages += [stage(draw, m, second, ["combine"], history="parents") for m in again]
+    stages.append(stage(draw, "reduce", draw.agent("reduce", reuse=0.5), again,
+                        history="parents"))
+    return stages
+
+
+def validate_loop(draw: Draw, name: str) -> list[Spec]:
+    """Plan -> (worker ReAct loop -> validator) for 1-3 attempts -> the planner sums up."""
+    planner, worker, validator = draw.agent("plan"), draw.agent("work"), draw.agent("val")
+    stages = [stage(draw, "plan", planner, [])]
+    prev = ["plan"]
+    for i in range(draw.integer(1, 3)):
+        stages.append(stage(draw, f"w{i}", worker, prev, rounds=react_rounds(draw, 6),
+                            history="parents", out_median=draw.log_uniform(50, 600)))
+        stages.append(stage(draw, f"v{i}", validator, [f"w{i}"],
+                            out_median=draw.log_uniform(20, 200)))
+        prev = [f"v{i}"]
+    stages.append(stage(draw, "sum", planner, prev, history="parents"))
+    return stages
+
+
+def wide_merge(draw: Draw, name: str) -> list[Spec]:
+    """A split into 12-24 short calls over 2-4 agents, merged by one long answer."""
+    agents = [draw.agent("x", reuse=0.2) for _ in range(draw.integer(2, 4))]
+    calls = [f"x{i}" for i in range(draw.integer(12, 24))]
+    stages = [stage(draw, "split", draw.agent("split"), [], out_median=draw.log_uniform(50, 300))]
+    stages += [stage(draw, c, agents[i % len(agents)], ["split"],
+                     out_median=draw.log_uniform(20, 200)) for i, c in enumerate(calls)]
+    stages.append(stage(draw, "merge", draw.agent("merge"), calls, history="parents",
+                        out_median=draw.log_uniform(600, 1800)))
+    return stages
+
+
+def long_tail(draw: Draw, name: str) -> list[Spec]:
+    """Three stages whose middle one writes long answers (a draft between two short calls)."""
+    return [stage(draw, "s0", draw.agent("a"), [], out_median=draw.log_uniform(20, 100)),
+            stage(draw, "s1", draw.agent("b"), ["s0"], out_median=draw.log_uniform(800, 1800)),
+            stage(draw, "s2", draw.agent("c", reuse=0.5), ["s1"],
+                  out_median=draw.log_uniform(20, 100))]
+
+
+def tree(draw: Draw, name: str) -> list[Spec]:
+    """A binary fan-out 2-3 levels deep (one agent per level), joined back in pairs."""
+    stages = [stage(draw, "root", draw.agent("root"), [])]
+    level = ["root"]
+    for _ in range(draw.integer(2, 3)):
+        agent = draw.agent("t", reuse=0.3)
+        level = [f"{parent}_{k}" for parent in level for k in range(2)]
+        stages += [stage(draw, v, agent, [v.rsplit("_", 1)[0]], history="parents")
+                   for v in level]
+    while len(level) > 1:
+        agent = draw.agent("j", reuse=0.5)
+        pairs = [level[i:i + 2] for i in range(0, len(level), 2)]
+        level = [f"j{len(stages) + i}" for i in range(len(pairs))]
+        stages += [stage(draw, v, agent, pair, history="parents")
+                   for v, pair in zip(level, pairs, strict=True)]
+    return stages
+
+
 SHAPES: dict[str, Callable[[Draw, str], list[Spec]]] = {
     "chain": chain, "fork_join": fork_join, "react": react, "recurrent": recurrent,
     "shared_fanout": shared_fanout, "debate": debate, "coding": coding,
     "agent_loop": agent_loop,
+    "map_reduce": map_reduce, "validate_loop": validate_loop, "wide_merge": wide_merge,
+    "long_tail": long_tail, "tree": tree,
 }
+# never in the fixed case list (`FAMILIES`); `HOLDOUT` families are for checking, never tuning
+HOLDOUT = ("map_reduce", "validate_loop", "wide_merge", "long_tail", "tree")
+ALL_FAMILIES = FAMILIES + HOLDOUT
 # what `mixed` draws from: the shapes it always drew from (a shape added since
 # would change every `mixed` draw, and with it the fixed case list)
 MIXABLE = ("chain", "coding", "debate", "fork_join", "react", "recurrent", "shared_fanout")
@@ -325,11 +414,13 @@ MIXABLE = ("chain", "coding", "debate", "fork_join", "react", "recurrent", "shar
 
 
 def draw_workload(family: str, seed: int, budget: int = DEFAULT_BUDGET) -> Workload:
-    """A seeded random workload of `family` (one of `FAMILIES`); `mixed` draws
-    two or three other shapes whose workflows share agents."""
-    if family not in FAMILIES:
-        raise TopasError(f"unknown workflow family {family!r}; use one of {', '.join(FAMILIES)}")
-    draw = Draw(np.random.default_rng([FAMILIES.index(family), seed]), {}, budget, "")
+    """A seeded random workload of `family` (one of `FAMILIES`, or of the
+    `HOLDOUT` shapes); `mixed` draws two or three other shapes whose
+    workflows share agents."""
+    if family not in ALL_FAMILIES:
+        raise TopasError(f"unknown workflow family {family!r}; use one of "
+                         f"{', '.join(ALL_FAMILIES)}")
+    draw = Draw(np.random.default_rng([ALL_FAMILIES.index(family), seed]), {}, budget, "")
     shapes = [family]
     if family == "mixed":
         picks = draw.rng.choice(len(MIXABLE), size=draw.integer(2, 3), replace=False)
