@@ -886,6 +886,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.holdout and args.calls:
         ap.error("--holdout judges the generated holdout shapes, --calls a call log: give one")
+    held = {f in HOLDOUT for f in args.family or ()}
+    if len(held) > 1:
+        ap.error("--family: the holdout shapes (" + ", ".join(HOLDOUT) + ") and the fixed "
+                 "list's families are judged apart; run them in two runs")
+    args.holdout = args.holdout or held == {True}
     if args.against and args.ablation:
         ap.error("--against compares one run with an earlier one: not with --ablation")
     if args.seeds > 1 and (kind_of(args.policy) != "topas" or args.ablation
@@ -913,7 +918,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         text = ablation(cases_, args, caps, cache)
         print(text)
         if args.write:
-            print(f"wrote {update_section('generalization-ablation', text)}", file=sys.stderr)
+            section = "generalization-ablation" + ("-holdout" if args.holdout else "")
+            print(f"wrote {update_section(section, text)}", file=sys.stderr)
         return
     params = {args.policy: parse_params(args.param or ())}
     others = tuple(BASELINES) if args.versus == "paper" else everyone_but(args.policy)

@@ -220,6 +220,13 @@ def test_holdout_judges_topas_on_the_shapes_never_in_the_fixed_list(
         gen.main(["--holdout", "--calls", str(tmp_path / "x.jsonl"), "--no-cache"])
     assert err.value.code == 2
     assert "give one" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as err:  # tuned and untuned shapes are never mixed
+        gen.main(["--family", "chain", "--family", "tree", "--no-cache"])
+    assert err.value.code == 2
+    assert "judged apart" in capsys.readouterr().err
+    gen.main(["--family", "tree", "--tasks", "4", "--draws", "1", "--load", "light",
+              "--jobs", "1", "--no-cache", "--worst", "0"])  # a holdout shape is a holdout run
+    assert "## Holdout shapes, never tuned on" in capsys.readouterr().out
 
 
 def test_calls_refuses_what_is_no_call_log_before_any_replay(
