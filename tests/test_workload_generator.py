@@ -96,6 +96,10 @@ def test_the_original_families_draw_what_they_always_drew(family: str) -> None:
     assert h.hexdigest()[:16] == PINNED[family]
 
 
+def _after(wf: Workflow, stages: tuple[str, ...]) -> list[str]:
+    return [v for v, st_ in wf.stages.items() if st_.after == stages]
+
+
 def _stage_counts(family: str, seeds: range) -> list[int]:
     return [len(draw_workload(family, s).workflows[0].stages) for s in seeds]
 
@@ -110,22 +114,18 @@ def test_the_families_have_the_shapes_they_name() -> None:
     widths = []
     for s in seeds:
         wf = draw_workload("fork_join", s).workflows[0]
-        entry_children = [v for v, st_ in wf.stages.items() if st_.after == ("entry",)]
+        entry_children = _after(wf, ("entry",))
         widths.append(len(entry_children))
     assert min(widths) == 2 and max(widths) >= 11  # 2-12 branches
     # one agent serves every parallel branch
     for s in seeds:
         wf = draw_workload("shared_fanout", s).workflows[0]
-        branch_agents = {st_.agent for st_ in wf.stages.values() if st_.after == ("plan",)}
+        branch_agents = {wf.stages[v].agent for v in _after(wf, ("plan",))}
         assert len(branch_agents) == 1
     # a central agent recurs across rounds
     for s in seeds:
         wf = draw_workload("recurrent", s).workflows[0]
         assert Counter(st_.agent for st_ in wf.stages.values()).most_common(1)[0][1] >= 2
-
-
-def _after(wf: Workflow, stages: tuple[str, ...]) -> list[str]:
-    return [v for v, st_ in wf.stages.items() if st_.after == stages]
 
 
 def test_the_holdout_shapes_are_what_they_name_and_never_in_the_fixed_list() -> None:
