@@ -35,9 +35,11 @@ TOPAS, and after a change to one peer only that peer. Writes the
 `generalization` section of docs/RESULTS.md with `--write` (`--versus all`:
 the `generalization-peers` section; `--ablation`: the
 `generalization-ablation` section, each of TOPAS's extensions beyond the
-paper turned off alone). An experiment is judged against the run before it:
-`--json NOW.json` keeps a run's ratios, and `--against EARLIER.json` prints
-every bound before and now, the cases that crossed one and the largest moves.
+paper turned off alone; with `--calls` or `--holdout` each name ends in
+`-calls` or `-holdout`, so no run overwrites another list's). An
+experiment is judged against the run before it: `--json NOW.json` keeps a
+run's ratios, and `--against EARLIER.json` prints every bound before and
+now, the cases that crossed one and the largest moves.
 A real workload is judged the same way with `--calls LOG`: a call log
 (docs/trace-format.md, "Importing a call log"; `bench/external_calls.py`
 writes one from ChatDev's and MetaGPT's call records) is imported once,
@@ -918,8 +920,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         text = ablation(cases_, args, caps, cache)
         print(text)
         if args.write:
-            section = "generalization-ablation" + ("-holdout" if args.holdout else "")
-            print(f"wrote {update_section(section, text)}", file=sys.stderr)
+            print(f"wrote {update_section(section_name(args, 'ablation'), text)}",
+                  file=sys.stderr)
         return
     params = {args.policy: parse_params(args.param or ())}
     others = tuple(BASELINES) if args.versus == "paper" else everyone_but(args.policy)
@@ -930,13 +932,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     took = timing(time.monotonic() - t0, cache)
     if args.versus == "paper":
         text = render(results, worst, args, args.policy, took)
-        section = ("generalization-calls" if args.logs
-                   else "generalization-holdout" if args.holdout else "generalization")
     else:
-        paper = compare(rows, args.policy)
-        text = render_versus(paper, results, rows, worst, args, took)
-        section = "generalization-peers" + ("-calls" if args.logs
-                                            else "-holdout" if args.holdout else "")
+        text = render_versus(compare(rows, args.policy), results, rows, worst, args, took)
     print(text)
     if before is not None:
         print(render_against(results, before, args.against))
@@ -945,7 +942,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json:
         args.json.write_text(json.dumps(json_rows(results), indent=1))
     if args.write:
-        print(f"wrote {update_section(section, text)}", file=sys.stderr)
+        kind = "" if args.versus == "paper" else "peers"
+        print(f"wrote {update_section(section_name(args, kind), text)}", file=sys.stderr)
+
+
+def section_name(args: argparse.Namespace, kind: str = "") -> str:
+    """The docs/RESULTS.md section a run writes: `generalization`, then the
+    kind of run (`peers`, `ablation`), then the case list unless it is the
+    fixed one (`calls`, `holdout`), so no run overwrites another list's."""
+    cases_of = "calls" if args.logs else "holdout" if args.holdout else ""
+    return "-".join(part for part in ("generalization", kind, cases_of) if part)
+
 
 if __name__ == "__main__":
     main()

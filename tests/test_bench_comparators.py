@@ -229,6 +229,21 @@ def test_holdout_judges_topas_on_the_shapes_never_in_the_fixed_list(
     assert "## Holdout shapes, never tuned on" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("logs", "holdout", "kind", "section"), [
+    ({}, False, "", "generalization"),
+    ({}, False, "peers", "generalization-peers"),
+    ({}, False, "ablation", "generalization-ablation"),
+    ({"calls:x": ("x", "h")}, False, "", "generalization-calls"),
+    ({"calls:x": ("x", "h")}, False, "ablation", "generalization-ablation-calls"),
+    ({}, True, "peers", "generalization-peers-holdout"),
+    ({}, True, "ablation", "generalization-ablation-holdout"),
+])
+def test_each_case_list_writes_its_own_sections(gen: Any, logs: dict[str, Any], holdout: bool,
+                                                kind: str, section: str) -> None:
+    args = argparse.Namespace(logs=logs, holdout=holdout)
+    assert gen.section_name(args, kind) == section
+
+
 def test_calls_refuses_what_is_no_call_log_before_any_replay(
         gen: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "runs.jsonl"
