@@ -665,8 +665,7 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
     means = [r.mean_ratio for r in results]
     p99s = [r.p99_ratio for r in results]
     loads = [load for load in LOADS if any(r.case[2] == load for r in results)]
-    title = ("Real call logs" if args.logs else "Holdout shapes, never tuned on"
-             if args.holdout else "Workloads nobody tuned for")
+    title = TITLES[case_list(args)]
     lines = [f"## {title} (`bench/generalization.py`)", "",
              f"Command: `{command(args)}` ({took}). "
              f"{len(results)} cases: {sources(results, args)} x {len(loads)} loads, "
@@ -912,7 +911,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"fresh case list: --base-seed {args.base}", file=sys.stderr)
     t0 = time.monotonic()
     cache = Cache(None if args.no_cache else CACHE)
-    default = () if args.logs else (HOLDOUT if args.holdout else FAMILIES)
+    default = {"calls": (), "holdout": HOLDOUT, "": FAMILIES}[case_list(args)]
     families = [*(args.family or default), *args.logs]
     cases_ = cases(families, args.load or LOADS, args.draws, args.base)
     caps = capacities(cases_, args.tasks, cache, args.jobs, args.logs)
@@ -946,12 +945,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"wrote {update_section(section_name(args, kind), text)}", file=sys.stderr)
 
 
+# each case list's results title (`render`)
+TITLES = {"": "Workloads nobody tuned for", "calls": "Real call logs",
+          "holdout": "Holdout shapes, never tuned on"}
+
+
+def case_list(args: argparse.Namespace) -> str:
+    """Which cases a run judges: `calls` (call logs), `holdout` (the
+    `HOLDOUT` shapes) or "" (the fixed list's families)."""
+    return "calls" if args.logs else "holdout" if args.holdout else ""
+
+
 def section_name(args: argparse.Namespace, kind: str = "") -> str:
     """The docs/RESULTS.md section a run writes: `generalization`, then the
     kind of run (`peers`, `ablation`), then the case list unless it is the
     fixed one (`calls`, `holdout`), so no run overwrites another list's."""
-    cases_of = "calls" if args.logs else "holdout" if args.holdout else ""
-    return "-".join(part for part in ("generalization", kind, cases_of) if part)
+    return "-".join(part for part in ("generalization", kind, case_list(args)) if part)
 
 
 if __name__ == "__main__":
