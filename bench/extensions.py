@@ -5,8 +5,9 @@ preemption only when its candidate scores at least its own J_redo + J_revoke;
 `hol_age` holds KV room for the
 oldest waiting request once its task has waited that long, as EASY
 backfilling does; `pack_order="arrival"` has GreedyPack serve tasks in arrival
-order; `start_gate` starts no new task in a candidate that preempts or
-after a started task's request did not fit (docs/topas.md, "Extensions").
+order; `start_gate` starts no new task in a candidate that preempts,
+after a started task's request did not fit, or in the room of one that
+fits now but the candidate leaves out (docs/topas.md, "Extensions").
 `topas` runs the last three by default, and with them keep_idle,
 preempt_exchange, swap_only, overdue, linear aging and the srpt weight (the
 last column; `bench/generalization.py --ablation` takes each away on

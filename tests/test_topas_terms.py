@@ -808,3 +808,33 @@ def test_start_gate_never_closes_an_idle_engine() -> None:
     assert policy(start_gate=True).decide(v).admit == (2,)  # started first
     assert policy(start_gate=True, hol_age=0.0).decide(v).admit == (1,)
 
+
+
+@pytest.mark.parametrize(("b_input", "admits_b"), [(150, True), (250, False)])
+def test_start_gate_keeps_a_started_tasks_room_from_new_tasks_in_every_candidate(
+        b_input: int, admits_b: bool) -> None:
+    """Task 1's stage-b request (d_r = b_input + 10) waits for agent B, whose
+    prefix (100) is on the host; six new tasks' stage-a requests (40 each)
+    wait for the resident A. With 300 KV free beside A, b fits now with its
+    prefix when b_input is 150 (260): a candidate that leaves B out still
+    leaves its new tasks that room, so no candidate gives the room to new
+    tasks, and b is admitted. When b cannot fit now (360), the new tasks
+    take the free room."""
+    pol = make_policy("topas")
+    started = request(1, 1, CHAIN, "b", input_tokens=b_input, output_tokens=10)
+    new = [request(i, i, CHAIN, "a", input_tokens=30, output_tokens=10, arrival=50.0)
+           for i in range(2, 8)]
+    tasks = [task(1, CHAIN, a="done", b="active"),
+             *(task(i, CHAIN, arrival=50.0) for i in range(2, 8))]
+    v = view(CHAIN, tasks, [], [started, *new], t=60.0, budget=400, gpu=("A",))
+    d = pol.decide(v)
+    assert (1 in d.admit) == admits_b
+    free_after = 300 - sum(r.input_tokens + r.output_tokens for r in new if r.id in d.admit)
+    if admits_b:
+        assert "B" in d.load
+    else:
+        assert free_after < 260  # no room held back for a request that cannot fit now
+    for c in d.candidates:  # every candidate that leaves B out leaves b its room
+        if admits_b and "B" not in c.resident:
+            taken = sum(r.input_tokens + r.output_tokens for r in new if r.id in c.admit)
+            assert 300 - taken >= 260

@@ -78,7 +78,8 @@ _WORDS: tuple[ParamSpec, ...] = (
           choices=PACK_ORDERS, extension=True),
     _spec("longest_first", "a task's own requests packed longest first (LPT; extension)",
           extension=True),
-    _spec("start_gate", "start no new task in a preemption or past a started one (extension)",
+    _spec("start_gate", "start no new task in a preemption, past a started one or in its "
+          "room (extension)",
           extension=True),
     _spec("fresh_hol", "no new task passes a new task waiting this x its expected path "
           "(extension; empty: off)", unset="off", extension=True),

@@ -353,6 +353,7 @@ class _Search(SearchBounds):
                    and r.task_id not in self.running_stage for r in rs))
         self.fresh = (_fresh_tasks(view, self.waiting_by_task, self.running_stage)
                       if p.start_gate else frozenset())
+        self.started_need = self._started_need() if self.fresh else {}
         self._reuse_terms()
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
@@ -1130,7 +1131,7 @@ class _Search(SearchBounds):
             fill.close()  # a started task's request did not fit
         if fill.gated or fill.late_left:
             return fill.states
-        if self.fresh_heads:  # `fresh_hol`: a head that does not fit may close the fill
+        if self.fresh_heads or fill.hold:  # `fresh_hol`: a head that does not fit may close
             _fill_each(fill, order, sel, max(pos, started), n)
         else:
             _fill_runs(fill, order, sel, d, max(pos, started))
@@ -1178,6 +1179,25 @@ class _Search(SearchBounds):
     def _leaving(self, resident: frozenset[str]) -> list[str]:
         """The running agents R leaves out, sorted."""
         return [a for a in self.ordered(self.running_agents) if a not in resident]
+
+    def _started_need(self) -> dict[str, float]:
+        """`start_gate` (c): per agent, the least room (d_r plus l_a) of its
+        started tasks' waiting requests that fit now (d_r, and l_a unless on
+        the GPU) in the KV the running requests and resident prefixes leave."""
+        free = self.budget - sum(self.run_kv.values(), 0.0) - sum(
+            (self.ell[a] for a in self.gpu), 0.0)
+        need: dict[str, float] = {}
+        for r in self.view.waiting:
+            if r.task_id in self.fresh:
+                continue
+            if self.d[r.id] + (0.0 if r.agent in self.gpu else self.ell[r.agent]) <= free:
+                need[r.agent] = min(need.get(r.agent, math.inf), self.d[r.id] + self.ell[r.agent])
+        return need
+
+    def started_hold(self, resident: frozenset[str]) -> float:
+        """`start_gate` (c): the room R's new tasks leave free, the largest
+        need of a started task's agent R leaves out (`_started_need`), else 0."""
+        return max((n for a, n in self.started_need.items() if a not in resident), default=0.0)
 
     def grabs_kv(self, resident: frozenset[str]) -> bool:
         """Whether R preempts running requests that hold more KV than the
@@ -1378,9 +1398,9 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "gated", "head_g", "headroom", "hol_pending", "j_admit", "late_left",
-                 "late_used", "limit", "no_head", "pack", "reserved", "search", "spare", "states",
-                 "t_star", "tasks_in", "uncovered", "used")
+    __slots__ = ("charged", "gated", "head_g", "headroom", "hol_pending", "hold", "j_admit",
+                 "late_left", "late_used", "limit", "no_head", "pack", "reserved", "search",
+                 "spare", "states", "t_star", "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float, headroom: float) -> None:
@@ -1409,6 +1429,9 @@ class _Filler:
         # started task's request did not fit (`refuse`), nor while one of the late
         # requests (`started_hol`) is not admitted: each fill takes started tasks first
         self.gated: bool = search.params.start_gate and search.grabs_kv(pack.resident)
+        # `start_gate`: a new task leaves free the room of a started task's request
+        # that fits now but R leaves out (`started_need`)
+        self.hold = search.started_hold(pack.resident)
         self.late_left = len(search.late_ids)
 
     def fits(self, r: Request) -> bool:
@@ -1429,6 +1452,9 @@ class _Filler:
             extra += s.d[hol.id] - (s.min_d[hol.agent] if in_slot else 0.0)
             slots += 0 if in_slot else 1
         k = s.params.k
+        if self.hold and r.task_id in s.fresh and not forced and (
+                self.used + self.reserved + extra + self.hold > self.limit):
+            return False
         if self.used + self.reserved + extra > self.limit:
             self._past_misfit(extra, s.g.get(r.task_id, 1.0) if s.may_head(r) else None)
             return False
