@@ -28,7 +28,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sqlite3.Connection]
     path = tmp_path_factory.mktemp("views") / "run.db"
     wl = load_workload("dag4")
     store = Store(path)
-    Run(generate_trace(wl.workflows, 0.3, 40, 3, name=wl.name), make_policy("topas"),
+    Run(generate_trace(wl.workflows, 0.3, 40, 2, name=wl.name), make_policy("topas"),
         SimBackend(get_profile("qwen2.5-32b-a100")), sink=store.sink("all")).execute()
     store.close()
     conn = sqlite3.connect(path)
