@@ -33,7 +33,7 @@ from store import queries as q
 from tests.daemonkit import Daemon, clean_env, sse_events
 from tests.sglang_engine.conftest import cpu_engine_env, tiered_env
 
-TASKS = 3  # driven by the built-in workload driver
+TASKS = 8  # driven by the built-in workload driver; enough that the polls see it running
 START_S = 240.0  # the engine's start-up on a loaded 2-core box, with room
 STREAMED_TOKENS = 256  # a streamed call's decode: over 0.5 s even on a quiet box (96: 0.47 s)
 
