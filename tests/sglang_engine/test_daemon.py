@@ -33,7 +33,7 @@ from store import queries as q
 from tests.daemonkit import Daemon, clean_env, sse_events
 from tests.sglang_engine.conftest import cpu_engine_env, tiered_env
 
-TASKS = 8  # driven by the built-in workload driver; enough that the polls see it running
+TASKS = 3  # driven by the built-in workload driver
 START_S = 240.0  # the engine's start-up on a loaded 2-core box, with room
 STREAMED_TOKENS = 256  # a streamed call's decode: over 0.5 s even on a quiet box (96: 0.47 s)
 
@@ -61,11 +61,13 @@ def sim_state(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_state_answers_200_at_any_moment_with_the_simulators_fields(
         sim_state: dict[str, Any], daemon: Daemon) -> None:
-    """Polled all through the workload (decisions due or not): never an
-    error, and the same top-level and nested fields as the simulator's.
-    The simulator's state is taken first, so that the polls start as the
-    SGLang daemon's workload does (it could end while the simulator ran)."""
-    seen_running = False
+    """Polled all through the driver's workload and through a task posted once
+    the polls began (decisions due or not): never an error, the same
+    top-level and nested fields as the simulator's, and SGLang's running
+    batch seen while the posted task ran (it runs only after the first poll,
+    so the polls cover it whatever the driver's workload did meanwhile)."""
+    seen_running, posted = False, None
+    deadline = time.monotonic() + 240
     while True:
         r = daemon.http.get("/v1/state", params={"limit": 50})
         assert r.status_code == 200, r.text
@@ -74,8 +76,14 @@ def test_state_answers_200_at_any_moment_with_the_simulators_fields(
         assert set(st["counts"]) == set(sim_state["counts"])
         assert set(st["stats"]) == set(sim_state["stats"])
         seen_running = seen_running or st["counts"]["requests_running"] > 0
-        if st["counts"]["tasks_finished"] >= TASKS:
+        if posted is None:
+            made = daemon.http.post("/v1/tasks", json={"workflow": "chain3"})
+            assert made.status_code == 201, made.text
+            posted = made.json()["id"]
+        elif (st["counts"]["tasks_finished"] > TASKS
+              and daemon.http.get(f"/v1/tasks/{posted}").json()["status"] == "done"):
             break
+        assert time.monotonic() < deadline, "the workload and the posted task did not finish"
     assert seen_running  # the state showed SGLang's running batch, not an empty pool
     assert st["policy"] == "topas" and st["counts"]["driver_rejected"] == 0
 
