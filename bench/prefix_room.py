@@ -10,9 +10,12 @@ cache). An agent *runs* while one of its requests is admitted and not yet
 finished, preempted or retracted; its prefix is then pinned on the GPU. Every
 quantity is a time average over the run (simulated seconds): the agents
 running, the prefix KV those agents pin, all prefix KV on the GPU (idle
-prefixes kept while free KV holds them included), and the mean batch. Under
-overload the pool is the bottleneck, so prefix KV pinned by running agents
-is room the batch does not get. `--write` records the table in
+prefixes kept while free KV holds them included), and the mean batch; and,
+sampled at each decision and held until the next, the KV the running
+requests hold (input and tokens generated so far) and the waiting requests
+(how many, and their mean input). Under overload the pool is the
+bottleneck, so prefix KV pinned by running agents is room the batch does
+not get. `--write` records the table in
 docs/RESULTS.md (section "prefix-room").
 """
 
@@ -22,10 +25,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from _one_case import CaseBench  # bench/_one_case.py
 
 from backends.sim.engine import SimBackend
-from topasd.model import EngineEvent, EventKind
+from topasd.model import Decision, EngineEvent, EngineView, EventKind
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler import make_policy
@@ -79,26 +83,66 @@ class PrefixRoom:
                 "resident_kv": self.resident_s / span}
 
 
+class PoolSampler:
+    """A policy that samples the pool at each of its decisions: the KV the
+    running requests hold (input and tokens generated so far), the prefix KV
+    on the GPU, the waiting requests and their input; each sample holds until
+    the next decision."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.samples: list[tuple[float, int, int, int, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+    def decide(self, view: EngineView) -> Decision:
+        self.samples.append((
+            view.t, sum(r.input_tokens + r.generated for r in view.running),
+            sum(view.prefix_tokens(a) for a in view.gpu_prefixes()),
+            len(view.waiting), sum(r.input_tokens for r in view.waiting)))
+        return self.policy.decide(view)
+
+    def averages(self, end: float) -> dict[str, float]:
+        """Time averages up to `end`: running requests' KV, waiting requests,
+        a waiting request's mean input; and the most KV running requests and
+        GPU prefixes held together at a decision."""
+        if not self.samples:
+            return {"running_kv": 0.0, "waiting": 0.0, "waiting_input": 0.0, "most_held": 0.0}
+        a = np.array(self.samples, dtype=float)
+        dt = np.diff(np.append(a[:, 0], max(end, a[-1, 0])))
+        span = float(dt.sum()) or 1.0
+        waited = float((dt * a[:, 3]).sum())
+        return {"running_kv": float((dt * a[:, 1]).sum()) / span,
+                "waiting": waited / span,
+                "waiting_input": float((dt * a[:, 4]).sum()) / waited if waited else 0.0,
+                "most_held": float((a[:, 1] + a[:, 2]).max())}
+
+
 def replay(family: str, draw: int, load: str, policy: str, params: dict[str, Any],
            tasks: int, capacity: float) -> dict[str, Any]:
-    """One policy on the case: its summary and the sink's averages."""
+    """One policy on the case: its summary, the sink's and the sampler's averages."""
     wl = draw_workload(family, draw)
     sink = PrefixRoom({a.name: a.prefix_tokens for w in wl.workflows
                        for a in w.agents.values()})
     trace = case_trace(wl, load, tasks, capacity, draw)
-    result = Run(trace, make_policy(policy, **params), SimBackend(get_profile(DEFAULT_PROFILE)),
+    sampler = PoolSampler(make_policy(policy, **params))
+    result = Run(trace, sampler, SimBackend(get_profile(DEFAULT_PROFILE)),
                  sink=sink).execute()
-    return {**result.summary(), **sink.averages()}
+    return {**result.summary(), **sink.averages(), **sampler.averages(sink.t)}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     head = ("| policy | mean JCT s | makespan s | mean batch | agents running | prefix KV "
-            "pinned by running agents (tokens) | prefix KV on the GPU (tokens) | prefix loads |")
-    out = [head, "|---|---|---|---|---|---|---|---|"]
+            "pinned by running agents (tokens) | prefix KV on the GPU (tokens) | prefix loads "
+            "| KV of running requests at decisions (tokens) | waiting requests | their mean "
+            "input (tokens) |")
+    out = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['policy']} | {r['mean_jct_s']:.1f} | {r['makespan_s']:.0f} | "
                    f"{r['mean_batch']:.2f} | {r['agents_running']:.2f} | "
-                   f"{r['pinned_kv']:,.0f} | {r['resident_kv']:,.0f} | {r['prefix_loads']} |")
+                   f"{r['pinned_kv']:,.0f} | {r['resident_kv']:,.0f} | {r['prefix_loads']} | "
+                   f"{r['running_kv']:,.0f} | {r['waiting']:.1f} | {r['waiting_input']:,.0f} |")
     return out
 
 
@@ -106,7 +150,9 @@ BENCH = CaseBench(
     "prefix_room.py", "The room prefixes hold (`bench/prefix_room.py`)",
     f"{get_profile(DEFAULT_PROFILE).budget_tokens:,}-token pool. Time averages over the run: "
     "agents with a request admitted, the prefix KV those agents pin, and all prefix KV on "
-    "the GPU.", "prefix-room", draw=0, load="overload", replay=replay, table=table)
+    "the GPU; sampled at each decision and held until the next, the KV of the running "
+    "requests (input and output so far) and the waiting requests.", "prefix-room",
+    draw=0, load="overload", replay=replay, table=table)
 
 
 def main(argv: list[str] | None = None) -> None:

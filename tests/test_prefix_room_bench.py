@@ -40,3 +40,23 @@ def test_a_replay_pins_no_more_than_it_holds_and_runs_some_agent() -> None:
     row = bench.replay("fork_join", 0, "overload", "lpm", {}, 20, 0.0234)
     assert row["agents_running"] > 0.0 and row["policy"] == "lpm"
     assert 0.0 < row["pinned_kv"] <= row["resident_kv"] <= 18_000
+
+
+def test_the_pool_samples_hold_from_one_decision_to_the_next() -> None:
+    bench = load_bench("prefix_room")
+    sampler = bench.PoolSampler(None)
+    # at t=0: running KV 100, prefixes 50, 2 waiting with 30 input tokens in all;
+    # at t=4: running KV 200, no prefix, none waiting; the run ends at t=10
+    sampler.samples = [(0.0, 100, 50, 2, 30), (4.0, 200, 0, 0, 0)]
+    avg = sampler.averages(10.0)
+    assert avg["running_kv"] == pytest.approx((100 * 4 + 200 * 6) / 10)
+    assert avg["waiting"] == pytest.approx(2 * 4 / 10)
+    assert avg["waiting_input"] == pytest.approx(15.0)  # per waiting request
+    assert avg["most_held"] == 200.0
+
+
+def test_a_replays_samples_never_hold_more_than_the_pool() -> None:
+    bench = load_bench("prefix_room")
+    row = bench.replay("fork_join", 0, "overload", "topas", {}, 20, 0.0234)
+    assert row["running_kv"] > 0.0 and 0.0 < row["most_held"] <= 18_000
+    assert row["waiting"] > 0.0 and row["waiting_input"] > 0.0
