@@ -27,6 +27,7 @@ from backends.sim.engine import SimBackend
 from store import CandidateFilter, Store, StoreError
 from store import queries as q
 from store.schema import MIGRATIONS, MIGRATIONS_TABLE, migrate
+from store.writer import CHILD
 from topasd.cli import main
 from topasd.model import (
     Candidate,
@@ -473,7 +474,31 @@ def _poll(path: Path, deadline: float) -> Iterator[int]:
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("kill", ["process", "process-group"])
+def _writers_of(path: Path) -> list[int]:
+    """The writer processes (`store/_child.py`) of the file at `path` (Linux /proc)."""
+    found = []
+    for proc_dir in Path("/proc").iterdir():
+        if proc_dir.name.isdigit():
+            try:
+                argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # it ended while listed
+                continue
+            if str(CHILD).encode() in argv and str(path).encode() in argv:
+                found.append(int(proc_dir.name))
+    return found
+
+
+def _ended(pid: int) -> bool:
+    """Process `pid` is gone, or a zombie nobody reaped (it ran to its end)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(),
+                    reason="finds the store's writer process through Linux's /proc")
+@pytest.mark.parametrize("kill", ["process", "writer-too"])
 def test_sigkill_mid_run_leaves_a_sound_file_that_the_next_run_appends_to(
         tmp_path: Path, kill: str) -> None:
     path = tmp_path / "crash.db"
@@ -487,10 +512,12 @@ def test_sigkill_mid_run_leaves_a_sound_file_that_the_next_run_appends_to(
             if committed >= 50 or proc.poll() is not None:
                 break
         assert proc.poll() is None, f"the replay ended before the kill: {proc.stderr.read()!r}"
-        if kill == "process":
-            os.kill(proc.pid, signal.SIGKILL)  # the writer process sees end of input
-        else:
-            os.killpg(proc.pid, signal.SIGKILL)  # the writer dies too, maybe mid-transaction
+        writers = _writers_of(path)
+        assert writers, "the replay's decision-log writer was not found"
+        os.killpg(proc.pid, signal.SIGKILL)  # the writer, in a session of its own, lives on
+        if kill == "writer-too":  # it dies as well, maybe mid-transaction
+            for pid in writers:
+                os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
@@ -500,7 +527,11 @@ def test_sigkill_mid_run_leaves_a_sound_file_that_the_next_run_appends_to(
             proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
 
-    time.sleep(0.5)  # let an orphaned writer finish its last frame
+    # an orphaned writer commits the frames it holds and exits: the checks read that
+    deadline = time.monotonic() + 120
+    while not all(_ended(pid) for pid in writers):
+        assert time.monotonic() < deadline, "the orphaned writer never exited"
+        time.sleep(0.02)
     with Store(path) as store:
         assert store.integrity() == "ok"
         run = q.get_run(store.db, 1)
