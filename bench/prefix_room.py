@@ -13,7 +13,9 @@ running, the prefix KV those agents pin, all prefix KV on the GPU (idle
 prefixes kept while free KV holds them included), and the mean batch; and,
 sampled at each decision and held until the next, the KV the running
 requests hold (input and tokens generated so far) and the waiting requests
-(how many, and their mean input). Under overload the pool is the
+(how many, and their mean input). Per agent: the share of the run its
+prefix is on the GPU, how many of its requests run while it is there (the
+batch its prefix's room is spent on), and its loads. Under overload the pool is the
 bottleneck, so prefix KV pinned by running agents is room the batch does
 not get. `--write` records the table in
 docs/RESULTS.md (section "prefix-room").
@@ -54,6 +56,9 @@ class PrefixRoom:
     agent_s: float = 0.0
     pinned_s: float = 0.0
     resident_s: float = 0.0
+    gpu_s: Counter[str] = field(default_factory=Counter)  # per agent: seconds on the GPU
+    request_s: Counter[str] = field(default_factory=Counter)  # per agent: request-seconds run
+    loads: Counter[str] = field(default_factory=Counter)  # per agent: times put on the GPU
 
     def decision(self, decision: Any) -> None:
         return None
@@ -65,6 +70,10 @@ class PrefixRoom:
             self.agent_s += dt * len(busy)
             self.pinned_s += dt * sum(self.prefix_tokens.get(a, 0) for a in busy)
             self.resident_s += dt * sum(self.prefix_tokens.get(a, 0) for a in self.on_gpu)
+            for a in self.on_gpu:
+                self.gpu_s[a] += dt
+            for a in busy:
+                self.request_s[a] += dt * self.per_agent[a]
             self.t = ev.t
         kind, rid, agent = ev.kind, ev.request_id, ev.agent or ""
         if kind is EventKind.REQUEST_ADMIT and rid is not None and rid not in self.running:
@@ -74,13 +83,24 @@ class PrefixRoom:
             self.per_agent[self.running.pop(rid)] -= 1  # type: ignore[arg-type]
         elif kind in ON_GPU:
             self.on_gpu.add(agent)
+            self.loads[agent] += 1
         elif kind is OFF_GPU:
             self.on_gpu.discard(agent)
 
     def averages(self) -> dict[str, float]:
         span = self.t or 1.0
         return {"agents_running": self.agent_s / span, "pinned_kv": self.pinned_s / span,
-                "resident_kv": self.resident_s / span}
+                "resident_kv": self.resident_s / span, "agents": self.by_agent()}
+
+    def by_agent(self) -> dict[str, dict[str, float]]:
+        """Per agent whose prefix was ever on the GPU: its share of the run on
+        the GPU, its mean running requests while there, and its loads."""
+        span = self.t or 1.0
+        return {a: {"prefix": float(self.prefix_tokens.get(a, 0)),
+                    "on_gpu": self.gpu_s[a] / span,
+                    "running_on_gpu": self.request_s[a] / self.gpu_s[a] if self.gpu_s[a] else 0.0,
+                    "loads": float(self.loads[a])}
+                for a in sorted(self.gpu_s)}
 
 
 class PoolSampler:
@@ -143,6 +163,16 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                    f"{r['mean_batch']:.2f} | {r['agents_running']:.2f} | "
                    f"{r['pinned_kv']:,.0f} | {r['resident_kv']:,.0f} | {r['prefix_loads']} | "
                    f"{r['running_kv']:,.0f} | {r['waiting']:.1f} | {r['waiting_input']:,.0f} |")
+    agents = sorted({a for r in rows for a in r["agents"]})
+    prefix = {a: v["prefix"] for r in rows for a, v in r["agents"].items()}
+    out += ["", "Per agent (one row each): the share of the run its prefix is on the GPU, "
+            "the mean number of its requests running while it is there, and its loads.", "",
+            "| agent | prefix (tokens) | " + " | ".join(r["policy"] for r in rows) + " |",
+            "|---|---|" + "---|" * len(rows)]
+    for a in agents:
+        cells = [(f"{v['on_gpu']:.0%}, {v['running_on_gpu']:.2f}, {v['loads']:.0f}"
+                  if (v := r["agents"].get(a)) else "-") for r in rows]
+        out.append(f"| {a} | {prefix[a]:,.0f} | " + " | ".join(cells) + " |")
     return out
 
 

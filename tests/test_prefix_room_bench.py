@@ -33,6 +33,11 @@ def test_the_averages_follow_admissions_ends_and_residency() -> None:
     assert avg["pinned_kv"] == pytest.approx(220.0)
     # on the GPU: A all 10 s (never evicted), B over [2, 8)
     assert avg["resident_kv"] == pytest.approx((100 * 10 + 300 * 6) / 10)
+    # per agent: A on the GPU all 10 s with one request over [0, 4); B over [2, 8)
+    # with two requests over [2, 6) and one over [6, 8)
+    a, b = avg["agents"]["A"], avg["agents"]["B"]
+    assert (a["on_gpu"], a["running_on_gpu"], a["loads"]) == pytest.approx((1.0, 0.4, 1.0))
+    assert (b["on_gpu"], b["running_on_gpu"], b["loads"]) == pytest.approx((0.6, 10 / 6, 1.0))
 
 
 def test_a_replay_pins_no_more_than_it_holds_and_runs_some_agent() -> None:
