@@ -176,6 +176,25 @@ def test_an_overdue_task_is_served_next() -> None:
     assert all("A" in c.resident for c in d.candidates if c.resident)
 
 
+def test_the_oldest_overdue_task_is_served_first() -> None:
+    """Task 1 (Chain-like, fresh path 76.8 s) has waited 160 s, 2.1 times its
+    path; task 2 (one stage, 25.6 s) 100 s, 3.9 times. Both are overdue, and
+    the older is served (FIFO bounds the largest time in the system), though
+    the younger's multiple is larger. One prefix fits."""
+    short = workflow("short", {"s": ()})
+    old = request(1, 1, CHAIN, "a")
+    young = request(2, 2, short, "s", arrival=60.0)
+    v = view([CHAIN, short], [task(1, CHAIN, a="active"), task(2, short, arrival=60.0,
+                                                                s="active")],
+             [], [old, young], t=160.0, budget=200)
+    assert policy(overdue=2.0).decide(v).admit == (1,)
+    # with only the young task overdue (the old one at 1.3 times its path), it is served
+    v = view([CHAIN, short], [task(1, CHAIN, arrival=60.0, a="active"),
+                              task(2, short, arrival=60.0, s="active")],
+             [], [replace(old, task_arrival=60.0), young], t=160.0, budget=200)
+    assert policy(overdue=2.0).decide(v).admit == (2,)
+
+
 # ---------------------------------------------------------------- started_hol
 
 def _running_a_round(t: float) -> Request:

@@ -81,8 +81,9 @@ class TopasParams:
     # requests and, through the work redone, every other task (an exchange argument)
     preempt_exchange: bool = True
     swap_only: bool = True  # preempt only to swap prefixes, never for running requests' KV
-    # a task older than this many times its workflow's mean recent JCT is served
-    # next: every candidate covers its waiting request's agent and keeps its room
+    # a task older than this many times its workflow's mean recent JCT is overdue;
+    # the oldest overdue task is served next: every candidate covers its waiting
+    # request's agent and keeps its room
     overdue: float | None = 2.0
     # once more than `window_cap` requests wait, a decision weighs each agent's first
     # tasks that a fill into this times the free KV reaches, at most `window_cap`

@@ -110,9 +110,10 @@ class TopasPolicy:
             self._workflow_of[event.task_id] = event.note  # type: ignore[index]
 
     def overdue_request(self, view: EngineView, paths: TaskPaths) -> Request | None:
-        """`overdue`: the waiting request of the task whose age is the largest
-        multiple of its workflow's mean recent JCT (before any finished: its
-        expected fresh path), if that multiple exceeds `overdue`."""
+        """`overdue`: a task is overdue once its age exceeds `overdue` times its
+        workflow's mean recent JCT (before any finished: its expected fresh
+        path); the waiting request of the oldest overdue task (FIFO, which
+        minimizes the largest time in the system)."""
         kappa = self.params.overdue
         if kappa is None or not view.waiting:
             return None
@@ -120,13 +121,15 @@ class TopasPolicy:
         refs = {name: sum(jcts) / len(jcts) for name in oldest if (jcts := self._jcts.get(name))}
         if len(refs) < len(oldest):  # before any finished: the expected fresh path
             refs = {**self.fresh_paths(view, paths), **refs}
-        best: tuple[float, float, int] | None = None
+        best: tuple[float, int] | None = None
         worst: Request | None = None
         for r in oldest.values():
-            key = (-(view.t - r.task_arrival) / refs[r.workflow], r.task_arrival, r.id)
+            if (view.t - r.task_arrival) / refs[r.workflow] <= kappa:
+                continue
+            key = (r.task_arrival, r.id)
             if best is None or key < best:
                 best, worst = key, r
-        return worst if best is not None and -best[0] > kappa else None
+        return worst
 
     def decide(self, view: EngineView) -> Decision:
         search = _Search(self, view)
