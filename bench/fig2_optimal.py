@@ -59,6 +59,8 @@ def optimal(arrivals: Sequence[float]) -> tuple[float, tuple[Step, ...]]:
     def best(done: tuple[int, ...], resident: str, t: float) -> tuple[float, tuple[Step, ...]]:
         """(least total JCT of the tasks still to finish, its steps) from a
         free machine at `t` with `resident`'s prefix on the GPU."""
+        if all(k == stages for k in done):
+            return 0.0, ()
         out: tuple[float, tuple[Step, ...]] = (float("inf"), ())
         for i, k in enumerate(done):
             if k == stages:
@@ -68,7 +70,7 @@ def optimal(arrivals: Sequence[float]) -> tuple[float, tuple[Step, ...]]:
             end = start + SERVICE
             nxt = (*done[:i], k + 1, *done[i + 1:])
             jct = end - arr[i] if k + 1 == stages else 0.0
-            rest, steps = best(nxt, agent, end) if any(x < stages for x in nxt) else (0.0, ())
+            rest, steps = best(nxt, agent, end)
             if jct + rest < out[0] - EPS:
                 out = (jct + rest, (Step(i, agent, start, end), *steps))
         return out

@@ -121,15 +121,9 @@ class TopasPolicy:
         refs = {name: sum(jcts) / len(jcts) for name in oldest if (jcts := self._jcts.get(name))}
         if len(refs) < len(oldest):  # before any finished: the expected fresh path
             refs = {**self.fresh_paths(view, paths), **refs}
-        first: tuple[float, int] | None = None
-        head: Request | None = None
-        for r in oldest.values():
-            if (view.t - r.task_arrival) / refs[r.workflow] <= kappa:
-                continue
-            key = (r.task_arrival, r.id)
-            if first is None or key < first:
-                first, head = key, r
-        return head
+        overdue = [r for r in oldest.values()
+                   if (view.t - r.task_arrival) / refs[r.workflow] > kappa]
+        return min(overdue, key=lambda r: (r.task_arrival, r.id)) if overdue else None
 
     def decide(self, view: EngineView) -> Decision:
         search = _Search(self, view)
