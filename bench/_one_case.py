@@ -15,7 +15,7 @@ from typing import Any
 from _results import update_section  # bench/_results.py
 from generalization import CACHE, Cache, capacities, parse_params
 
-from workflows.generator import FAMILIES, LOADS
+from workflows.generator import FAMILIES, HOLDOUT, LOADS
 
 # replay(family, draw, load, policy, params, tasks, capacity) -> the policy's row
 Replay = Callable[[str, int, str, str, dict[str, Any], int, float], dict[str, Any]]
@@ -60,7 +60,8 @@ class CaseBench:
     def parser(self, description: str) -> argparse.ArgumentParser:
         """--family, --draw, --load, -p 'POLICY [NAME=VALUE]...', --tasks, --write."""
         ap = argparse.ArgumentParser(description=description)
-        ap.add_argument("--family", choices=FAMILIES, default="fork_join")
+        ap.add_argument("--family", choices=(*FAMILIES, *HOLDOUT), default="fork_join",
+                        help="a generated family, the fixed list's or --holdout's (fork_join)")
         ap.add_argument("--draw", type=int, default=self.draw,
                         help=f"the family's draw seed ({self.draw})")
         ap.add_argument("--load", choices=LOADS, default=self.load)

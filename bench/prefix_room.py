@@ -15,9 +15,10 @@ sampled at each decision and held until the next, the KV the running
 requests hold (input and tokens generated so far) and the waiting requests
 (how many, and their mean input). Per agent: the share of the run its
 prefix is on the GPU, how many of its requests run while it is there (the
-batch its prefix's room is spent on), and its loads. Under overload the pool is the
-bottleneck, so prefix KV pinned by running agents is room the batch does
-not get. `--write` records the table in
+batch its prefix's room is spent on), its loads, and how long its requests
+wait from first ready to first start (the queue its residency leaves).
+Under overload the pool is the bottleneck, so prefix KV pinned by running
+agents is room the batch does not get. `--write` records the table in
 docs/RESULTS.md (section "prefix-room").
 """
 
@@ -59,6 +60,9 @@ class PrefixRoom:
     gpu_s: Counter[str] = field(default_factory=Counter)  # per agent: seconds on the GPU
     request_s: Counter[str] = field(default_factory=Counter)  # per agent: request-seconds run
     loads: Counter[str] = field(default_factory=Counter)  # per agent: times put on the GPU
+    # request -> (first ready, agent) until it first starts, then None
+    ready: dict[int, tuple[float, str] | None] = field(default_factory=dict)
+    waited: dict[str, list[float]] = field(default_factory=dict)  # per agent: first waits
 
     def decision(self, decision: Any) -> None:
         return None
@@ -76,6 +80,8 @@ class PrefixRoom:
                 self.request_s[a] += dt * self.per_agent[a]
             self.t = ev.t
         kind, rid, agent = ev.kind, ev.request_id, ev.agent or ""
+        if rid is not None:
+            self._first_wait(kind, rid, ev.t, agent)
         if kind is EventKind.REQUEST_ADMIT and rid is not None and rid not in self.running:
             self.running[rid] = agent
             self.per_agent[agent] += 1
@@ -87,20 +93,30 @@ class PrefixRoom:
         elif kind is OFF_GPU:
             self.on_gpu.discard(agent)
 
+    def _first_wait(self, kind: EventKind, rid: int, t: float, agent: str) -> None:
+        """A request's wait from its first readiness to its first start."""
+        if kind is EventKind.REQUEST_READY:
+            self.ready.setdefault(rid, (t, agent))
+        elif kind is EventKind.REQUEST_START and (first := self.ready.get(rid)) is not None:
+            self.waited.setdefault(first[1], []).append(t - first[0])
+            self.ready[rid] = None  # a start after a preemption is not its first
+
     def averages(self) -> dict[str, float]:
         span = self.t or 1.0
         return {"agents_running": self.agent_s / span, "pinned_kv": self.pinned_s / span,
                 "resident_kv": self.resident_s / span, "agents": self.by_agent()}
 
     def by_agent(self) -> dict[str, dict[str, float]]:
-        """Per agent whose prefix was ever on the GPU: its share of the run on
-        the GPU, its mean running requests while there, and its loads."""
+        """Per agent whose prefix was on the GPU or whose request started: its
+        share of the run on the GPU, its mean running requests while there,
+        its loads, and its requests' mean wait from first ready to first start."""
         span = self.t or 1.0
         return {a: {"prefix": float(self.prefix_tokens.get(a, 0)),
                     "on_gpu": self.gpu_s[a] / span,
                     "running_on_gpu": self.request_s[a] / self.gpu_s[a] if self.gpu_s[a] else 0.0,
-                    "loads": float(self.loads[a])}
-                for a in sorted(self.gpu_s)}
+                    "loads": float(self.loads[a]),
+                    "wait_s": float(np.mean(self.waited[a])) if a in self.waited else 0.0}
+                for a in sorted(set(self.gpu_s) | set(self.waited))}
 
 
 class PoolSampler:
@@ -166,11 +182,13 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     agents = sorted({a for r in rows for a in r["agents"]})
     prefix = {a: v["prefix"] for r in rows for a, v in r["agents"].items()}
     out += ["", "Per agent (one row each): the share of the run its prefix is on the GPU, "
-            "the mean number of its requests running while it is there, and its loads.", "",
+            "the mean number of its requests running while it is there, its loads, and its "
+            "requests' mean wait from first ready to first start (s).", "",
             "| agent | prefix (tokens) | " + " | ".join(r["policy"] for r in rows) + " |",
             "|---|---|" + "---|" * len(rows)]
     for a in agents:
-        cells = [(f"{v['on_gpu']:.0%}, {v['running_on_gpu']:.2f}, {v['loads']:.0f}"
+        cells = [(f"{v['on_gpu']:.0%}, {v['running_on_gpu']:.2f}, {v['loads']:.0f}, "
+                  f"{v['wait_s']:.1f} s"
                   if (v := r["agents"].get(a)) else "-") for r in rows]
         out.append(f"| {a} | {prefix[a]:,.0f} | " + " | ".join(cells) + " |")
     return out

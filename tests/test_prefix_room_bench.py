@@ -14,13 +14,21 @@ def test_the_averages_follow_admissions_ends_and_residency() -> None:
     bench = load_bench("prefix_room")
     sink = bench.PrefixRoom({"A": 100, "B": 300})
     for ev in (
+        EngineEvent(0.0, EventKind.REQUEST_READY, request_id=1, agent="A"),
+        EngineEvent(0.0, EventKind.REQUEST_READY, request_id=2, agent="B"),
         EngineEvent(0.0, EventKind.PREFIX_LOAD_START, agent="A"),
         EngineEvent(0.0, EventKind.REQUEST_ADMIT, request_id=1, agent="A"),
+        EngineEvent(1.0, EventKind.REQUEST_START, request_id=1, agent="A"),
+        EngineEvent(1.0, EventKind.REQUEST_READY, request_id=3, agent="B"),
         EngineEvent(2.0, EventKind.PREFIX_LOAD_START, agent="B"),
         EngineEvent(2.0, EventKind.REQUEST_ADMIT, request_id=2, agent="B"),
         EngineEvent(2.0, EventKind.REQUEST_ADMIT, request_id=3, agent="B"),
+        EngineEvent(3.0, EventKind.REQUEST_START, request_id=2, agent="B"),
+        EngineEvent(3.0, EventKind.REQUEST_START, request_id=3, agent="B"),
         EngineEvent(4.0, EventKind.REQUEST_FINISH, request_id=1, agent="A"),
         EngineEvent(6.0, EventKind.PREEMPT, request_id=2, agent="B"),
+        EngineEvent(6.0, EventKind.REQUEST_READY, request_id=2, agent="B"),
+        EngineEvent(7.0, EventKind.REQUEST_START, request_id=2, agent="B"),
         EngineEvent(8.0, EventKind.RETRACT, request_id=3, agent="B"),
         EngineEvent(8.0, EventKind.PREFIX_EVICT, agent="B"),
         EngineEvent(10.0, EventKind.TASK_FINISH, task_id=1),
@@ -38,6 +46,9 @@ def test_the_averages_follow_admissions_ends_and_residency() -> None:
     a, b = avg["agents"]["A"], avg["agents"]["B"]
     assert (a["on_gpu"], a["running_on_gpu"], a["loads"]) == pytest.approx((1.0, 0.4, 1.0))
     assert (b["on_gpu"], b["running_on_gpu"], b["loads"]) == pytest.approx((0.6, 10 / 6, 1.0))
+    # waits from first ready to first start: A's request 1 s; B's 3 s and 2 s (request 2's
+    # start after its preemption is not its first)
+    assert (a["wait_s"], b["wait_s"]) == pytest.approx((1.0, 2.5))
 
 
 def test_a_replay_pins_no_more_than_it_holds_and_runs_some_agent() -> None:
