@@ -19,13 +19,14 @@ import math
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.ma  # np.isin imports it lazily: not in the first decision that sorts
 
 from topasd.model import (
     Candidate,
+    CostHints,
     Decision,
     EngineEvent,
     EngineView,
@@ -46,12 +47,22 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
-from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh
+from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
 from topasd.score import score_total
+
+# a DAG task's waiting requests' (agent, stage row, D_hat), its `_gain_cuts` and
+# `_complement_cuts`, and its joint cut (`_Search._task_cuts`)
+TaskCuts = tuple[tuple[tuple[str, int, float], ...], list[Cut], list[Cut], Cut]
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
 JCT_WINDOW = 64  # finished tasks per workflow whose mean JCT `overdue` measures ages by
 KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`keep_idle`)
+_PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
+_DONE: Final = StageStatus.DONE
+_FULL: Final = Reservation.FULL
+_NONE: Final = Location.NONE
+_GPU: Final = Location.GPU  # (`PrefixState.on_gpu` reads it interpreted)
+DEMAND_CLIP = 4096  # `Request.demand`'s clip (its default)
 
 
 class TopasPolicy:
@@ -68,6 +79,8 @@ class TopasPolicy:
         # them), while each is the same (`_Search._reuse_counts`)
         self.reuse_memo: dict[int, tuple[TaskView, Workflow, tuple[str, ...],
                                          list[tuple[str, str]]]] = {}
+        # per DAG task of the last decision: its `_Search._task_cuts` and what they are of
+        self.cut_memo: dict[int, TaskCuts] = {}
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -128,6 +141,7 @@ class TopasPolicy:
     def decide(self, view: EngineView) -> Decision:
         search = _Search(self, view)
         states = search.run()
+        self.cut_memo = search.cuts_kept  # the other tasks' entries are dropped
         best = _best(states)
         chosen = states[best]
         for rid, credit in chosen.credits():
@@ -142,7 +156,7 @@ class TopasPolicy:
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
             evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
-            reservation=Reservation(self.params.reservation),
+            reservation=reservation(self.params.reservation),
             candidates=CandidateLog(states),
             chosen=best,
         )
@@ -331,7 +345,7 @@ class _Search(SearchBounds):
         mu = p.mu if p.mu is not None else view.costs.kv_bytes_per_token
         b_swap = p.b_swap if p.b_swap is not None else view.costs.swap_bytes_per_s
         self.sec_per_token = mu / b_swap
-        self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
+        self.gpu = frozenset([a for a, s in view.prefixes.items() if s.location is _GPU])
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t,
                                policy.path_memo)
@@ -358,8 +372,10 @@ class _Search(SearchBounds):
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
-        self._entries: tuple[list[Request], dict[int, tuple[HeapEntry, HeapEntry]]] | None = None
+        # `_fill_stream`'s requests in order: (agent, task, entry, entry if unrepresented)
+        self._entries: list[tuple[str, int, HeapEntry, HeapEntry]] | None = None
         self._dhats: dict[int, float] = {}
+        self._longests: dict[int, float] = {}  # `_longest`
         self._rows: dict[int, int] = {}  # `_row`
         self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
@@ -372,6 +388,9 @@ class _Search(SearchBounds):
         self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
         self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
         self._gain_cut_memo: dict[int, list[Cut]] = {}
+        self.cuts_kept: dict[int, TaskCuts] = {}  # `_task_cuts`, for the next decision
+        self._joint_cuts: dict[int, Cut] = {}  # each DAG task's, once `_task_cuts` read it
+        self._singles: dict[int, Cut] = {}  # each request's {r} among `_task_cuts`' (`_single`)
         self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
         self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
@@ -459,9 +478,9 @@ class _Search(SearchBounds):
         computed it under this decision's reservation mode and ratio)."""
         d = queue.demand(r)
         if d is None:
-            return held_demand(r, held, Reservation(self.params.reservation),
+            return held_demand(r, held, reservation(self.params.reservation),
                                self.view.new_request_ratio)
-        return beside_held(r, d, held)
+        return beside_held(r, d, held) if r.shared else d  # (an interpreted call saved)
 
     def _reuse_terms(self) -> None:
         """Eq. 11's terms per (agent of the running predecessor, agent of the
@@ -514,7 +533,7 @@ class _Search(SearchBounds):
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
-                                   if pre.location is Location.NONE
+                                   if pre.location is _NONE
                                    else self.sec_per_token * pre.tokens)
 
     def _agent_sums(self, view: EngineView, by_agent: dict[str, list[Request]]) -> None:
@@ -537,17 +556,21 @@ class _Search(SearchBounds):
         self.run_tasks = run_tasks
         run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
         self.run_growth = run_growth
-        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
+        ratio, credits, costs = view.new_token_ratio, self.policy.credits, view.costs
+        demand: dict[int, float] = {}
+        self.run_demand = demand  # d_r (Eq. 2) of each running request, by id
         for a, rs in by_agent.items():
             kv = redo = revoke = 0.0
             ids: list[int] = []
             growth: list[tuple[int, int]] = []
             tasks: set[int] = set()
             for r in rs:
+                own = own_input(r)
                 ids.append(r.id)
-                kv += r.demand(ratio)
-                growth.append((r.remaining, r.kv_tokens()))
-                redo += t_dec * r.generated + redo_input * t_prefill(r.own_input)
+                d = demand[r.id] = running_demand(r, own, ratio)
+                kv += d
+                growth.append((r.output_tokens - r.generated, own + r.generated))
+                redo += t_dec * r.generated + redo_input * t_prefill(costs, own)
                 revoke += credits.get(r.id, 0.0)
                 tasks.add(r.task_id)
             run_ids[a], run_kv[a], run_growth[a] = ids, kv, growth
@@ -714,7 +737,7 @@ class _Search(SearchBounds):
 
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
-        return max((s.total for s in self.pack(r)), default=-math.inf)
+        return _largest([s.total for s in self.pack(r)], -math.inf)
 
     def evictions(self, chosen: _State) -> tuple[str, ...]:
         """The GPU prefixes the chosen state leaves out. With `keep_idle`, only
@@ -804,7 +827,9 @@ class _Search(SearchBounds):
             task = self.view.tasks.get(task_id)
             if task is None:
                 return 0.0
-            cut = self._joint_cut(reqs)
+            cut = self._joint_cuts.get(task_id) if whole else None
+            if cut is None:
+                cut = self._joint_cut(reqs)
             running = self.running_stage.get(task_id, {})
             drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
             hit = self.g.get(task_id, 1.0) * max(0.0, drop)
@@ -1014,7 +1039,7 @@ class _Search(SearchBounds):
         curve = self._releases.get(kept)
         if curve is None:
             if self._ends is None:  # every running request's, sorted once per decision
-                self._ends = sorted((self._remaining(r), r.demand(self.view.new_token_ratio),
+                self._ends = sorted((self._remaining(r), self.run_demand[r.id],
                                      r.id, r.agent) for r in self.view.running)
             curve = self._releases[kept] = [(t, kv) for t, kv, _, a in self._ends if a in kept]
         return curve
@@ -1090,20 +1115,19 @@ class _Search(SearchBounds):
                 entries[r.id] = (_entry(new, key, ratio, False, r.task_arrival, own, r.id, 0),
                                  _entry(new, key, ratio, True, r.task_arrival, own, r.id, 0))
             ordered = sorted(self.view.waiting, key=lambda r: entries[r.id][1])
-            self._entries = (ordered, entries)
-        ordered, entries = self._entries
+            self._entries = [(r.agent, r.task_id, *entries[r.id]) for r in ordered]
         represented: set[int] = set()
         for a in resident & self.running_agents:
             represented |= self.run_tasks[a]
         stream: list[HeapEntry] = []
         flagged = False
-        for r in ordered:
-            if r.agent in resident:
-                if r.task_id in represented:
+        for agent, task_id, plain, unrepresented in self._entries:
+            if agent in resident:
+                if task_id in represented:
                     flagged = True
-                    stream.append(entries[r.id][0])
+                    stream.append(plain)
                 else:
-                    stream.append(entries[r.id][1])
+                    stream.append(unrepresented)
         if flagged:
             stream.sort()  # already in order but where the flag breaks a tie
         return stream
@@ -1194,7 +1218,7 @@ class _Search(SearchBounds):
     def started_hold(self, resident: frozenset[str]) -> float:
         """`start_gate` (c): the room R's new tasks leave free, the largest
         need of a started task's agent R leaves out (`_started_need`), else 0."""
-        return max((n for a, n in self.started_need.items() if a not in resident), default=0.0)
+        return _largest([n for a, n in self.started_need.items() if a not in resident], 0.0)
 
     def grabs_kv(self, resident: frozenset[str]) -> bool:
         """Whether R preempts running requests that hold more KV than the
@@ -1283,14 +1307,30 @@ class _Search(SearchBounds):
         agent's complement (only {} on a chain, whose gains are sums; memoized)."""
         hit = self._gain_cut_memo.get(task.id)
         if hit is None:
-            if self.view.workflows[task.workflow].is_chain:
-                hit = [()]
-            else:
-                reqs = self.waiting_by_task[task.id]
-                hit = [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
-                       self._joint_cut(reqs), *self._complement_cuts(task.id)]
-            self._gain_cut_memo[task.id] = hit
+            chain = self.view.workflows[task.workflow].is_chain
+            hit = self._gain_cut_memo[task.id] = [()] if chain else self._task_cuts(task.id)
         return hit
+
+    def _task_cuts(self, task_id: int) -> list[Cut]:
+        """`_gain_cuts` of a DAG task. They are made of its waiting requests'
+        agents, stage rows and D_hat alone, so while those are the same (D_hat
+        is never a negative zero: equal floats are the same floats) the last
+        decision's are taken, with its complement and joint cuts."""
+        reqs = self.waiting_by_task[task_id]
+        key = tuple([(r.agent, self._row(r), self._dhat(r)) for r in reqs])
+        last = self.policy.cut_memo.get(task_id)
+        if last is not None and last[0] == key:
+            _, cuts, complements, joint = last
+            self._complement_cut_memo.setdefault(task_id, complements)
+        else:
+            complements = self._complement_cuts(task_id)
+            joint = self._joint_cut(reqs)
+            cuts = [(), *(_add_cut((), row, d) for _, row, d in key), joint, *complements]
+        self.cuts_kept[task_id] = (key, cuts, complements, joint)
+        self._joint_cuts[task_id] = joint
+        for r, single in zip(reqs, cuts[1:], strict=False):
+            self._singles[r.id] = single
+        return cuts
 
     # ------------------------------------------------------------ progress
 
@@ -1352,13 +1392,19 @@ class _Search(SearchBounds):
         values = [0.0] * len(missing)
         if task is not None:
             running = self.running_stage.get(task_id, {})
-            after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
+            after = [self._single(r) if not cut else _add_cut(cut, self._row(r), self._dhat(r))
+                     for r in missing]
             lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
             before, g = lhats[0], self.g.get(task_id, 1.0)
             values = [g * max(0.0, before - v) for v in lhats[1:]]
         for r, v in zip(missing, values, strict=True):
             memo[(r.id, cut)] = v
         return [memo[(r.id, cut)] for r in reqs]
+
+    def _single(self, r: Request) -> Cut:
+        """{r}: `_add_cut((), row, D_hat)`, the very cut `_task_cuts` priced if it did."""
+        hit = self._singles.get(r.id)
+        return _add_cut((), self._row(r), self._dhat(r)) if hit is None else hit
 
     def delta(self, r: Request, cut: dict[int, float]) -> float:
         """Eq. 6: L_hat_i(H) - L_hat_i(H + {r}) (unweighted)."""
@@ -1375,7 +1421,11 @@ class _Search(SearchBounds):
         packed first (LPT); 0 for every request without it."""
         if not self.params.longest_first:
             return 0.0
-        return -self.view.costs.t_request(r.input_tokens, r.output_tokens)
+        hit = self._longests.get(r.id)
+        if hit is None:
+            hit = self._longests[r.id] = -self.view.costs.t_request(r.input_tokens,
+                                                                   r.output_tokens)
+        return hit
 
     def _dhat(self, r: Request) -> float:
         hit = self._dhats.get(r.id)
@@ -1713,6 +1763,39 @@ def decode_peak(growth: list[tuple[int, int]]) -> float:
     return float(peak)
 
 
+def _largest(values: list[float], default: float) -> float:
+    """max(values, default=default), as a loop (the builtin with a default
+    is several times slower compiled): the first of equal values."""
+    if not values:
+        return default
+    best = values[0]
+    for v in values:
+        if v > best:
+            best = v
+    return best
+
+
+def own_input(r: Request) -> int:
+    """`Request.own_input` (model.py's properties run interpreted; this is
+    compiled with the search, the same integer)."""
+    if not r.shared:
+        return r.input_tokens
+    return r.input_tokens - sum(s.tokens for s in r.shared)
+
+
+def running_demand(r: Request, own: int, ratio: float) -> float:
+    """`Request.demand(ratio)` (Eq. 2) of r, whose `own_input` is `own`: the
+    same arithmetic, compiled."""
+    if r.reservation is _FULL:
+        return float(own + r.output_tokens)
+    return own + r.generated + ratio * min(r.output_tokens - r.generated, DEMAND_CLIP)
+
+
+def t_prefill(costs: CostHints, tokens: int) -> float:
+    """`CostHints.t_prefill(tokens)`: the same arithmetic, compiled."""
+    return costs.prefill_base_s + costs.prefill_s_per_token * tokens
+
+
 def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list[tuple[str, str]]:
     """(agent of u, agent of v) for each pending stage v of a task whose only
     unfinished predecessor is a running stage u (`_Search._reuse_counts`)."""
@@ -1721,12 +1804,12 @@ def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list
     undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
     for u in running:
         for v in wf.succs[u]:
-            if status[v].status is not StageStatus.PENDING:
+            if status[v].status is not _PENDING:
                 continue
             left = undone.get(v)
             if left is None:
                 left = undone[v] = [p for p in wf.preds[v]
-                                    if status[p].status is not StageStatus.DONE]
+                                    if status[p].status is not _DONE]
             if not left or left == [u]:  # every other predecessor is done
                 pairs.append((wf.stages[u].agent, wf.stages[v].agent))
     return pairs
