@@ -17,7 +17,7 @@ import heapq
 import itertools
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -33,7 +33,6 @@ from topasd.model import (
     EventKind,
     Location,
     Request,
-    Reservation,
     ScoreTerms,
     StageStatus,
     TaskView,
@@ -59,10 +58,7 @@ JCT_WINDOW = 64  # finished tasks per workflow whose mean JCT `overdue` measures
 KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`keep_idle`)
 _PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
 _DONE: Final = StageStatus.DONE
-_FULL: Final = Reservation.FULL
 _NONE: Final = Location.NONE
-_GPU: Final = Location.GPU  # (`PrefixState.on_gpu` reads it interpreted)
-DEMAND_CLIP = 4096  # `Request.demand`'s clip (its default)
 
 
 class TopasPolicy:
@@ -81,6 +77,9 @@ class TopasPolicy:
                                          list[tuple[str, str]]]] = {}
         # per DAG task of the last decision: its `_Search._task_cuts` and what they are of
         self.cut_memo: dict[int, TaskCuts] = {}
+        # the last decision's costs and `_Search._longest` of its requests (frozen: the
+        # same request object under the same costs has the same value)
+        self.longest_memo: tuple[CostHints | None, dict[int, tuple[Request, float]]] = (None, {})
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -142,6 +141,7 @@ class TopasPolicy:
         search = _Search(self, view)
         states = search.run()
         self.cut_memo = search.cuts_kept  # the other tasks' entries are dropped
+        self.longest_memo = (view.costs, search.longests)  # the requests it read
         best = _best(states)
         chosen = states[best]
         for rid, credit in chosen.credits():
@@ -345,7 +345,7 @@ class _Search(SearchBounds):
         mu = p.mu if p.mu is not None else view.costs.kv_bytes_per_token
         b_swap = p.b_swap if p.b_swap is not None else view.costs.swap_bytes_per_s
         self.sec_per_token = mu / b_swap
-        self.gpu = frozenset([a for a, s in view.prefixes.items() if s.location is _GPU])
+        self.gpu = frozenset([a for a, s in view.prefixes.items() if s.on_gpu])
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t,
                                policy.path_memo)
@@ -375,7 +375,9 @@ class _Search(SearchBounds):
         # `_fill_stream`'s requests in order: (agent, task, entry, entry if unrepresented)
         self._entries: list[tuple[str, int, HeapEntry, HeapEntry]] | None = None
         self._dhats: dict[int, float] = {}
-        self._longests: dict[int, float] = {}  # `_longest`
+        self.longests: dict[int, tuple[Request, float]] = {}  # `_longest`, by request id
+        last_costs, last = policy.longest_memo
+        self._last_longests = last if last_costs is view.costs else {}
         self._rows: dict[int, int] = {}  # `_row`
         self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
@@ -480,7 +482,7 @@ class _Search(SearchBounds):
         if d is None:
             return held_demand(r, held, reservation(self.params.reservation),
                                self.view.new_request_ratio)
-        return beside_held(r, d, held) if r.shared else d  # (an interpreted call saved)
+        return beside_held(r, d, held)
 
     def _reuse_terms(self) -> None:
         """Eq. 11's terms per (agent of the running predecessor, agent of the
@@ -515,7 +517,7 @@ class _Search(SearchBounds):
                     counted.add(s.key)
                     run_kv[r.agent] += s.tokens
         self.running_agents = frozenset(self.run_ids)
-        self.task_ids = frozenset(r.task_id for r in (*view.running, *view.waiting))
+        self.task_ids = frozenset([*running_stage, *self.waiting_by_task])  # of Q_t and W_t
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
         self.lost_all = sum(self.lost_by_agent.values(), 0.0)  # J_redo + J_revoke if all leave
@@ -556,7 +558,7 @@ class _Search(SearchBounds):
         self.run_tasks = run_tasks
         run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
         self.run_growth = run_growth
-        ratio, credits, costs = view.new_token_ratio, self.policy.credits, view.costs
+        ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
         demand: dict[int, float] = {}
         self.run_demand = demand  # d_r (Eq. 2) of each running request, by id
         for a, rs in by_agent.items():
@@ -565,13 +567,13 @@ class _Search(SearchBounds):
             growth: list[tuple[int, int]] = []
             tasks: set[int] = set()
             for r in rs:
-                own = own_input(r)
-                ids.append(r.id)
-                d = demand[r.id] = running_demand(r, own, ratio)
+                rid = r.id
+                ids.append(rid)
+                d = demand[rid] = r.demand(ratio)
                 kv += d
-                growth.append((r.output_tokens - r.generated, own + r.generated))
-                redo += t_dec * r.generated + redo_input * t_prefill(costs, own)
-                revoke += credits.get(r.id, 0.0)
+                growth.append((r.remaining, r.kv_tokens()))
+                redo += t_dec * r.generated + redo_input * t_prefill(r.own_input)
+                revoke += credits.get(rid, 0.0)
                 tasks.add(r.task_id)
             run_ids[a], run_kv[a], run_growth[a] = ids, kv, growth
             run_redo[a], run_revoke[a], run_tasks[a] = redo, revoke, tasks
@@ -1067,7 +1069,7 @@ class _Search(SearchBounds):
         merged with a heap of the siblings re-keyed when a same-task request
         is admitted (Eq. 7)."""
         resident = fill.pack.resident
-        key, at = _pack_key(self.params.pack_order)
+        by_arrival, at = _pack_key(self.params.pack_order)
         fresh = self.fresh  # with `start_gate`, started tasks first
         stream, pos = self._fill_stream(resident), 0
         heap: list[HeapEntry] = []  # re-keyed siblings
@@ -1094,8 +1096,10 @@ class _Search(SearchBounds):
                 cut = _add_cut(cuts.get(r.task_id, ()), self._row(r), self._dhat(r))
                 cuts[r.task_id] = cut
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
-                for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
-                    heapq.heappush(heap, _entry(x.task_id in fresh, key, -gx / self.d[x.id],
+                gains = self._gains(r.task_id, cut, sibs)  # one per sibling, in order
+                for i, x in enumerate(sibs):
+                    heapq.heappush(heap, _entry(x.task_id in fresh, by_arrival,
+                                                -gains[i] / self.d[x.id],
                                                 False, x.task_arrival, self._longest(x), x.id,
                                                 mark))
         return fill.states
@@ -1107,13 +1111,14 @@ class _Search(SearchBounds):
         Sorted once per decision with every task unrepresented; a fill's own
         order differs from it only where that flag breaks a tie."""
         if self._entries is None:
-            key, fresh = _pack_key(self.params.pack_order)[0], self.fresh
+            by_arrival, fresh = _pack_key(self.params.pack_order)[0], self.fresh
             entries: dict[int, tuple[HeapEntry, HeapEntry]] = {}
             for r in self.view.waiting:
                 new, ratio = r.task_id in fresh, -self.base_gain(r) / self.d[r.id]
                 own = self._longest(r)
-                entries[r.id] = (_entry(new, key, ratio, False, r.task_arrival, own, r.id, 0),
-                                 _entry(new, key, ratio, True, r.task_arrival, own, r.id, 0))
+                entries[r.id] = (
+                    _entry(new, by_arrival, ratio, False, r.task_arrival, own, r.id, 0),
+                    _entry(new, by_arrival, ratio, True, r.task_arrival, own, r.id, 0))
             ordered = sorted(self.view.waiting, key=lambda r: entries[r.id][1])
             self._entries = [(r.agent, r.task_id, *entries[r.id]) for r in ordered]
         represented: set[int] = set()
@@ -1163,10 +1168,11 @@ class _Search(SearchBounds):
         heap's `_pack_key`, then id) as arrays; built once per decision."""
         if self._solo is None:
             reqs = [r for a in sorted(self.solo_agents) for r in self.waiting_by_agent[a]]
-            key, _ = _pack_key(self.params.pack_order)  # the heap's order; solo tasks are
-            keyed = sorted(  # never represented yet
+            by_arrival, _ = _pack_key(self.params.pack_order)  # the heap's order; solo
+            keyed = sorted(  # tasks are never represented yet
                 ((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs),
-                key=lambda k: (*key(k[0], True, k[1], self._longest(self.requests[k[2]])), k[2]))
+                key=lambda k: (*_pack_fields(by_arrival, k[0], True, k[1],
+                                             self._longest(self.requests[k[2]])), k[2]))
             fresh = self.fresh
             if fresh:  # `start_gate`: started tasks first (a stable sort)
                 keyed.sort(key=lambda k: self.requests[k[2]].task_id in fresh)
@@ -1328,8 +1334,8 @@ class _Search(SearchBounds):
             cuts = [(), *(_add_cut((), row, d) for _, row, d in key), joint, *complements]
         self.cuts_kept[task_id] = (key, cuts, complements, joint)
         self._joint_cuts[task_id] = joint
-        for r, single in zip(reqs, cuts[1:], strict=False):
-            self._singles[r.id] = single
+        for i, r in enumerate(reqs):  # cuts[1 + i] is {reqs[i]} (the same key, the same reqs)
+            self._singles[r.id] = cuts[1 + i]
         return cuts
 
     # ------------------------------------------------------------ progress
@@ -1362,8 +1368,9 @@ class _Search(SearchBounds):
                 gs.append(g)
         for z, rids, ds, gs in groups.values():
             delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
-            self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
-                                  strict=True))
+            gains = (np.array(gs) * delta).tolist()  # one per request of rids, in order
+            for i, rid in enumerate(rids):
+                self._gain[(rid, ())] = gains[i]
         self.paths.lhat_batch([(task, running, self._gain_cuts(task))
                                for task, running, _ in dags if task.id not in self._batched])
         for task, _, reqs in dags:
@@ -1385,7 +1392,7 @@ class _Search(SearchBounds):
         """g_i * Delta_task(r | H, t) for several requests of one task (Eqs. 6, 7, 12)."""
         memo = self._gain
         known = [memo.get((r.id, cut)) for r in reqs]  # each key hashed once when all known
-        missing = [r for r, v in zip(reqs, known, strict=True) if v is None]
+        missing = [r for i, r in enumerate(reqs) if known[i] is None]
         if not missing:
             return cast(list[float], known)
         task = self.view.tasks.get(task_id)
@@ -1397,8 +1404,10 @@ class _Search(SearchBounds):
             lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
             before, g = lhats[0], self.g.get(task_id, 1.0)
             values = [g * max(0.0, before - v) for v in lhats[1:]]
-        for r, v in zip(missing, values, strict=True):
-            memo[(r.id, cut)] = v
+        for i, r in enumerate(missing):  # values[i] is missing[i]'s
+            memo[(r.id, cut)] = values[i]
+        if len(missing) == len(reqs):  # all of them: what the memo now holds for reqs
+            return values
         return [memo[(r.id, cut)] for r in reqs]
 
     def _single(self, r: Request) -> Cut:
@@ -1421,11 +1430,13 @@ class _Search(SearchBounds):
         packed first (LPT); 0 for every request without it."""
         if not self.params.longest_first:
             return 0.0
-        hit = self._longests.get(r.id)
+        hit = self.longests.get(r.id)
         if hit is None:
-            hit = self._longests[r.id] = -self.view.costs.t_request(r.input_tokens,
-                                                                   r.output_tokens)
-        return hit
+            hit = self._last_longests.get(r.id)  # the last decision's, for this very request
+            if hit is None or hit[0] is not r:
+                hit = (r, -self.view.costs.t_request(r.input_tokens, r.output_tokens))
+            self.longests[r.id] = hit
+        return hit[1]
 
     def _dhat(self, r: Request) -> float:
         hit = self._dhats.get(r.id)
@@ -1673,28 +1684,34 @@ class _SoloOrder:
 
 
 HeapEntry = tuple[Any, ...]  # GreedyPack's heap entry (`_Search._fill_stream`)
-PackKey = Callable[[float, bool, float, float], tuple[Any, Any, Any, Any]]  # `_pack_key`
 
 
-def _entry(new: bool, key: PackKey, ratio: float, unrepresented: bool, arrival: float,
+def _entry(new: bool, by_arrival: bool, ratio: float, unrepresented: bool, arrival: float,
            longest: float, rid: int, mark: int) -> HeapEntry:
     """A request's GreedyPack heap entry: its task new (`start_gate`), then
-    `key` of (-gain per KV token, task not represented, task arrival, minus
-    its own service with `longest_first`), id, and the version of its task's
-    gains it was keyed with."""
-    k = key(ratio, unrepresented, arrival, longest)
+    `_pack_fields` of (-gain per KV token, task not represented, task
+    arrival, minus its own service with `longest_first`), id, and the
+    version of its task's gains it was keyed with."""
+    k = _pack_fields(by_arrival, ratio, unrepresented, arrival, longest)
     return (new, k[0], k[1], k[2], k[3], rid, mark)
 
 
-def _pack_key(pack_order: str) -> tuple[PackKey, int]:
+def _pack_key(pack_order: str) -> tuple[bool, int]:
+    """GreedyPack's admission order (`_pack_fields`): whether it is by
+    arrival, and where the ratio sits in its key."""
+    return (True, 2) if pack_order == "arrival" else (False, 0)
+
+
+def _pack_fields(by_arrival: bool, ratio: float, unrep: bool, arrival: float,
+                 longest: float) -> tuple[Any, Any, Any, Any]:
     """GreedyPack's admission order as a sort key of (-gain per KV token, task
-    not yet represented, task arrival, -own service), and where the ratio
-    sits in it: "ratio" is the paper's, "arrival" serves tasks in arrival
-    order (a task's own requests longest first with `longest_first`, else,
-    and then, by the ratio)."""
-    if pack_order == "arrival":
-        return (lambda ratio, unrep, arrival, longest: (arrival, longest, ratio, unrep)), 2
-    return (lambda ratio, unrep, arrival, longest: (ratio, unrep, arrival, longest)), 0
+    not yet represented, task arrival, -own service): "ratio" is the paper's,
+    "arrival" (`by_arrival`) serves tasks in arrival order (a task's own
+    requests longest first with `longest_first`, else, and then, by the
+    ratio). A plain function: the compiled search calls it directly."""
+    if by_arrival:
+        return (arrival, longest, ratio, unrep)
+    return (ratio, unrep, arrival, longest)
 
 
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
@@ -1757,9 +1774,11 @@ def decode_peak(growth: list[tuple[int, int]]) -> float:
     the largest, over each request j, of what the requests with at least j's
     remaining output hold as j generates its last token."""
     peak, held = 0, 0
-    for n, (rem, kv) in enumerate(sorted(growth, reverse=True), 1):  # longest first
+    ordered = sorted(growth)  # walked from the end: longest first (equal pairs are alike)
+    for i in range(len(ordered)):
+        rem, kv = ordered[-1 - i]
         held += kv
-        peak = max(peak, held + n * rem)
+        peak = max(peak, held + (i + 1) * rem)
     return float(peak)
 
 
@@ -1773,27 +1792,6 @@ def _largest(values: list[float], default: float) -> float:
         if v > best:
             best = v
     return best
-
-
-def own_input(r: Request) -> int:
-    """`Request.own_input` (model.py's properties run interpreted; this is
-    compiled with the search, the same integer)."""
-    if not r.shared:
-        return r.input_tokens
-    return r.input_tokens - sum(s.tokens for s in r.shared)
-
-
-def running_demand(r: Request, own: int, ratio: float) -> float:
-    """`Request.demand(ratio)` (Eq. 2) of r, whose `own_input` is `own`: the
-    same arithmetic, compiled."""
-    if r.reservation is _FULL:
-        return float(own + r.output_tokens)
-    return own + r.generated + ratio * min(r.output_tokens - r.generated, DEMAND_CLIP)
-
-
-def t_prefill(costs: CostHints, tokens: int) -> float:
-    """`CostHints.t_prefill(tokens)`: the same arithmetic, compiled."""
-    return costs.prefill_base_s + costs.prefill_s_per_token * tokens
 
 
 def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list[tuple[str, str]]:
