@@ -293,7 +293,8 @@ class SearchBounds(ABC):
                     continue
                 _, v, w, incoming = alone
             else:
-                covered = mine & resident
+                # mine itself when R covers it all (no new set, its hash kept)
+                covered = mine if mine <= resident else mine & resident
                 if not covered:
                     continue
                 v, w, incoming = priced.get((tid, covered)) or self._cover(tid, reqs, covered)

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 import numpy as np
 
-from topasd.model import CostHints, Request, StageStatus, TaskView, Workflow
+from topasd.model import CostHints, Request, StageProgress, StageStatus, TaskView, Workflow
 
 Pair = tuple[str, str]  # (agent, stage)
 Cut = tuple[tuple[int, float], ...]  # hypothetical completions: (stage row, D_hat total)
 WINDOW = 512  # most recent observations kept per pair (F adapts to drift)
+SPREAD_COLUMNS = 8  # a one-set pass of this many columns copies [Z]_+ (`_spread`)
 RESIDUALS_KEPT = 4096  # started stages' residuals a pair's distribution keeps (`residual_above`)
+_DONE: Final = StageStatus.DONE  # read once (an enum member's lookup is slow)
 
 
 class _Dist:
@@ -36,7 +39,7 @@ class _Dist:
 
     def __init__(self, values: list[float]) -> None:
         self.sorted = list(values)  # for `bisect`
-        self.values = np.asarray(values)
+        self.values = np.fromiter(values, np.float64, len(values))
         self.unstarted = _Residual(self.values, 0.0, None)  # its mean when first read
         self._above = _Above(self.values)
         self._residuals: dict[tuple[int, float], _Residual] = {}
@@ -73,7 +76,8 @@ class _Above:
         stage passes the same observations for many decisions)."""
         hit = self.memo.get((row, k))
         if hit is None or hit[0] is not quantiles:
-            hit = self.memo[(row, k)] = (quantiles, _at(self.values[k:], quantiles[row]))
+            tail = self.values[k:]
+            hit = self.memo[(row, k)] = (quantiles, tail[_positions(quantiles, row, tail.size)])
         return hit[1]
 
 
@@ -86,6 +90,7 @@ class ServiceModel:
         self._dist: dict[Pair, _Dist] = {}
         self._req_sum: dict[Pair, float] = {}
         self._req_n: dict[Pair, int] = {}
+        self._req_mean: dict[Pair, float] = {}  # _req_sum / _req_n, per observed pair
 
     def observe_stage(self, pair: Pair, service_s: float) -> None:
         """A stage finished with total LLM service `service_s` (updates F_{a,v})."""
@@ -100,7 +105,8 @@ class ServiceModel:
     def observe_request(self, pair: Pair, service_s: float) -> None:
         """A request finished after `service_s` of LLM service."""
         self._req_sum[pair] = self._req_sum.get(pair, 0.0) + service_s
-        self._req_n[pair] = self._req_n.get(pair, 0) + 1
+        n = self._req_n[pair] = self._req_n.get(pair, 0) + 1
+        self._req_mean[pair] = self._req_sum[pair] / n  # one division per observation
 
     def stage_values(self, pair: Pair) -> list[float]:
         return self._stage.get(pair, [])
@@ -119,8 +125,7 @@ class ServiceModel:
 
     def mean_request(self, pair: Pair) -> float | None:
         """The pair's mean observed request (round) service, None before any."""
-        n = self._req_n.get(pair, 0)
-        return self._req_sum[pair] / n if n else None
+        return self._req_mean.get(pair)
 
 
 def round_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
@@ -181,7 +186,7 @@ class _Residual:
             elif self._tail is None:
                 picked = np.full(quantiles.shape[1:], self.point)
             else:
-                picked = _at(self._tail, quantiles[row])
+                picked = self._tail[_positions(quantiles, row, self._tail.size)]
             self.keep(row, quantiles, picked)
             return picked
         return hit
@@ -364,18 +369,22 @@ class TaskPaths:
         vectorized longest-path pass per DAG workflow (chains are sums); a
         residual set's cuts once, however many tasks have it."""
         by_wf: dict[str, list[tuple[int, list[Cut]]]] = {}
-        queued: set[tuple[int, Cut]] = set()
+        queued: dict[int, set[Cut]] = {}  # per set, its cuts already in a group
         every: list[tuple[str, int, list[Cut]]] = [
             (task.workflow, self._set_of(task, running), cuts) for task, running, cuts in jobs]
         every.extend((name, self._fresh_set(name), [()]) for name in fresh)
         for name, k, cuts in every:
             known = self._memo[k].lhat
+            mine = queued.get(k)
+            if mine is None:
+                mine = queued[k] = set()
             todo = []
             for c in cuts:
-                key = (k, c)
-                if c not in known and key not in queued:
-                    queued.add(key)
-                    todo.append(c)
+                if c not in known:
+                    size = len(mine)
+                    mine.add(c)
+                    if len(mine) > size:  # not queued before (one hash, not two)
+                        todo.append(c)
             if todo:
                 by_wf.setdefault(name, []).append((k, todo))
         for name, group in by_wf.items():
@@ -421,17 +430,19 @@ class TaskPaths:
                     at.append(j)
                     dhat.append(d)
         sets, n_cols = list(place), len(keys)
-        flat = [row * n_cols + j for row, j in zip(rows, at, strict=True)]  # (stage, column)
+        flat = [rows[i] * n_cols + at[i] for i in range(len(rows))]  # (stage, column)
         stacked = self._sample_sets(sets)
-        if len(sets) == 1:
+        if len(sets) == 1 and n_cols < SPREAD_COLUMNS:
             z = self._one_set(sets[0], n_cols, flat, dhat)
+        elif len(sets) == 1:
+            z = self._spread(sets[0], n_cols, rows, flat, dhat)
         else:
             z = self._many_sets(sets, stacked, picks, rows, at, flat, dhat)
         lp = _longest_path(wf, z)
-        n = lp.shape[-1]
+        n: int = lp.shape[-1]
         sums: list[float] = np.add.reduce(lp, axis=-1).tolist()
-        for (k, cut), total in zip(keys, sums, strict=True):
-            self._memo[k].lhat[cut] = total / n  # the mean as ndarray.mean takes it
+        for i, (k, cut) in enumerate(keys):  # sums[i] is column i's
+            self._memo[k].lhat[cut] = sums[i] / n  # the mean as ndarray.mean takes it
 
     def _one_set(self, k: int, n_cols: int, flat: list[int], dhat: list[float]) -> np.ndarray:
         """(stage, column, S) = [Z - D_hat]_+ (IV-B, after Eq. 4) of set k
@@ -442,6 +453,18 @@ class TaskPaths:
             cuts[flat] = dhat
         z = samples[:, None] - cuts.reshape(samples.shape[0], n_cols, 1)
         return np.maximum(z, 0.0, out=z)
+
+    def _spread(self, k: int, n_cols: int, rows: list[int], flat: list[int],
+                dhat: list[float]) -> np.ndarray:
+        """`_one_set` as `_many_sets` builds it: set k's [Z]_+ in every column
+        (x - 0.0 is x), then the cells a cut holds (faster on many columns)."""
+        z = np.repeat(self._samples(k, True)[:, None, :], n_cols, axis=1)
+        if not rows:
+            return z
+        cut_z = self._samples(k, False)[rows] - np.array(dhat)[:, None]
+        by_cell = z.reshape(-1, z.shape[-1])  # (stage * column, S)
+        by_cell[flat] = np.maximum(cut_z, 0.0, out=cut_z)
+        return z
 
     def _many_sets(self, sets: list[int], stacked: tuple[np.ndarray, np.ndarray] | None,
                    picks: list[int], rows: list[int], at: list[int], flat: list[int],
@@ -457,11 +480,11 @@ class TaskPaths:
             return z
         n_stages, n = z.shape[0], z.shape[-1]
         raw = stacked[0].reshape(-1, n)  # (set * stage, S)
-        cut_z = raw[[picks[j] * n_stages + row for row, j in zip(rows, at, strict=True)]] \
+        cut_z = raw[[picks[at[i]] * n_stages + rows[i] for i in range(len(rows))]] \
             - np.array(dhat)[:, None]
         by_cell = z.reshape(-1, n)  # (stage * column, S)
         by_cell[flat] = np.maximum(cut_z, 0.0, out=cut_z)
-        return by_cell.reshape(z.shape)
+        return z  # by_cell is a view of it
 
     def residuals(self, task: TaskView, running: Mapping[str, Request]) -> list[_Residual]:
         """Z_{i,v} of every stage of a task, in `topo_order` rows (Eq. 4)."""
@@ -479,22 +502,24 @@ class TaskPaths:
                    running: Mapping[str, Request]) -> list[_Residual]:
         res = self._res.get(task.id)
         if res is None:
-            res = self._res[task.id] = [
-                self._residual(task, wf, v, running, dist)
-                for v, dist in zip(wf.topo_order, self._dists_of(wf), strict=True)]
+            stages = task.stages
+            dists = self._dists_of(wf)  # one per stage of topo_order
+            res = self._res[task.id] = [self._residual(stages[v], wf, v, running, dists[i])
+                                        for i, v in enumerate(wf.topo_order)]
         return res
 
-    def _residual(self, task: TaskView, wf: Workflow, v: str,
+    def _residual(self, prog: StageProgress, wf: Workflow, v: str,
                   running: Mapping[str, Request], dist: _Dist | None) -> _Residual:
-        """Eq. 4: Z_{i,v} = X - e | X > e for a started stage; X unstarted; 0 done."""
-        prog = task.stages[v]
-        if prog.status is StageStatus.DONE:
+        """Eq. 4 for stage v with progress `prog`: Z_{i,v} = X - e | X > e for
+        a started stage; X unstarted; 0 done."""
+        if prog.status is _DONE:
             return _ZERO
         e = prog.service_s
         req = running.get(v)
-        started = e > 0.0 or (req is not None and req.started_at is not None)
-        if req is not None and req.started_at is not None:
-            e += max(0.0, self.t - req.started_at)
+        began = req.started_at if req is not None else None
+        started = e > 0.0 or began is not None
+        if began is not None:
+            e += max(0.0, self.t - began)
         if dist is None:  # F is a point mass at the profile: it knows no rounds,
             if not started:  # so a started stage keeps at least the floor
                 return self._prior(wf, v)
@@ -537,16 +562,36 @@ class TaskPaths:
         """`_samples` of those of `sets` without them, built at once: one
         array for their rows, the started stages' X - e | X > e subtracted in
         one step (the same differences, element for element, as
-        `_Residual.sampled`), and their [Z]_+ in one step. When it built
-        every one of `sets`: (samples, [samples]_+) as (set, stage, S) arrays."""
+        `_Residual.sampled`; x - 0.0 is x for the other rows), and their
+        [Z]_+ in one step. When it built every one of `sets`: (samples,
+        [samples]_+) as (set, stage, S) arrays."""
         todo = [k for k in sets if self._memo[k].clipped is None]  # kept with its samples
         if not todo:
             return None
+        u = self.u
+        rows, shifts, late = self._sample_rows(todo)
+        samples: np.ndarray = np.concatenate(rows).reshape(len(rows), -1)  # as np.array stacks
+        if late:
+            samples = samples - np.array(shifts)[:, None]
+            apart = samples[[place for place, _, _ in late]]  # kept rows hold no other rows
+            for i, (_, r, row) in enumerate(late):  # apart[i] is late[i]'s row
+                r.keep(row, u, apart[i])
+        samples = samples.reshape(len(todo), -1, u.shape[1])
+        clipped = np.maximum(samples, 0.0)
+        for j, k in enumerate(todo):
+            m = self._memo[k]
+            m.samples, m.clipped = samples[j], clipped[j]
+        return (samples, clipped) if len(todo) == len(sets) else None
+
+    def _sample_rows(self, todo: list[int]) -> tuple[
+            list[np.ndarray], list[float], list[tuple[int, _Residual, int]]]:
+        """The rows of sets `todo` (row v at quantile row v): each kept one,
+        else for a started stage X's observations above e, with e among the
+        shifts (0.0 for the other rows) and (its place, residual, row) in late."""
         u, n_rows = self.u, self.u.shape[0]
         rows: list[np.ndarray] = []
-        late: list[tuple[int, _Residual, int]] = []  # (place in `rows`, residual, row)
-        tails: list[np.ndarray] = []
         shifts: list[float] = []
+        late: list[tuple[int, _Residual, int]] = []  # (place in `rows`, residual, row)
         for k in todo:
             for i, r in enumerate(self._set_res[k]):
                 row = i % n_rows
@@ -554,30 +599,31 @@ class TaskPaths:
                 shift = r.shifted(row, u) if hit is None else None
                 if shift is None:
                     rows.append(r.sampled(row, u) if hit is None else hit)
+                    shifts.append(0.0)
                     continue
                 late.append((len(rows), r, row))
-                rows.append(shift[0])  # a placeholder of the same shape
-                tails.append(shift[0])
+                rows.append(shift[0])
                 shifts.append(shift[1])
-        if late:
-            picked = np.array(tails) - np.array(shifts)[:, None]
-            for (place, r, row), z in zip(late, picked, strict=True):
-                r.keep(row, u, z)
-                rows[place] = z
-        samples = np.array(rows).reshape(len(todo), -1, u.shape[1])
-        clipped = np.maximum(samples, 0.0)
-        for j, k in enumerate(todo):
-            m = self._memo[k]
-            m.samples, m.clipped = samples[j], clipped[j]
-        return (samples, clipped) if len(todo) == len(sets) else None
+        return rows, shifts, late
 
 
 _ZERO = _Residual(None, 0.0, 0.0)
 
 
-def _at(values: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Sorted `values` at the quantiles `u` in [0, 1)."""
-    return values[(u * values.size).astype(np.int64)]
+# (row, size) -> (quantile rows, `_positions`)
+_POSITIONS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+POSITIONS_KEPT = 4096
+
+
+def _positions(quantiles: np.ndarray, row: int, size: int) -> np.ndarray:
+    """Where `size` sorted values are at the stratified quantiles u of row
+    `row`, u in [0, 1): floor(u * size) (once per row and size)."""
+    hit = _POSITIONS.get((row, size))
+    if hit is None or hit[0] is not quantiles:
+        if len(_POSITIONS) >= POSITIONS_KEPT:
+            _POSITIONS.clear()
+        hit = _POSITIONS[(row, size)] = (quantiles, (quantiles[row] * size).astype(np.int64))
+    return hit[1]
 
 
 def _longest_path(wf: Workflow, z: np.ndarray) -> np.ndarray:

@@ -17,22 +17,22 @@ import heapq
 import itertools
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.ma  # np.isin imports it lazily: not in the first decision that sorts
 
 from topasd.model import (
     Candidate,
+    CostHints,
     Decision,
     EngineEvent,
     EngineView,
     EventKind,
     Location,
     Request,
-    Reservation,
     ScoreTerms,
     StageStatus,
     TaskView,
@@ -46,12 +46,19 @@ from topasd.model import (
 from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
-from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh
+from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
 from topasd.score import score_total
+
+# a DAG task's waiting requests' (agent, stage row, D_hat), its `_gain_cuts` and
+# `_complement_cuts`, and its joint cut (`_Search._task_cuts`)
+TaskCuts = tuple[tuple[tuple[str, int, float], ...], list[Cut], list[Cut], Cut]
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
 JCT_WINDOW = 64  # finished tasks per workflow whose mean JCT `overdue` measures ages by
 KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`keep_idle`)
+_PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
+_DONE: Final = StageStatus.DONE
+_NONE: Final = Location.NONE
 
 
 class TopasPolicy:
@@ -68,6 +75,11 @@ class TopasPolicy:
         # them), while each is the same (`_Search._reuse_counts`)
         self.reuse_memo: dict[int, tuple[TaskView, Workflow, tuple[str, ...],
                                          list[tuple[str, str]]]] = {}
+        # per DAG task of the last decision: its `_Search._task_cuts` and what they are of
+        self.cut_memo: dict[int, TaskCuts] = {}
+        # the last decision's costs and `_Search._longest` of its requests (frozen: the
+        # same request object under the same costs has the same value)
+        self.longest_memo: tuple[CostHints | None, dict[int, tuple[Request, float]]] = (None, {})
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
@@ -128,6 +140,8 @@ class TopasPolicy:
     def decide(self, view: EngineView) -> Decision:
         search = _Search(self, view)
         states = search.run()
+        self.cut_memo = search.cuts_kept  # the other tasks' entries are dropped
+        self.longest_memo = (view.costs, search.longests)  # the requests it read
         best = _best(states)
         chosen = states[best]
         for rid, credit in chosen.credits():
@@ -142,7 +156,7 @@ class TopasPolicy:
             preempt=chosen.preempt,
             load=tuple(sorted(resident - gpu)),
             evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
-            reservation=Reservation(self.params.reservation),
+            reservation=reservation(self.params.reservation),
             candidates=CandidateLog(states),
             chosen=best,
         )
@@ -331,7 +345,7 @@ class _Search(SearchBounds):
         mu = p.mu if p.mu is not None else view.costs.kv_bytes_per_token
         b_swap = p.b_swap if p.b_swap is not None else view.costs.swap_bytes_per_s
         self.sec_per_token = mu / b_swap
-        self.gpu = frozenset(a for a, s in view.prefixes.items() if s.on_gpu)
+        self.gpu = frozenset([a for a, s in view.prefixes.items() if s.on_gpu])
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
         self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t,
                                policy.path_memo)
@@ -358,8 +372,12 @@ class _Search(SearchBounds):
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
-        self._entries: tuple[list[Request], dict[int, tuple[HeapEntry, HeapEntry]]] | None = None
+        # `_fill_stream`'s requests in order: (agent, task, entry, entry if unrepresented)
+        self._entries: list[tuple[str, int, HeapEntry, HeapEntry]] | None = None
         self._dhats: dict[int, float] = {}
+        self.longests: dict[int, tuple[Request, float]] = {}  # `_longest`, by request id
+        last_costs, last = policy.longest_memo
+        self._last_longests = last if last_costs is view.costs else {}
         self._rows: dict[int, int] = {}  # `_row`
         self._t_moves: dict[frozenset[str], float] = {}
         self._refined: dict[frozenset[str], float] = {}
@@ -372,6 +390,9 @@ class _Search(SearchBounds):
         self._tables: dict[int, list[tuple[str, int, float, float, bool]]] = {}
         self._complement_cut_memo: dict[int, list[tuple[tuple[int, float], ...]]] = {}
         self._gain_cut_memo: dict[int, list[Cut]] = {}
+        self.cuts_kept: dict[int, TaskCuts] = {}  # `_task_cuts`, for the next decision
+        self._joint_cuts: dict[int, Cut] = {}  # each DAG task's, once `_task_cuts` read it
+        self._singles: dict[int, Cut] = {}  # each request's {r} among `_task_cuts`' (`_single`)
         self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
         self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
@@ -459,7 +480,7 @@ class _Search(SearchBounds):
         computed it under this decision's reservation mode and ratio)."""
         d = queue.demand(r)
         if d is None:
-            return held_demand(r, held, Reservation(self.params.reservation),
+            return held_demand(r, held, reservation(self.params.reservation),
                                self.view.new_request_ratio)
         return beside_held(r, d, held)
 
@@ -496,7 +517,7 @@ class _Search(SearchBounds):
                     counted.add(s.key)
                     run_kv[r.agent] += s.tokens
         self.running_agents = frozenset(self.run_ids)
-        self.task_ids = frozenset(r.task_id for r in (*view.running, *view.waiting))
+        self.task_ids = frozenset([*running_stage, *self.waiting_by_task])  # of Q_t and W_t
         self.hold = {a: self.ell[a] + self.run_kv.get(a, 0.0) for a in self.ell}  # l_a + KV of Q_t
         self.lost_by_agent = {a: self.run_redo[a] + self.run_revoke[a] for a in self.run_ids}
         self.lost_all = sum(self.lost_by_agent.values(), 0.0)  # J_redo + J_revoke if all leave
@@ -514,7 +535,7 @@ class _Search(SearchBounds):
         for a, pre in view.prefixes.items():
             if a not in self.gpu:  # a prefix with no host copy is recomputed instead
                 self.move_in[a] = (view.costs.t_prefill(pre.tokens)
-                                   if pre.location is Location.NONE
+                                   if pre.location is _NONE
                                    else self.sec_per_token * pre.tokens)
 
     def _agent_sums(self, view: EngineView, by_agent: dict[str, list[Request]]) -> None:
@@ -538,17 +559,21 @@ class _Search(SearchBounds):
         run_growth: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
         self.run_growth = run_growth
         ratio, credits, t_prefill = view.new_token_ratio, self.policy.credits, view.costs.t_prefill
+        demand: dict[int, float] = {}
+        self.run_demand = demand  # d_r (Eq. 2) of each running request, by id
         for a, rs in by_agent.items():
             kv = redo = revoke = 0.0
             ids: list[int] = []
             growth: list[tuple[int, int]] = []
             tasks: set[int] = set()
             for r in rs:
-                ids.append(r.id)
-                kv += r.demand(ratio)
+                rid = r.id
+                ids.append(rid)
+                d = demand[rid] = r.demand(ratio)
+                kv += d
                 growth.append((r.remaining, r.kv_tokens()))
                 redo += t_dec * r.generated + redo_input * t_prefill(r.own_input)
-                revoke += credits.get(r.id, 0.0)
+                revoke += credits.get(rid, 0.0)
                 tasks.add(r.task_id)
             run_ids[a], run_kv[a], run_growth[a] = ids, kv, growth
             run_redo[a], run_revoke[a], run_tasks[a] = redo, revoke, tasks
@@ -714,7 +739,7 @@ class _Search(SearchBounds):
 
     def phi(self, r: frozenset[str]) -> float:
         """Phi(R): the best full score GreedyPack emits for R (-inf if none)."""
-        return max((s.total for s in self.pack(r)), default=-math.inf)
+        return _largest([s.total for s in self.pack(r)], -math.inf)
 
     def evictions(self, chosen: _State) -> tuple[str, ...]:
         """The GPU prefixes the chosen state leaves out. With `keep_idle`, only
@@ -804,7 +829,9 @@ class _Search(SearchBounds):
             task = self.view.tasks.get(task_id)
             if task is None:
                 return 0.0
-            cut = self._joint_cut(reqs)
+            cut = self._joint_cuts.get(task_id) if whole else None
+            if cut is None:
+                cut = self._joint_cut(reqs)
             running = self.running_stage.get(task_id, {})
             drop = self.paths.lhat(task, running, ()) - self.paths.lhat(task, running, cut)
             hit = self.g.get(task_id, 1.0) * max(0.0, drop)
@@ -1014,7 +1041,7 @@ class _Search(SearchBounds):
         curve = self._releases.get(kept)
         if curve is None:
             if self._ends is None:  # every running request's, sorted once per decision
-                self._ends = sorted((self._remaining(r), r.demand(self.view.new_token_ratio),
+                self._ends = sorted((self._remaining(r), self.run_demand[r.id],
                                      r.id, r.agent) for r in self.view.running)
             curve = self._releases[kept] = [(t, kv) for t, kv, _, a in self._ends if a in kept]
         return curve
@@ -1042,7 +1069,7 @@ class _Search(SearchBounds):
         merged with a heap of the siblings re-keyed when a same-task request
         is admitted (Eq. 7)."""
         resident = fill.pack.resident
-        key, at = _pack_key(self.params.pack_order)
+        by_arrival, at = _pack_key(self.params.pack_order)
         fresh = self.fresh  # with `start_gate`, started tasks first
         stream, pos = self._fill_stream(resident), 0
         heap: list[HeapEntry] = []  # re-keyed siblings
@@ -1069,8 +1096,10 @@ class _Search(SearchBounds):
                 cut = _add_cut(cuts.get(r.task_id, ()), self._row(r), self._dhat(r))
                 cuts[r.task_id] = cut
                 version[r.task_id] = mark = version.get(r.task_id, 0) + 1
-                for x, gx in zip(sibs, self._gains(r.task_id, cut, sibs), strict=True):
-                    heapq.heappush(heap, _entry(x.task_id in fresh, key, -gx / self.d[x.id],
+                gains = self._gains(r.task_id, cut, sibs)  # one per sibling, in order
+                for i, x in enumerate(sibs):
+                    heapq.heappush(heap, _entry(x.task_id in fresh, by_arrival,
+                                                -gains[i] / self.d[x.id],
                                                 False, x.task_arrival, self._longest(x), x.id,
                                                 mark))
         return fill.states
@@ -1082,28 +1111,28 @@ class _Search(SearchBounds):
         Sorted once per decision with every task unrepresented; a fill's own
         order differs from it only where that flag breaks a tie."""
         if self._entries is None:
-            key, fresh = _pack_key(self.params.pack_order)[0], self.fresh
+            by_arrival, fresh = _pack_key(self.params.pack_order)[0], self.fresh
             entries: dict[int, tuple[HeapEntry, HeapEntry]] = {}
             for r in self.view.waiting:
                 new, ratio = r.task_id in fresh, -self.base_gain(r) / self.d[r.id]
                 own = self._longest(r)
-                entries[r.id] = (_entry(new, key, ratio, False, r.task_arrival, own, r.id, 0),
-                                 _entry(new, key, ratio, True, r.task_arrival, own, r.id, 0))
+                entries[r.id] = (
+                    _entry(new, by_arrival, ratio, False, r.task_arrival, own, r.id, 0),
+                    _entry(new, by_arrival, ratio, True, r.task_arrival, own, r.id, 0))
             ordered = sorted(self.view.waiting, key=lambda r: entries[r.id][1])
-            self._entries = (ordered, entries)
-        ordered, entries = self._entries
+            self._entries = [(r.agent, r.task_id, *entries[r.id]) for r in ordered]
         represented: set[int] = set()
         for a in resident & self.running_agents:
             represented |= self.run_tasks[a]
         stream: list[HeapEntry] = []
         flagged = False
-        for r in ordered:
-            if r.agent in resident:
-                if r.task_id in represented:
+        for agent, task_id, plain, unrepresented in self._entries:
+            if agent in resident:
+                if task_id in represented:
                     flagged = True
-                    stream.append(entries[r.id][0])
+                    stream.append(plain)
                 else:
-                    stream.append(entries[r.id][1])
+                    stream.append(unrepresented)
         if flagged:
             stream.sort()  # already in order but where the flag breaks a tie
         return stream
@@ -1139,10 +1168,11 @@ class _Search(SearchBounds):
         heap's `_pack_key`, then id) as arrays; built once per decision."""
         if self._solo is None:
             reqs = [r for a in sorted(self.solo_agents) for r in self.waiting_by_agent[a]]
-            key, _ = _pack_key(self.params.pack_order)  # the heap's order; solo tasks are
-            keyed = sorted(  # never represented yet
+            by_arrival, _ = _pack_key(self.params.pack_order)  # the heap's order; solo
+            keyed = sorted(  # tasks are never represented yet
                 ((-self.base_gain(r) / self.d[r.id], r.task_arrival, r.id) for r in reqs),
-                key=lambda k: (*key(k[0], True, k[1], self._longest(self.requests[k[2]])), k[2]))
+                key=lambda k: (*_pack_fields(by_arrival, k[0], True, k[1],
+                                             self._longest(self.requests[k[2]])), k[2]))
             fresh = self.fresh
             if fresh:  # `start_gate`: started tasks first (a stable sort)
                 keyed.sort(key=lambda k: self.requests[k[2]].task_id in fresh)
@@ -1194,7 +1224,7 @@ class _Search(SearchBounds):
     def started_hold(self, resident: frozenset[str]) -> float:
         """`start_gate` (c): the room R's new tasks leave free, the largest
         need of a started task's agent R leaves out (`_started_need`), else 0."""
-        return max((n for a, n in self.started_need.items() if a not in resident), default=0.0)
+        return _largest([n for a, n in self.started_need.items() if a not in resident], 0.0)
 
     def grabs_kv(self, resident: frozenset[str]) -> bool:
         """Whether R preempts running requests that hold more KV than the
@@ -1283,14 +1313,30 @@ class _Search(SearchBounds):
         agent's complement (only {} on a chain, whose gains are sums; memoized)."""
         hit = self._gain_cut_memo.get(task.id)
         if hit is None:
-            if self.view.workflows[task.workflow].is_chain:
-                hit = [()]
-            else:
-                reqs = self.waiting_by_task[task.id]
-                hit = [(), *(_add_cut((), self._row(r), self._dhat(r)) for r in reqs),
-                       self._joint_cut(reqs), *self._complement_cuts(task.id)]
-            self._gain_cut_memo[task.id] = hit
+            chain = self.view.workflows[task.workflow].is_chain
+            hit = self._gain_cut_memo[task.id] = [()] if chain else self._task_cuts(task.id)
         return hit
+
+    def _task_cuts(self, task_id: int) -> list[Cut]:
+        """`_gain_cuts` of a DAG task. They are made of its waiting requests'
+        agents, stage rows and D_hat alone, so while those are the same (D_hat
+        is never a negative zero: equal floats are the same floats) the last
+        decision's are taken, with its complement and joint cuts."""
+        reqs = self.waiting_by_task[task_id]
+        key = tuple([(r.agent, self._row(r), self._dhat(r)) for r in reqs])
+        last = self.policy.cut_memo.get(task_id)
+        if last is not None and last[0] == key:
+            _, cuts, complements, joint = last
+            self._complement_cut_memo.setdefault(task_id, complements)
+        else:
+            complements = self._complement_cuts(task_id)
+            joint = self._joint_cut(reqs)
+            cuts = [(), *(_add_cut((), row, d) for _, row, d in key), joint, *complements]
+        self.cuts_kept[task_id] = (key, cuts, complements, joint)
+        self._joint_cuts[task_id] = joint
+        for i, r in enumerate(reqs):  # cuts[1 + i] is {reqs[i]} (the same key, the same reqs)
+            self._singles[r.id] = cuts[1 + i]
+        return cuts
 
     # ------------------------------------------------------------ progress
 
@@ -1322,8 +1368,9 @@ class _Search(SearchBounds):
                 gs.append(g)
         for z, rids, ds, gs in groups.values():
             delta = np.maximum(0.0, z.mean - z.cut_means(np.array(ds)))
-            self._gain.update(zip([(rid, ()) for rid in rids], (np.array(gs) * delta).tolist(),
-                                  strict=True))
+            gains = (np.array(gs) * delta).tolist()  # one per request of rids, in order
+            for i, rid in enumerate(rids):
+                self._gain[(rid, ())] = gains[i]
         self.paths.lhat_batch([(task, running, self._gain_cuts(task))
                                for task, running, _ in dags if task.id not in self._batched])
         for task, _, reqs in dags:
@@ -1345,20 +1392,28 @@ class _Search(SearchBounds):
         """g_i * Delta_task(r | H, t) for several requests of one task (Eqs. 6, 7, 12)."""
         memo = self._gain
         known = [memo.get((r.id, cut)) for r in reqs]  # each key hashed once when all known
-        missing = [r for r, v in zip(reqs, known, strict=True) if v is None]
+        missing = [r for i, r in enumerate(reqs) if known[i] is None]
         if not missing:
             return cast(list[float], known)
         task = self.view.tasks.get(task_id)
         values = [0.0] * len(missing)
         if task is not None:
             running = self.running_stage.get(task_id, {})
-            after = [_add_cut(cut, self._row(r), self._dhat(r)) for r in missing]
+            after = [self._single(r) if not cut else _add_cut(cut, self._row(r), self._dhat(r))
+                     for r in missing]
             lhats = self.paths.lhat_many(task, running, [cut, *after])  # one pass
             before, g = lhats[0], self.g.get(task_id, 1.0)
             values = [g * max(0.0, before - v) for v in lhats[1:]]
-        for r, v in zip(missing, values, strict=True):
-            memo[(r.id, cut)] = v
+        for i, r in enumerate(missing):  # values[i] is missing[i]'s
+            memo[(r.id, cut)] = values[i]
+        if len(missing) == len(reqs):  # all of them: what the memo now holds for reqs
+            return values
         return [memo[(r.id, cut)] for r in reqs]
+
+    def _single(self, r: Request) -> Cut:
+        """{r}: `_add_cut((), row, D_hat)`, the very cut `_task_cuts` priced if it did."""
+        hit = self._singles.get(r.id)
+        return _add_cut((), self._row(r), self._dhat(r)) if hit is None else hit
 
     def delta(self, r: Request, cut: dict[int, float]) -> float:
         """Eq. 6: L_hat_i(H) - L_hat_i(H + {r}) (unweighted)."""
@@ -1375,7 +1430,13 @@ class _Search(SearchBounds):
         packed first (LPT); 0 for every request without it."""
         if not self.params.longest_first:
             return 0.0
-        return -self.view.costs.t_request(r.input_tokens, r.output_tokens)
+        hit = self.longests.get(r.id)
+        if hit is None:
+            hit = self._last_longests.get(r.id)  # the last decision's, for this very request
+            if hit is None or hit[0] is not r:
+                hit = (r, -self.view.costs.t_request(r.input_tokens, r.output_tokens))
+            self.longests[r.id] = hit
+        return hit[1]
 
     def _dhat(self, r: Request) -> float:
         hit = self._dhats.get(r.id)
@@ -1623,28 +1684,34 @@ class _SoloOrder:
 
 
 HeapEntry = tuple[Any, ...]  # GreedyPack's heap entry (`_Search._fill_stream`)
-PackKey = Callable[[float, bool, float, float], tuple[Any, Any, Any, Any]]  # `_pack_key`
 
 
-def _entry(new: bool, key: PackKey, ratio: float, unrepresented: bool, arrival: float,
+def _entry(new: bool, by_arrival: bool, ratio: float, unrepresented: bool, arrival: float,
            longest: float, rid: int, mark: int) -> HeapEntry:
     """A request's GreedyPack heap entry: its task new (`start_gate`), then
-    `key` of (-gain per KV token, task not represented, task arrival, minus
-    its own service with `longest_first`), id, and the version of its task's
-    gains it was keyed with."""
-    k = key(ratio, unrepresented, arrival, longest)
+    `_pack_fields` of (-gain per KV token, task not represented, task
+    arrival, minus its own service with `longest_first`), id, and the
+    version of its task's gains it was keyed with."""
+    k = _pack_fields(by_arrival, ratio, unrepresented, arrival, longest)
     return (new, k[0], k[1], k[2], k[3], rid, mark)
 
 
-def _pack_key(pack_order: str) -> tuple[PackKey, int]:
+def _pack_key(pack_order: str) -> tuple[bool, int]:
+    """GreedyPack's admission order (`_pack_fields`): whether it is by
+    arrival, and where the ratio sits in its key."""
+    return (True, 2) if pack_order == "arrival" else (False, 0)
+
+
+def _pack_fields(by_arrival: bool, ratio: float, unrep: bool, arrival: float,
+                 longest: float) -> tuple[Any, Any, Any, Any]:
     """GreedyPack's admission order as a sort key of (-gain per KV token, task
-    not yet represented, task arrival, -own service), and where the ratio
-    sits in it: "ratio" is the paper's, "arrival" serves tasks in arrival
-    order (a task's own requests longest first with `longest_first`, else,
-    and then, by the ratio)."""
-    if pack_order == "arrival":
-        return (lambda ratio, unrep, arrival, longest: (arrival, longest, ratio, unrep)), 2
-    return (lambda ratio, unrep, arrival, longest: (ratio, unrep, arrival, longest)), 0
+    not yet represented, task arrival, -own service): "ratio" is the paper's,
+    "arrival" (`by_arrival`) serves tasks in arrival order (a task's own
+    requests longest first with `longest_first`, else, and then, by the
+    ratio). A plain function: the compiled search calls it directly."""
+    if by_arrival:
+        return (arrival, longest, ratio, unrep)
+    return (ratio, unrep, arrival, longest)
 
 
 def _head_of_line(view: EngineView, hol_age: float | None) -> Request | None:
@@ -1707,10 +1774,24 @@ def decode_peak(growth: list[tuple[int, int]]) -> float:
     the largest, over each request j, of what the requests with at least j's
     remaining output hold as j generates its last token."""
     peak, held = 0, 0
-    for n, (rem, kv) in enumerate(sorted(growth, reverse=True), 1):  # longest first
+    ordered = sorted(growth)  # walked from the end: longest first (equal pairs are alike)
+    for i in range(len(ordered)):
+        rem, kv = ordered[-1 - i]
         held += kv
-        peak = max(peak, held + n * rem)
+        peak = max(peak, held + (i + 1) * rem)
     return float(peak)
+
+
+def _largest(values: list[float], default: float) -> float:
+    """max(values, default=default), as a loop (the builtin with a default
+    is several times slower compiled): the first of equal values."""
+    if not values:
+        return default
+    best = values[0]
+    for v in values:
+        if v > best:
+            best = v
+    return best
 
 
 def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -1721,12 +1802,12 @@ def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list
     undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
     for u in running:
         for v in wf.succs[u]:
-            if status[v].status is not StageStatus.PENDING:
+            if status[v].status is not _PENDING:
                 continue
             left = undone.get(v)
             if left is None:
                 left = undone[v] = [p for p in wf.preds[v]
-                                    if status[p].status is not StageStatus.DONE]
+                                    if status[p].status is not _DONE]
             if not left or left == [u]:  # every other predecessor is done
                 pairs.append((wf.stages[u].agent, wf.stages[v].agent))
     return pairs

@@ -136,7 +136,9 @@ class QueueIndex:
         if not self._live[wf]:
             del self._live[wf], self._by_age[wf]
         members, ds = self._members[agent][tid], self.by_agent[agent][tid]
-        k = next(i for i, x in enumerate(members) if x is r)
+        k = 0
+        while members[k] is not r:
+            k += 1
         members.pop(k)
         if ds.pop(k) <= self.least[agent]:
             emptied.add(agent)
@@ -202,8 +204,19 @@ def queue_change(last: Sequence[Request], now: Sequence[Request]) -> tuple[
 
 def indexed(view: EngineView, params: TopasParams, index: QueueIndex) -> QueueIndex:
     """`index` updated to `view`'s waiting queue (d_r as `params` reserve)."""
-    index.update(view.waiting, Reservation(params.reservation), view.new_request_ratio)
+    index.update(view.waiting, reservation(params.reservation), view.new_request_ratio)
     return index
+
+
+_RESERVATIONS: dict[str, Reservation] = {}
+
+
+def reservation(mode: str) -> Reservation:
+    """`Reservation(mode)`, looked up once per mode (an enum call is slow)."""
+    hit = _RESERVATIONS.get(mode)
+    if hit is None:
+        hit = _RESERVATIONS[mode] = Reservation(mode)
+    return hit
 
 
 def candidate_window(view: EngineView, params: TopasParams,
