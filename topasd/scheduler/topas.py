@@ -366,9 +366,16 @@ class _Search(SearchBounds):
                       if p.start_gate else frozenset())
         self.started_need = self._started_need() if self.fresh else {}
         self._reuse_terms()
+        self._init_memos(policy, view)
+        self.g = self._aging()  # reads the memos above
+        self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
+        self.late_ids = self._late_ids(waiting)  # `started_hol`: {} while the gate is open
+
+    def _init_memos(self, policy: TopasPolicy, view: EngineView) -> None:
+        """The search's per-decision memos and counters (each empty or unset)."""
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
-        self.step_cost = max(1.0, p.samples / 64)
+        self.step_cost = max(1.0, policy.params.samples / 64)
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
         self._solo: _SoloOrder | None = None
@@ -408,9 +415,6 @@ class _Search(SearchBounds):
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self._preempt_memo: dict[int, tuple[float, float, float, int]] = {}
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
-        self.g = self._aging()  # reads the memos above
-        self.fresh_heads = self._fresh_heads()  # after `_aging`, which priced the fresh paths
-        self.late_ids = self._late_ids(waiting)  # `started_hol`: {} while the gate is open
 
     def fresh_ref(self) -> dict[str, float]:
         """Each workflow's expected path of a fresh task (`fresh_paths`), once
