@@ -26,7 +26,7 @@ from topasd.model import CostHints, Request, StageProgress, StageStatus, TaskVie
 Pair = tuple[str, str]  # (agent, stage)
 Cut = tuple[tuple[int, float], ...]  # hypothetical completions: (stage row, D_hat total)
 WINDOW = 512  # most recent observations kept per pair (F adapts to drift)
-SPREAD_COLUMNS = 8  # a one-set pass of this many columns copies [Z]_+ (`_spread`)
+SPREAD_COLUMNS = 8  # a one-set pass of this many columns copies [Z]_+ (`_many_sets`)
 RESIDUALS_KEPT = 4096  # started stages' residuals a pair's distribution keeps (`residual_above`)
 _DONE: Final = StageStatus.DONE  # read once (an enum member's lookup is slow)
 
@@ -434,9 +434,7 @@ class TaskPaths:
         stacked = self._sample_sets(sets)
         if len(sets) == 1 and n_cols < SPREAD_COLUMNS:
             z = self._one_set(sets[0], n_cols, flat, dhat)
-        elif len(sets) == 1:
-            z = self._spread(sets[0], n_cols, rows, flat, dhat)
-        else:
+        else:  # several sets, or one in many columns (copying [Z]_+ is then faster)
             z = self._many_sets(sets, stacked, picks, rows, at, flat, dhat)
         lp = _longest_path(wf, z)
         n: int = lp.shape[-1]
@@ -453,18 +451,6 @@ class TaskPaths:
             cuts[flat] = dhat
         z = samples[:, None] - cuts.reshape(samples.shape[0], n_cols, 1)
         return np.maximum(z, 0.0, out=z)
-
-    def _spread(self, k: int, n_cols: int, rows: list[int], flat: list[int],
-                dhat: list[float]) -> np.ndarray:
-        """`_one_set` as `_many_sets` builds it: set k's [Z]_+ in every column
-        (x - 0.0 is x), then the cells a cut holds (faster on many columns)."""
-        z = np.repeat(self._samples(k, True)[:, None, :], n_cols, axis=1)
-        if not rows:
-            return z
-        cut_z = self._samples(k, False)[rows] - np.array(dhat)[:, None]
-        by_cell = z.reshape(-1, z.shape[-1])  # (stage * column, S)
-        by_cell[flat] = np.maximum(cut_z, 0.0, out=cut_z)
-        return z
 
     def _many_sets(self, sets: list[int], stacked: tuple[np.ndarray, np.ndarray] | None,
                    picks: list[int], rows: list[int], at: list[int], flat: list[int],
