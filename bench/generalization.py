@@ -2,7 +2,7 @@
 
     python bench/generalization.py [--draws 10] [--tasks 100] [--jobs N] [--fresh-seed]
         [--family F]... [--load L]... [-p POLICY]... [--param NAME=VALUE]... [--write]
-        [--json NOW.json] [--against EARLIER.json] [--seeds N]
+        [--json NOW.json] [--against EARLIER.json] [--seeds N] [--engine NAME=VALUE]...
     python bench/generalization.py --ablation --draws 3 [--write]
     python bench/generalization.py --calls LOG [--calls LOG2]... [--draws 10] [--write]
     python bench/generalization.py --holdout [--draws 10] [--write]
@@ -53,6 +53,12 @@ loops, wide fan-outs merged by a long answer, a long middle stage, binary
 trees) the same way (section `generalization-holdout`): they are for
 checking that a change holds beyond the shapes it was made on, never for
 tuning.
+`--engine NAME=VALUE` replays every case on the default profile with that
+field changed (a larger or smaller KV pool, a slower host link, no host
+tier as on vLLM): the same families, each draw keeping its requests within
+the engine's pool and its prefixes within the same share of a pool smaller
+than the default one, at loads relative to the capacity measured on that
+engine (section `generalization-engine-...`, named by the fields changed).
 The judged TOPAS's only random input is the seed of its E[LP] quantiles:
 `--seeds 3` replays it under seeds 0, 1 and 2 too, so that a move can be set
 against how far the numbers move by chance.
@@ -70,6 +76,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 from functools import lru_cache
 from multiprocessing import Pool
 from pathlib import Path
@@ -81,7 +88,7 @@ from _waits import Waits  # bench/_waits.py
 
 from backends.sim.engine import SimBackend
 from topasd.model import TopasError
-from topasd.profiles import DEFAULT_PROFILE, get_profile
+from topasd.profiles import DEFAULT_PROFILE, HardwareProfile, get_profile
 from topasd.runner import Run, StalledRun
 from topasd.scheduler import make_policy
 from topasd.scheduler.baselines import BASELINES
@@ -95,6 +102,7 @@ from workflows.generator import (
     LOADS,
     burst_trace,
     case_trace,
+    check_budget,
     draw_workload,
     log_case_trace,
 )
@@ -130,6 +138,7 @@ class Job:
     waits: bool = False  # keep per-stage waits (the worst cases' diagnosis)
     log: str = ""  # a call log whose tasks the case draws (`--calls`) ...
     log_sha: str = ""  # ... and its content's hash, so that an edited log replays again
+    engine: tuple[tuple[str, Any], ...] = ()  # fields of the default profile changed (`--engine`)
 
     @property
     def case(self) -> tuple[str, int, str]:
@@ -176,13 +185,18 @@ def _source(module: str, file: str) -> Path:
     return ROOT.joinpath(*module.split(".")).with_suffix(".py")
 
 
+def engine_profile(engine: Sequence[tuple[str, Any]]) -> HardwareProfile:
+    """The default profile with the fields `engine` changes (`--engine`)."""
+    return get_profile(DEFAULT_PROFILE).with_overrides(**dict(engine))
+
+
 def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
     """Replay one job; the row keeps `KEEP` (and per-stage waits if asked)."""
     trace = job_trace(job)
     sink = Waits() if job.waits else None
     policy = make_policy(job.policy, **dict(job.params))
     try:
-        result = Run(trace, policy, SimBackend(get_profile(DEFAULT_PROFILE)),
+        result = Run(trace, policy, SimBackend(engine_profile(job.engine)),
                      sink=sink).execute()
     except StalledRun as exc:  # a scheduler bug: reported as the case's failure
         return job, {**dict.fromkeys(KEEP, math.inf), "error": str(exc)}
@@ -199,13 +213,15 @@ def run_job(job: Job) -> tuple[Job, dict[str, Any]]:
 
 def job_trace(job: Job) -> Trace:
     """The trace a job replays: its case's, or (load "capacity") the burst at
-    t=0 that measures the capacity of its draw or log."""
+    t=0 that measures the capacity of its draw or log. A draw keeps each
+    request within the engine's pool (`--engine budget_tokens=`)."""
     if job.log:
         return log_case_trace(logged(job.log), job.load, job.tasks, job.capacity, job.seed)
-    wl = draw_workload(job.family, job.seed)
+    budget = engine_profile(job.engine).budget_tokens
+    wl = draw_workload(job.family, job.seed, budget)
     if job.load == "capacity":
-        return burst_trace(wl, job.tasks, job.seed)
-    return case_trace(wl, job.load, job.tasks, job.capacity, job.seed)
+        return burst_trace(wl, job.tasks, job.seed, budget)
+    return case_trace(wl, job.load, job.tasks, job.capacity, job.seed, budget)
 
 
 @lru_cache(maxsize=8)
@@ -228,8 +244,11 @@ class Cache:
     def _key(self, job: Job) -> tuple[Path | None, str]:
         kind = kind_of(job.policy)
         fp = self._prints[kind]
+        fields = asdict(job)
+        if not job.engine:  # the default engine's keys as they were before `--engine`
+            del fields["engine"]
         return (None if self.root is None else self.root / f"{kind}-{fp}.jsonl",
-                json.dumps(asdict(job), sort_keys=True))
+                json.dumps(fields, sort_keys=True))
 
     def get(self, job: Job) -> dict[str, Any] | None:
         path, key = self._key(job)
@@ -305,9 +324,11 @@ def read_logs(paths: Sequence[Path]) -> dict[str, tuple[str, str]]:
 
 
 def _job(family: str, seed: int, load: str, policy: str, tasks: int, logs: Logs,
-         params: tuple[tuple[str, Any], ...] = (), capacity: float = 0.0) -> Job:
+         params: tuple[tuple[str, Any], ...] = (), capacity: float = 0.0,
+         engine: tuple[tuple[str, Any], ...] = ()) -> Job:
     path, sha = logs.get(family, ("", ""))
-    return Job(family, seed, load, policy, tasks, params, capacity, log=path, log_sha=sha)
+    return Job(family, seed, load, policy, tasks, params, capacity, log=path, log_sha=sha,
+               engine=engine)
 
 
 def cases(families: Iterable[str], loads: Iterable[str], draws: int,
@@ -316,21 +337,29 @@ def cases(families: Iterable[str], loads: Iterable[str], draws: int,
 
 
 def capacities(cases_: Sequence[tuple[str, int, str]], tasks: int, cache: Cache,
-               workers: int, logs: Logs | None = None) -> dict[tuple[str, int], float]:
+               workers: int, logs: Logs | None = None,
+               engine: tuple[tuple[str, Any], ...] = ()) -> dict[tuple[str, int], float]:
     """Per workload draw: tasks / the shortest baseline makespan of a burst at t=0."""
     draws = sorted({(f, s) for f, s, _ in cases_})
-    jobs = {(f, s, p): _job(f, s, "capacity", p, tasks, logs or {})
+    jobs = {(f, s, p): _job(f, s, "capacity", p, tasks, logs or {}, engine=engine)
             for f, s in draws for p in BASELINES}
     rows = execute(list(jobs.values()), cache, workers, "capacity")
-    return {(f, s): tasks / min(rows[jobs[(f, s, p)]]["makespan_s"] for p in BASELINES)
+    caps = {(f, s): tasks / min(rows[jobs[(f, s, p)]]["makespan_s"] for p in BASELINES)
             for f, s in draws}
+    for (f, s), cap in caps.items():
+        if not cap:  # every baseline stalled: the engine cannot serve the draw's requests
+            why = rows[jobs[(f, s, next(iter(BASELINES)))]].get("error", "")
+            raise SystemExit(f"generalization.py: error: no baseline finished {f} #{s} on "
+                             f"this engine ({why}); its requests need a larger KV pool "
+                             "(--engine budget_tokens=)")
+    return caps
 
 
 def case_jobs(cases_: Sequence[tuple[str, int, str]], policies: Sequence[str], tasks: int,
               caps: dict[tuple[str, int], float],
               params: dict[str, tuple[tuple[str, Any], ...]],
-              logs: Logs | None = None) -> list[Job]:
-    return [_job(f, s, load, p, tasks, logs or {}, params.get(p, ()), caps[(f, s)])
+              logs: Logs | None = None, engine: tuple[tuple[str, Any], ...] = ()) -> list[Job]:
+    return [_job(f, s, load, p, tasks, logs or {}, params.get(p, ()), caps[(f, s)], engine)
             for f, s, load in cases_ for p in policies]
 
 
@@ -636,7 +665,8 @@ def seed_results(results: list[CaseResult], rows: dict[Job, dict[str, Any]],
     out = {0: results}
     for seed in range(1, args.seeds):
         params = {args.policy: tuple(sorted({**given, "seed": seed}.items()))}
-        mine = execute(case_jobs(cases_, [args.policy], args.tasks, caps, params, args.logs),
+        mine = execute(case_jobs(cases_, [args.policy], args.tasks, caps, params, args.logs,
+                                 args.engine),
                        cache, args.jobs, f"seed {seed}")
         out[seed] = compare({**base, **mine}, args.policy, others)
     return out
@@ -670,7 +700,7 @@ def render(results: Sequence[CaseResult], worst: Sequence[tuple[CaseResult, str]
              f"Command: `{command(args)}` ({took}). "
              f"{len(results)} cases: {sources(results, args)} x {len(loads)} loads, "
              f"{args.tasks} tasks each, "
-             f"profile `{DEFAULT_PROFILE}`. `{policy}` against the best baseline of each "
+             f"{profile_label(args)}. `{policy}` against the best baseline of each "
              "case (lowest mean, and separately lowest p99, of "
              f"{', '.join(BASELINES)}); ratio = {policy} / best baseline.", "",
              "| criterion | measured | holds |", "|---|---|---|"]
@@ -744,7 +774,7 @@ def render_versus(paper: Sequence[CaseResult], every: Sequence[CaseResult],
              "(`bench/generalization.py --versus all`)", "",
              f"Command: `{command(args)}` ({took}). {len(every)} cases: "
              f"{sources(every, args)} x {len(loads)} loads, {args.tasks} tasks each, "
-             f"profile `{DEFAULT_PROFILE}`. "
+             f"{profile_label(args)}. "
              "Two comparators per case: the best paper "
              f"baseline ({', '.join(BASELINES)}; the bounds of issue 25 are stated against "
              f"it) and the best of all, the peers included ({', '.join(PEERS)}).", "",
@@ -790,13 +820,15 @@ def ablation(cases_: Sequence[tuple[str, int, str]], args: argparse.Namespace,
     variants.append(("only the three chosen on the built-in workloads", "topas",
                      tuple(sorted((k, v) for k, v in PAPER.items() if k not in earlier))))
     variants.append(("topas-paper (none of them)", "topas-paper", ()))
-    base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}, args.logs), cache, args.jobs,
+    base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}, args.logs, args.engine),
+                   cache, args.jobs,
                    "baselines")
     lines = ["| variant | geometric mean of mean ratios | mean <= 1.02x | p99 <= 1.10x "
              "| worst mean | wins / ties / losses | prefilled again (median) "
              "| light load: prefix loads (median) |", "|---|---|---|---|---|---|---|---|"]
     for label, policy, params in variants:
-        rows = execute(case_jobs(cases_, [policy], args.tasks, caps, {policy: params}, args.logs),
+        rows = execute(case_jobs(cases_, [policy], args.tasks, caps, {policy: params}, args.logs,
+                                 args.engine),
                        cache, args.jobs, label)
         res = compare({**base, **rows}, policy)
         means, p99s = [r.mean_ratio for r in res], [r.p99_ratio for r in res]
@@ -825,17 +857,53 @@ def command(args: argparse.Namespace) -> str:
     parts += [f"--family {f}" for f in args.family or ()]
     parts += [f"--load {x}" for x in args.load or ()]
     parts += [f"--param {x}" for x in args.param or ()]
+    parts += [f"--engine {k}={json.dumps(v)}" for k, v in args.engine]
     if args.versus == "all":
         parts.append("--versus all")
     return " ".join(parts)
 
 
-def parse_params(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+def profile_label(args: argparse.Namespace) -> str:
+    """The engine the cases ran on: the default profile, and the fields `--engine` changed."""
+    changed = ", ".join(f"{k}={json.dumps(v)}" for k, v in args.engine)
+    return f"profile `{DEFAULT_PROFILE}`" + (f" with {changed}" if changed else "")
+
+
+def parse_engine(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+    """`--engine NAME=VALUE` items as fields of the default profile, each of the
+    field's own type (an int field takes a whole number, a flag true or false);
+    ValueError naming the item and the fix."""
+    default = get_profile(DEFAULT_PROFILE)
+    out = []
+    for name, value in parse_params(items, "--engine"):
+        kind = type(getattr(default, name, None))
+        if name in ("name", "description") or kind not in (int, float, bool):
+            known = [f.name for f in dataclass_fields(default) if f.name not in
+                     ("name", "description")]
+            raise ValueError(f"{name}: not a field of a profile; give one of {', '.join(known)}")
+        ok = isinstance(value, bool) if kind is bool else (
+            isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (kind is float or float(value).is_integer()))
+        if not ok:
+            what = {bool: "true or false", int: "a whole number"}.get(kind, "a number")
+            raise ValueError(f"{name}={json.dumps(value)}: give {what} (the default is "
+                             f"{json.dumps(getattr(default, name))})")
+        out.append((name, kind(value)))
+    engine = tuple(out)
+    try:  # the profile's own checks (a pool > 0, a link > 0, ...), and the generator's
+        check_budget(engine_profile(engine).budget_tokens)
+    except TopasError as exc:
+        raise ValueError(str(exc)) from None
+    return engine
+
+
+def parse_params(items: Sequence[str], flag: str = "--param") -> tuple[tuple[str, Any], ...]:
+    """NAME=VALUE items (`--param`, `--engine`): each value as JSON, else as a word."""
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"generalization.py: error: --param {item!r}: use NAME=VALUE")
+            raise SystemExit(f"generalization.py: error: {flag} {item!r}: use NAME=VALUE")
         try:
             out[name] = json.loads(value)
         except json.JSONDecodeError:  # a word: pack_order=arrival
@@ -863,6 +931,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--policy", "-p", default="topas", help="the policy judged (topas)")
     ap.add_argument("--param", action="append", metavar="NAME=VALUE",
                     help="a parameter of the judged TOPAS policy (repeatable)")
+    ap.add_argument("--engine", action="append", metavar="NAME=VALUE",
+                    help="replay on the default profile with this field changed "
+                         "(repeatable), e.g. budget_tokens=36000 (a larger KV pool; each "
+                         "draw keeps its requests within it), swap_bytes_per_s=5e9 (a "
+                         "slower host link), host_cache=false (no host tier, as on vLLM): "
+                         "a check that TOPAS holds on other engines; capacity is measured "
+                         "on the same engine")
     ap.add_argument("--base-seed", dest="base", type=at_least(0), default=0,
                     help="first draw seed (0: the fixed case list)")
     ap.add_argument("--fresh-seed", action="store_true", help="a new random case list")
@@ -903,6 +978,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as exc:
         ap.error(f"--against {exc}")
     try:
+        args.engine = parse_engine(args.engine or ())
+    except ValueError as exc:
+        ap.error(f"--engine {exc}")
+    try:
         args.logs = read_logs(args.calls or ())
     except (OSError, ValueError, TopasError) as exc:
         ap.error(f"--calls {exc}")
@@ -914,7 +993,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     default = {"calls": (), "holdout": HOLDOUT, "": FAMILIES}[case_list(args)]
     families = [*(args.family or default), *args.logs]
     cases_ = cases(families, args.load or LOADS, args.draws, args.base)
-    caps = capacities(cases_, args.tasks, cache, args.jobs, args.logs)
+    caps = capacities(cases_, args.tasks, cache, args.jobs, args.logs, args.engine)
     if args.ablation:
         text = ablation(cases_, args, caps, cache)
         print(text)
@@ -925,7 +1004,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     params = {args.policy: parse_params(args.param or ())}
     others = tuple(BASELINES) if args.versus == "paper" else everyone_but(args.policy)
     rows = execute(case_jobs(cases_, [*others, args.policy], args.tasks, caps, params,
-                             args.logs), cache, args.jobs, "cases")
+                             args.logs, args.engine), cache, args.jobs, "cases")
     results = compare(rows, args.policy, others)
     worst = worst_cases(results, args.policy, args.worst, cache, args.jobs)
     took = timing(time.monotonic() - t0, cache)
@@ -959,8 +1038,10 @@ def case_list(args: argparse.Namespace) -> str:
 def section_name(args: argparse.Namespace, kind: str = "") -> str:
     """The docs/RESULTS.md section a run writes: `generalization`, then the
     kind of run (`peers`, `ablation`), then the case list unless it is the
-    fixed one (`calls`, `holdout`), so no run overwrites another list's."""
-    return "-".join(part for part in ("generalization", kind, case_list(args)) if part)
+    fixed one (`calls`, `holdout`), then `engine` and each field `--engine`
+    changed, so no run overwrites another list's or another engine's."""
+    engine = ["engine", *(f"{k}={json.dumps(v)}" for k, v in args.engine)] if args.engine else []
+    return "-".join(part for part in ("generalization", kind, case_list(args), *engine) if part)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def test_generalization_versus_all_reports_both_comparators(gen: Any) -> None:
     rows = _two_cases(gen)
     args = argparse.Namespace(policy="topas", draws=1, tasks=10, base=0, family=None,
                               load=None, param=None, versus="all", calls=None, holdout=False,
-                              logs={})
+                              logs={}, engine=())
     every = gen.compare(rows, "topas", gen.everyone_but("topas"))
     text = gen.render_versus(gen.compare(rows, "topas"), every, rows, [], args, "1 s")
     assert "--versus all" in text
@@ -229,19 +230,98 @@ def test_holdout_judges_topas_on_the_shapes_never_in_the_fixed_list(
     assert "## Holdout shapes, never tuned on" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("logs", "holdout", "kind", "section"), [
-    ({}, False, "", "generalization"),
-    ({}, False, "peers", "generalization-peers"),
-    ({}, False, "ablation", "generalization-ablation"),
-    ({"calls:x": ("x", "h")}, False, "", "generalization-calls"),
-    ({"calls:x": ("x", "h")}, False, "ablation", "generalization-ablation-calls"),
-    ({}, True, "peers", "generalization-peers-holdout"),
-    ({}, True, "ablation", "generalization-ablation-holdout"),
+@pytest.mark.parametrize(("logs", "holdout", "engine", "kind", "section"), [
+    ({}, False, (), "", "generalization"),
+    ({}, False, (), "peers", "generalization-peers"),
+    ({}, False, (), "ablation", "generalization-ablation"),
+    ({"calls:x": ("x", "h")}, False, (), "", "generalization-calls"),
+    ({"calls:x": ("x", "h")}, False, (), "ablation", "generalization-ablation-calls"),
+    ({}, True, (), "peers", "generalization-peers-holdout"),
+    ({}, True, (), "ablation", "generalization-ablation-holdout"),
+    ({}, False, (("budget_tokens", 36000),), "", "generalization-engine-budget_tokens=36000"),
+    ({}, True, (("budget_tokens", 9000), ("host_cache", False)), "",
+     "generalization-holdout-engine-budget_tokens=9000-host_cache=false"),
 ])
 def test_each_case_list_writes_its_own_sections(gen: Any, logs: dict[str, Any], holdout: bool,
-                                                kind: str, section: str) -> None:
-    args = argparse.Namespace(logs=logs, holdout=holdout)
+                                                engine: tuple[tuple[str, Any], ...], kind: str,
+                                                section: str) -> None:
+    args = argparse.Namespace(logs=logs, holdout=holdout, engine=engine)
     assert gen.section_name(args, kind) == section
+
+
+# ------------------------------------------------------------ --engine
+
+
+def test_engine_fields_take_their_own_types_and_bad_ones_are_named(gen: Any) -> None:
+    engine = gen.parse_engine(["budget_tokens=36000", "swap_bytes_per_s=5e9",
+                               "host_cache=false", "t_overhead_s=0"])
+    assert engine == (("budget_tokens", 36000), ("host_cache", False),
+                      ("swap_bytes_per_s", 5e9), ("t_overhead_s", 0.0))
+    assert [type(v) for _, v in engine] == [int, bool, float, float]
+    profile = gen.engine_profile(engine)
+    assert (profile.budget_tokens, profile.host_cache, profile.swap_bytes_per_s) == (
+        36000, False, 5e9)
+    for item, message in [("pool=3", "pool: not a field of a profile; give one of"),
+                          ("name=x", "name: not a field of a profile"),
+                          ("budget_tokens=3.5", "give a whole number (the default is 18000)"),
+                          ("host_cache=1", "give true or false (the default is true)"),
+                          ("swap_bytes_per_s=fast", "give a number"),
+                          ("swap_bytes_per_s=0", "swap_bytes_per_s must be > 0"),
+                          ("budget_tokens=999", "give at least 1,000 tokens")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            gen.parse_engine([item])
+
+
+def test_engine_replays_every_policy_on_the_changed_profile(
+        gen: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "now.json"
+    argv = ["--family", "fork_join", "--tasks", "6", "--draws", "1", "--load", "heavy",
+            "--jobs", "1", "--worst", "0", "--json", str(out)]
+    gen.main([*argv, "--no-cache", "--engine", "budget_tokens=3000"])
+    text = capsys.readouterr().out
+    assert "profile `qwen2.5-32b-a100` with budget_tokens=3000. `topas` against" in text
+    assert "--engine budget_tokens=3000" in text  # the command reruns it
+    small = json.loads(out.read_text())[0]
+    gen.main([*argv, "--no-cache"])
+    assert "profile `qwen2.5-32b-a100`. `topas` against" in capsys.readouterr().out
+    default = json.loads(out.read_text())[0]
+    assert small["policy"]["mean_jct_s"] != default["policy"]["mean_jct_s"]
+    job = gen.Job("fork_join", 0, "heavy", "lpm", 6, (), 0.05,
+                  engine=(("budget_tokens", 3000),))
+    trace = gen.job_trace(job)  # drawn for the engine's pool: every request fits it
+    for task in trace.tasks:
+        wf = trace.workflows[task.workflow]
+        assert all(wf.prefix_tokens(v) + r.input_tokens + r.output_tokens <= 3000
+                   for v, rounds in task.stages.items() for r in rounds)
+    _, row = gen.run_job(job)
+    assert "error" not in row and row["mean_jct_s"] > 0
+
+
+def test_engine_keys_its_own_cached_rows_and_the_default_keeps_its_keys(
+        gen: Any, tmp_path: Path) -> None:
+    plain = gen.Job("chain", 0, "heavy", "lpm", 10, (), 1.0)
+    bigger = gen.Job("chain", 0, "heavy", "lpm", 10, (), 1.0, engine=(("budget_tokens", 36000),))
+    cache = gen.Cache(tmp_path)
+    assert "engine" not in json.loads(cache._key(plain)[1])  # earlier runs' rows still hit
+    cache.put(bigger, {"mean_jct_s": 2.0})
+    assert cache.get(plain) is None
+    cache.put(plain, {"mean_jct_s": 1.0})
+    again = gen.Cache(tmp_path)
+    assert (again.get(plain), again.get(bigger)) == ({"mean_jct_s": 1.0}, {"mean_jct_s": 2.0})
+
+
+def test_engine_that_cannot_serve_a_case_is_named_before_the_cases(
+        gen: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    log = Path(__file__).resolve().parents[1] / "docs" / "examples" / "calls.jsonl"
+    with pytest.raises(SystemExit) as err:  # logged calls are replayed as logged: too large
+        gen.main(["--calls", str(log), "--engine", "budget_tokens=1000", "--tasks", "4",
+                  "--draws", "1", "--load", "heavy", "--jobs", "1", "--no-cache"])
+    assert "no baseline finished calls:calls #0 on this engine" in str(err.value)
+    assert "need a larger KV pool (--engine budget_tokens=)" in str(err.value)
+    with pytest.raises(SystemExit) as err:
+        gen.main(["--engine", "budget_tokens=10", "--no-cache"])
+    assert err.value.code == 2
+    assert "--engine a 10-token KV pool is too small" in capsys.readouterr().err
 
 
 def test_calls_refuses_what_is_no_call_log_before_any_replay(

@@ -72,6 +72,27 @@ def test_every_request_fits_the_budget_and_prefixes_stay_in_range(family: str,
                 assert wf.prefix_tokens(v) + r.input_tokens + r.output_tokens <= DEFAULT_BUDGET
 
 
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_a_draw_for_another_pool_keeps_its_shape_and_fits_the_pool(family: str) -> None:
+    default = draw_workload(family, 3)
+    larger = draw_workload(family, 3, 2 * DEFAULT_BUDGET)  # the same prefixes, larger requests
+    smaller = draw_workload(family, 3, DEFAULT_BUDGET // 3)
+    shape = [[(v, s.agent, s.after) for v, s in wf.stages.items()] for wf in default.workflows]
+    for wl in (larger, smaller):
+        assert [[(v, s.agent, s.after) for v, s in wf.stages.items()]
+                for wf in wl.workflows] == shape
+    prefixes = {a: x.prefix_tokens for wf in default.workflows for a, x in wf.agents.items()}
+    assert {a: x.prefix_tokens for wf in larger.workflows
+            for a, x in wf.agents.items()} == prefixes
+    for wf in smaller.workflows:  # the same share of the smaller pool
+        assert all(x.prefix_tokens <= MAX_PREFIX / 3 + 1 for x in wf.agents.values())
+    trace = case_trace(smaller, "overload", 20, 0.1, 3, DEFAULT_BUDGET // 3)
+    for task in trace.tasks:
+        wf = trace.workflows[task.workflow]
+        assert all(wf.prefix_tokens(v) + r.input_tokens + r.output_tokens <= DEFAULT_BUDGET // 3
+                   for v, rounds in task.stages.items() for r in rounds)
+
+
 # Each original family's fixed draws (seeds 0-9: the bench's case list) and a
 # trace of each, serialized: every cached and recorded number depends on them.
 PINNED = {
@@ -232,6 +253,9 @@ def test_a_logged_case_draws_the_logs_tasks_exactly_at_the_load() -> None:
 def test_bad_input_is_named() -> None:
     with pytest.raises(TopasError, match="unknown workflow family 'star'; use one of chain"):
         draw_workload("star", 1)
+    with pytest.raises(TopasError, match="a 999-token KV pool is too small to draw a "
+                                         "workload for; give at least 1,000 tokens"):
+        draw_workload("chain", 1, 999)
     with pytest.raises(TopasError, match="unknown load 'medium'"):
         arrivals("medium", 10, 1.0, 1)
     with pytest.raises(TopasError, match="capacity must be a finite number > 0"):

@@ -27,8 +27,9 @@ nobody tuned for, as long as nobody tunes on them:
     tree           a binary fan-out 2-3 levels deep, joined back in pairs
 
 Token sizes are lognormal with a wide spread (sigma 0.3-1.2), prefixes from 0
-to 10k tokens; every draw keeps each request within `budget` KV tokens
-(prefix + input + output), so a trace fits the engine it is replayed on.
+to 10k tokens (on a pool smaller than the default 18k, the same share of it);
+every draw keeps each request within `budget` KV tokens (prefix + input +
+output), so a trace fits the engine it is replayed on.
 A family's draws depend only on its index in `ALL_FAMILIES` (`FAMILIES`,
 then `HOLDOUT`) and the seed, so a family added at the end leaves every
 earlier draw (and case) as it was;
@@ -60,6 +61,7 @@ LOAD_SHARE = {"light": 0.5, "heavy": 0.85, "overload": 1.3}
 BURST_WINDOW = 0.1  # a burst's tasks arrive within this share of the time capacity needs
 DEFAULT_BUDGET = 18_000  # the default profile's KV pool (qwen2.5-32b-a100)
 MAX_PREFIX = 10_000
+MIN_BUDGET = 1_000  # the smallest KV pool a draw is made for (`check_budget`)
 # medians of the token sizes and tool waits, drawn log-uniform in these ranges
 INPUT_MEDIAN = (60.0, 2500.0)  # a stage's first input
 OBSERVATION_MEDIAN = (20.0, 600.0)  # a tool's observation
@@ -94,13 +96,21 @@ class Draw:
 
     def agent(self, role: str, reuse: float = 0.0) -> str:
         """An agent for `role`: with probability `reuse` one drawn before
-        (a recurring agent), else a new one with a prefix of 0-10k tokens."""
+        (a recurring agent), else a new one with a prefix of 0-10k tokens
+        (`max_prefix`)."""
         if self.agents and self.chance(reuse):
             names = sorted(self.agents)
             return names[self.integer(0, len(names) - 1)]
         name = f"{self.tag}{role}{len(self.agents)}"
-        self.agents[name] = 0 if self.chance(0.1) else round(self.log_uniform(150, MAX_PREFIX))
+        self.agents[name] = 0 if self.chance(0.1) else round(self.log_uniform(150,
+                                                                               self.max_prefix))
         return name
+
+    @property
+    def max_prefix(self) -> float:
+        """The largest prefix drawn: `MAX_PREFIX`, the same share of a pool
+        smaller than the default one (so a draw for a small engine fits it)."""
+        return min(MAX_PREFIX, MAX_PREFIX * self.budget / DEFAULT_BUDGET)
 
 
 def lognormal(draw: Draw, median: float, low: float, high: float) -> Spec:
@@ -413,6 +423,13 @@ MIXABLE = ("chain", "coding", "debate", "fork_join", "react", "recurrent", "shar
 # ----------------------------------------------------------------- workloads
 
 
+def check_budget(budget: int) -> None:
+    """A draw is made for a KV pool of at least `MIN_BUDGET` tokens (TopasError if not)."""
+    if budget < MIN_BUDGET:
+        raise TopasError(f"a {budget}-token KV pool is too small to draw a workload for; "
+                         f"give at least {MIN_BUDGET:,} tokens")
+
+
 def draw_workload(family: str, seed: int, budget: int = DEFAULT_BUDGET) -> Workload:
     """A seeded random workload of `family` (one of `FAMILIES`, or of the
     `HOLDOUT` shapes); `mixed` draws two or three other shapes whose
@@ -420,6 +437,7 @@ def draw_workload(family: str, seed: int, budget: int = DEFAULT_BUDGET) -> Workl
     if family not in ALL_FAMILIES:
         raise TopasError(f"unknown workflow family {family!r}; use one of "
                          f"{', '.join(ALL_FAMILIES)}")
+    check_budget(budget)
     draw = Draw(np.random.default_rng([ALL_FAMILIES.index(family), seed]), {}, budget, "")
     shapes = [family]
     if family == "mixed":
