@@ -260,6 +260,49 @@ def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
     return [replace(d, wall_ms=0.0, candidates=tuple(d.candidates)) for d in sink.decisions]
 
 
+def _replay_log(trace: Trace, params: TopasParams) -> list[Decision]:
+    """Every decision of a run on the default profile, with its candidate log."""
+    sink = RecordingSink()
+    Run(trace, TopasPolicy(params), SimBackend(get_profile("qwen2.5-32b-a100")),
+        sink=sink).execute()
+    return [replace(d, wall_ms=0.0, candidates=tuple(d.candidates)) for d in sink.decisions]
+
+
+@pytest.mark.parametrize(("workload", "k"), [("dag10wide", 0), ("dag10wide", 3),
+                                             ("metagpt-sop", 0)])
+def test_the_exchange_early_exit_decides_exactly_like_the_full_fill(
+        workload: str, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GreedyPack does not fill a preempting set whose states
+    `_exchange_hopeless` finds cannot pass `_exchange_pays`: filling every
+    such set and dropping its states gives the same decisions and candidate
+    logs. Its `_exchange_reach` bound must decide some sets the count of
+    admissions alone does not (else this checks nothing)."""
+    import topasd.scheduler.topas as topas
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    wl = load_workload(workload)
+    trace = generate_trace(wl.workflows, max(wl.operating_points), 40, 1, name=workload)
+    params = TopasParams(k=k)
+    hopeless = topas._Search._exchange_hopeless
+    by_reach = 0
+
+    def counted(self: topas._Search, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
+        nonlocal by_reach
+        out = hopeless(self, resident, preempt)
+        if out:
+            rho, fixed = self._exchange_terms(preempt)
+            n = self._exchange_reach(resident)[0]
+            by_reach += not rho * (min(n, k) if k else n) <= fixed
+        return out
+
+    monkeypatch.setattr(topas._Search, "_exchange_hopeless", counted)
+    with_exit = _replay_log(trace, params)
+    assert by_reach > 0
+    monkeypatch.setattr(topas._Search, "_exchange_hopeless", lambda self, r, p: False)
+    assert _replay_log(trace, params) == with_exit
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]),
        st.sampled_from(["off", "backfill", "always"]), st.booleans())

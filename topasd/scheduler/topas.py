@@ -43,7 +43,15 @@ from topasd.model import (
     redo_tokens,
     shared_kv,
 )
-from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
+from topasd.scheduler.bounds import (
+    _SLACK,
+    ItemArrays,
+    QuickTerms,
+    SearchBounds,
+    _loosen,
+    _unloosen,
+    by_ratio,
+)
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
@@ -403,6 +411,7 @@ class _Search(SearchBounds):
         self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
         self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
+        self.item_values: dict[int, float] = {}  # each task's `_items` value
         self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
                                tuple[str, float, float, bool] | None]] | None = None
@@ -822,6 +831,7 @@ class _Search(SearchBounds):
             items.sort(key=lambda item: by_ratio(item[0]))
             self._item_cache = [item for item, _ in items]
             self.item_tasks = [tid for _, tid in items]
+            self.item_values = {tid: item[0] for item, tid in items}
         return self._item_cache
 
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
@@ -923,7 +933,7 @@ class _Search(SearchBounds):
             while n < st.n_admit:
                 r = self.requests[pack.seq[n]]
                 dhat = self._dhat(r)
-                delta = pack.gains[n] / max(self.g.get(r.task_id, 1.0), 1e-12)
+                delta = self._unweighted(r.task_id, pack.gains[n])
                 gain += rho * min(1.0, delta / dhat) if dhat > 0 else 0.0
                 dur += dhat
                 n += 1
@@ -959,14 +969,45 @@ class _Search(SearchBounds):
     def _exchange_hopeless(self, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
         """No state of R can pass `_exchange_pays`: each admission gains at
         most rho_P, so it needs rho_P times the admissions R could make to
-        exceed the fixed cost (then R is not filled; the same states result)."""
+        exceed the fixed cost; nor can it when its admissions gain at most
+        rho_P times `_exchange_reach` (at most K), since each state costs at
+        least the fixed cost plus |P| times the least D_hat of R's waiting
+        requests (its admissions' mean D_hat is no less). Then R is not
+        filled: the same states result (margins far above rounding)."""
         if not (preempt and self.params.preempt_exchange):
             return False
         rho, fixed = self._exchange_terms(preempt)
-        n = sum(len(self.waiting_by_agent.get(a, ())) for a in self.ordered(resident))
+        n, reach, least = self._exchange_reach(resident)
         if self.params.k:
-            n = min(n, self.params.k)
-        return rho * n <= fixed
+            n, reach = min(n, self.params.k), min(reach, float(self.params.k))
+        return rho * n <= fixed or rho * reach <= _unloosen(fixed + len(preempt) * least)
+
+    def _exchange_reach(self, resident: frozenset[str]) -> tuple[int, float, float]:
+        """(R's waiting requests, an upper bound on the sum of min(1, Delta /
+        D_hat) over any admissions of them, their least D_hat). The Delta of
+        one task's admissions sum to at most its whole reduction (Eq. 7's
+        marginals telescope; its `_items` value), so a task whose requests R
+        holds n of adds at most min(n, that / their least D_hat)."""
+        tasks: dict[int, tuple[int, float]] = {}  # task -> (n, least positive D_hat)
+        count, least = 0, math.inf
+        for a in self.ordered(resident):
+            for r in self.waiting_by_agent.get(a, ()):
+                dhat = self._dhat(r)
+                count += 1
+                least = min(least, dhat)
+                n, low = tasks.get(r.task_id, (0, math.inf))
+                tasks[r.task_id] = (n + 1, min(low, dhat) if dhat > 0 else low)
+        if tasks:
+            self._items()  # `item_values`
+        reach = 0.0
+        for tid, (n, low) in tasks.items():  # 0 if every D_hat is 0 (each adds 0)
+            most = self._unweighted(tid, self.item_values[tid]) / low
+            reach += min(float(n), _loosen(most) + n * _SLACK)
+        return count, reach, least
+
+    def _unweighted(self, task_id: int, gain: float) -> float:
+        """A gain of task i over its weight g_i (`_exchange_pays`' Delta)."""
+        return gain / max(self.g.get(task_id, 1.0), 1e-12)
 
     def _remaining(self, r: Request) -> float:
         """A running request's expected remaining service (at least 1% of D_hat)."""
