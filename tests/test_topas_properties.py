@@ -303,6 +303,43 @@ def test_the_exchange_early_exit_decides_exactly_like_the_full_fill(
     assert _replay_log(trace, params) == with_exit
 
 
+@pytest.mark.parametrize(("workload", "budget"), [("dag10wide", 256), ("dag10wide", 6),
+                                                  ("dag10wide", 0), ("metagpt-sop", 4)])
+def test_deferring_fruitless_sets_decides_exactly_like_packing_them(
+        workload: str, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_evaluate` defers the sets GreedyPack emits no state for (`_defer`),
+    settling the steps they owe only when `search_budget` could bind: the
+    same decisions and candidate logs as pricing and packing each in turn,
+    with a budget that binds (the deferred sets must then be settled) and
+    without one."""
+    import topasd.scheduler.topas as topas
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    wl = load_workload(workload)
+    trace = generate_trace(wl.workflows, max(wl.operating_points), 40, 1, name=workload)
+    params = TopasParams(search_budget=budget)
+    defer, settle = topas._Search._defer, topas._Search._settle
+    deferred = settled = 0
+
+    def deferring(self: topas._Search, resident: frozenset[str]) -> None:
+        nonlocal deferred
+        deferred += 1
+        defer(self, resident)
+
+    def settling(self: topas._Search) -> None:
+        nonlocal settled
+        settled += len(self._deferred)
+        settle(self)
+
+    monkeypatch.setattr(topas._Search, "_defer", deferring)
+    monkeypatch.setattr(topas._Search, "_settle", settling)
+    with_deferral = _replay_log(trace, params)
+    assert deferred > 0 and (settled > 0 or budget not in (4, 6))
+    monkeypatch.setattr(topas._Search, "fruitless", lambda self, r: False)
+    assert _replay_log(trace, params) == with_deferral
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]),
        st.sampled_from(["off", "backfill", "always"]), st.booleans())

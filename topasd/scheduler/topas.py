@@ -383,6 +383,10 @@ class _Search(SearchBounds):
         """The search's per-decision memos and counters (each empty or unset)."""
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
+        self._fruitless: dict[frozenset[str], bool] = {}  # `fruitless`
+        # `_defer`: (set, best total then) of each fruitless set not yet packed, in order
+        self._deferred: list[tuple[frozenset[str], float]] = []
+        self._deferred_sets: set[frozenset[str]] = set()
         self.step_cost = max(1.0, policy.params.samples / 64)
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
@@ -602,6 +606,7 @@ class _Search(SearchBounds):
         if self.late_ids and not self.running_agents and all(s.is_empty for s in states):
             self.late_ids = frozenset()
             self.packs.clear()
+            self._deferred, self._deferred_sets = [], set()
             self.best_total, self.steps = -math.inf, 0.0
             states = self._search_sets()
         return states
@@ -633,13 +638,17 @@ class _Search(SearchBounds):
         argmax, only which losing sets get packed). `coarse` holds cheaper
         upper bounds on `bound` per set (large pools), `quick` cheap ones on
         small pools (else `quick_bound`); a set is packed if `refined` (which
-        is `bound` on large pools) leaves it a chance."""
+        is `bound` on large pools) leaves it a chance, one that emits no state
+        only if its step may count (`_defer`)."""
         order = self._visit_order(sets, coarse, quick)
-        self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
+        self._prime_covers([sets[i] for ub, i in order
+                            if ub >= self.best_total and not self.fruitless(sets[i])])
         for ub, i in order:
             if ub < self.best_total:
                 break
-            if self.refined(sets[i]) >= self.best_total:
+            if self.fruitless(sets[i]):
+                self._defer(sets[i])  # not priced unless its step counts (`_settle`)
+            elif self.refined(sets[i]) >= self.best_total:
                 self.pack(sets[i])
 
     def _visit_order(self, sets: Sequence[frozenset[str]], coarse: np.ndarray | None,
@@ -741,6 +750,35 @@ class _Search(SearchBounds):
         exact = np.array([self.bound(x) for x in drops])
         return drops + swaps, np.concatenate([exact, *coarse]), None  # type: ignore[list-item]
 
+    def _defer(self, resident: frozenset[str]) -> None:
+        """`_evaluate`'s visit of a `fruitless` set: packing it adds no state,
+        only a GreedyPack step (`search_budget`) if `refined` lets it be
+        packed, so that is settled only once the steps could matter
+        (`_keep_deferral`) or the set is packed (a later visit of it at a
+        best no lower packs it only if this one did)."""
+        if resident not in self.packs and resident not in self._deferred_sets:
+            self._deferred.append((resident, self.best_total))
+            self._deferred_sets.add(resident)
+            self._keep_deferral()
+
+    def _keep_deferral(self) -> None:
+        """Settle the deferred sets before their steps could bring a GreedyPack
+        over `search_budget`: while steps plus one per deferred set and one
+        more stay within it, no pack is over budget, with or without them,
+        so each step they owe counts alike in any order."""
+        budget = self.params.search_budget
+        if budget and self._deferred and (
+                self.steps + (len(self._deferred) + 1) * self.step_cost > budget):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Pack each deferred set that `refined` would have let `_evaluate` pack."""
+        deferred, self._deferred = self._deferred, []
+        self._deferred_sets = set()
+        for resident, floor in deferred:
+            if resident not in self.packs and self.refined(resident) >= floor:
+                self.pack(resident)
+
     def over_budget(self) -> bool:
         """Whether another GreedyPack would pass `search_budget` once a
         non-empty state was found (so a decision that can admit does): steps
@@ -803,11 +841,14 @@ class _Search(SearchBounds):
 
     def pack(self, resident: frozenset[str]) -> list[_State]:
         """GreedyPack(R): every feasible allocation on the way to a full pack."""
+        if resident in self._deferred_sets:
+            self._settle()  # the steps owed before this visit
         hit = self.packs.get(resident)
         if hit is None and self.over_budget():
             hit = self.packs[resident] = []  # `search_budget` spent: the best so far stands
         if hit is None:
             self.steps += self.step_cost
+            self._keep_deferral()
             hit = self.packs[resident] = self._earns_preemption(self._greedy_pack(resident))
             for st in hit:
                 if st.total > self.best_total and not st.is_empty:
@@ -1020,33 +1061,52 @@ class _Search(SearchBounds):
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
         capacity for every uncovered prefix, then fill."""
+        start = self._pack_start(resident)
+        if start is None:
+            return []
+        uncovered, used, reserved, preempt = start
+        return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved,
+                          self.headroom(resident, used))
+
+    def _pack_start(self, resident: frozenset[str]) -> tuple[
+            set[str], float, float, tuple[int, ...]] | None:
+        """GreedyPack(R)'s start: (R's prefixes no running request covers, the
+        KV of R's prefixes and the running requests it keeps, the capacity
+        reserved for the uncovered prefixes, the requests it preempts); None
+        when R emits no state."""
         k = self.params.k
         out = self.running_agents - resident
         uncovered = set(resident - self.running_agents)
         if k and (len(uncovered) > k or sum(len(self.run_ids[a]) for a in out) > k):
-            return []
+            return None
         if out and not self.params.preempt:
-            return []
+            return None
         if out and self.params.swap_only and self.grabs_kv(resident):
-            return []
+            return None
         if self.overdue is not None and self.overdue.agent not in resident:
-            return []
+            return None
         reserved = 0.0
         order = self.ordered(resident)
         for a in order:  # sums in a fixed order: every process (TP rank) agrees
             if a in self.running_agents:
                 continue  # covered by its running requests
             if a not in self.min_d:
-                return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
+                return None  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
         used = sum((self.hold[a] for a in order), 0.0)
         if used + reserved > self.budget:
-            return []
+            return None
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
         if self._exchange_hopeless(resident, preempt):
-            return []
-        return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved,
-                          self.headroom(resident, used))
+            return None
+        return uncovered, used, reserved, preempt
+
+    def fruitless(self, resident: frozenset[str]) -> bool:
+        """GreedyPack(R) emits no state (`_pack_start`; once per set and decision)."""
+        hit = self._fruitless.get(resident)
+        if hit is None:
+            hit = self._fruitless[resident] = self._pack_start(resident) is None
+        return hit
 
     def headroom(self, resident: frozenset[str], used: float) -> float:
         """`decode_peak`: how much more than `used` (R's prefixes and Eq. 2's
