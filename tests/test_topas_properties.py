@@ -292,7 +292,7 @@ def test_the_exchange_early_exit_decides_exactly_like_the_full_fill(
         out = hopeless(self, resident, preempt)
         if out:
             rho, fixed = self._exchange_terms(preempt)
-            n = self._exchange_reach(resident)[0]
+            n = sum(self._agent_reach(a)[0] for a in resident)
             by_reach += not rho * (min(n, k) if k else n) <= fixed
         return out
 

@@ -384,6 +384,7 @@ class _Search(SearchBounds):
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
         self._fruitless: dict[frozenset[str], bool] = {}  # `fruitless`
+        self._agent_reaches: dict[str, tuple[int, float, list[tuple[int, int, float]]]] = {}
         # `_defer`: (set, best total then) of each fruitless set not yet packed, in order
         self._deferred: list[tuple[frozenset[str], float]] = []
         self._deferred_sets: set[frozenset[str]] = set()
@@ -1018,33 +1019,54 @@ class _Search(SearchBounds):
         if not (preempt and self.params.preempt_exchange):
             return False
         rho, fixed = self._exchange_terms(preempt)
-        n, reach, least = self._exchange_reach(resident)
-        if self.params.k:
-            n, reach = min(n, self.params.k), min(reach, float(self.params.k))
-        return rho * n <= fixed or rho * reach <= _unloosen(fixed + len(preempt) * least)
+        parts = [self._agent_reach(a) for a in self.ordered(resident)]
+        n, k = sum(part[0] for part in parts), self.params.k
+        if rho * (min(n, k) if k else n) <= fixed:
+            return True
+        reach, least = self._exchange_reach(parts)
+        if k:
+            reach = min(reach, float(k))
+        return rho * reach <= _unloosen(fixed + len(preempt) * least)
 
-    def _exchange_reach(self, resident: frozenset[str]) -> tuple[int, float, float]:
-        """(R's waiting requests, an upper bound on the sum of min(1, Delta /
-        D_hat) over any admissions of them, their least D_hat). The Delta of
-        one task's admissions sum to at most its whole reduction (Eq. 7's
-        marginals telescope; its `_items` value), so a task whose requests R
-        holds n of adds at most min(n, that / their least D_hat)."""
-        tasks: dict[int, tuple[int, float]] = {}  # task -> (n, least positive D_hat)
-        count, least = 0, math.inf
-        for a in self.ordered(resident):
-            for r in self.waiting_by_agent.get(a, ()):
+    def _agent_reach(self, agent: str) -> tuple[int, float, list[tuple[int, int, float]]]:
+        """An agent's waiting requests: how many, their least D_hat, and per
+        task (task, how many, their least positive D_hat); once per decision."""
+        hit = self._agent_reaches.get(agent)
+        if hit is None:
+            tasks: dict[int, tuple[int, float]] = {}
+            least = math.inf
+            reqs = self.waiting_by_agent.get(agent, [])
+            for r in reqs:
                 dhat = self._dhat(r)
-                count += 1
                 least = min(least, dhat)
                 n, low = tasks.get(r.task_id, (0, math.inf))
                 tasks[r.task_id] = (n + 1, min(low, dhat) if dhat > 0 else low)
+            hit = self._agent_reaches[agent] = (
+                len(reqs), least, [(tid, n, low) for tid, (n, low) in tasks.items()])
+        return hit
+
+    def _exchange_reach(self, parts: list[tuple[int, float, list[tuple[int, int, float]]]]
+                        ) -> tuple[float, float]:
+        """(an upper bound on the sum of min(1, Delta / D_hat) over any
+        admissions of the waiting requests of R's agents (`_agent_reach`
+        each), their least D_hat). The Delta of one task's admissions sum to
+        at most its whole reduction (Eq. 7's marginals telescope; its `_items`
+        value), so a task whose requests R holds n of adds at most min(n,
+        that / their least positive D_hat), and 0 if every D_hat is 0."""
+        tasks: dict[int, tuple[int, float]] = {}
+        least = math.inf
+        for _, low_a, per_task in parts:
+            least = min(least, low_a)
+            for tid, n, low in per_task:
+                hit = tasks.get(tid)
+                tasks[tid] = (n, low) if hit is None else (hit[0] + n, min(hit[1], low))
         if tasks:
             self._items()  # `item_values`
         reach = 0.0
-        for tid, (n, low) in tasks.items():  # 0 if every D_hat is 0 (each adds 0)
+        for tid, (n, low) in tasks.items():
             most = self._unweighted(tid, self.item_values[tid]) / low
             reach += min(float(n), _loosen(most) + n * _SLACK)
-        return count, reach, least
+        return reach, least
 
     def _unweighted(self, task_id: int, gain: float) -> float:
         """A gain of task i over its weight g_i (`_exchange_pays`' Delta)."""
