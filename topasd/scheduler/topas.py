@@ -67,6 +67,9 @@ KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`kee
 _PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
 _DONE: Final = StageStatus.DONE
 _NONE: Final = Location.NONE
+# GreedyPack(R)'s start (`_Search._pack_start`): uncovered prefixes, KV used, KV reserved,
+# the requests it preempts
+PackStart = tuple[set[str], float, float, tuple[int, ...]]
 
 
 class TopasPolicy:
@@ -383,7 +386,7 @@ class _Search(SearchBounds):
         """The search's per-decision memos and counters (each empty or unset)."""
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
-        self._fruitless: dict[frozenset[str], bool] = {}  # `fruitless`
+        self._starts: dict[frozenset[str], PackStart | None] = {}  # `_start`
         self._agent_reaches: dict[str, tuple[int, float, list[tuple[int, int, float]]]] = {}
         # `_defer`: (set, best total then) of each fruitless set not yet packed, in order
         self._deferred: list[tuple[frozenset[str], float]] = []
@@ -642,8 +645,8 @@ class _Search(SearchBounds):
         is `bound` on large pools) leaves it a chance, one that emits no state
         only if its step may count (`_defer`)."""
         order = self._visit_order(sets, coarse, quick)
-        self._prime_covers([sets[i] for ub, i in order
-                            if ub >= self.best_total and not self.fruitless(sets[i])])
+        self._prime_covers(sets[i] for ub, i in order
+                           if ub >= self.best_total and not self.fruitless(sets[i]))
         for ub, i in order:
             if ub < self.best_total:
                 break
@@ -1083,15 +1086,14 @@ class _Search(SearchBounds):
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
         capacity for every uncovered prefix, then fill."""
-        start = self._pack_start(resident)
+        start = self._start(resident)
         if start is None:
             return []
         uncovered, used, reserved, preempt = start
-        return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved,
+        return self._fill(self._new_pack(resident, preempt), set(uncovered), used, reserved,
                           self.headroom(resident, used))
 
-    def _pack_start(self, resident: frozenset[str]) -> tuple[
-            set[str], float, float, tuple[int, ...]] | None:
+    def _pack_start(self, resident: frozenset[str]) -> PackStart | None:
         """GreedyPack(R)'s start: (R's prefixes no running request covers, the
         KV of R's prefixes and the running requests it keeps, the capacity
         reserved for the uncovered prefixes, the requests it preempts); None
@@ -1123,12 +1125,16 @@ class _Search(SearchBounds):
             return None
         return uncovered, used, reserved, preempt
 
-    def fruitless(self, resident: frozenset[str]) -> bool:
-        """GreedyPack(R) emits no state (`_pack_start`; once per set and decision)."""
-        hit = self._fruitless.get(resident)
-        if hit is None:
-            hit = self._fruitless[resident] = self._pack_start(resident) is None
+    def _start(self, resident: frozenset[str]) -> PackStart | None:
+        """`_pack_start`, once per set and decision (a fill copies its set)."""
+        if resident in self._starts:
+            return self._starts[resident]
+        hit = self._starts[resident] = self._pack_start(resident)
         return hit
+
+    def fruitless(self, resident: frozenset[str]) -> bool:
+        """GreedyPack(R) emits no state (`_pack_start`)."""
+        return self._start(resident) is None
 
     def headroom(self, resident: frozenset[str], used: float) -> float:
         """`decode_peak`: how much more than `used` (R's prefixes and Eq. 2's
