@@ -260,6 +260,86 @@ def _decision_log(trace: Trace, profile: HardwareProfile, params: TopasParams,
     return [replace(d, wall_ms=0.0, candidates=tuple(d.candidates)) for d in sink.decisions]
 
 
+def _replay_log(trace: Trace, params: TopasParams) -> list[Decision]:
+    """Every decision of a run on the default profile, with its candidate log."""
+    sink = RecordingSink()
+    Run(trace, TopasPolicy(params), SimBackend(get_profile("qwen2.5-32b-a100")),
+        sink=sink).execute()
+    return [replace(d, wall_ms=0.0, candidates=tuple(d.candidates)) for d in sink.decisions]
+
+
+@pytest.mark.parametrize(("workload", "k"), [("dag10wide", 0), ("dag10wide", 3),
+                                             ("metagpt-sop", 0)])
+def test_the_exchange_early_exit_decides_exactly_like_the_full_fill(
+        workload: str, k: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GreedyPack does not fill a preempting set whose states
+    `_exchange_hopeless` finds cannot pass `_exchange_pays`: filling every
+    such set and dropping its states gives the same decisions and candidate
+    logs. Its `_exchange_reach` bound must decide some sets the count of
+    admissions alone does not (else this checks nothing)."""
+    import topasd.scheduler.topas as topas
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    wl = load_workload(workload)
+    trace = generate_trace(wl.workflows, max(wl.operating_points), 40, 1, name=workload)
+    params = TopasParams(k=k)
+    hopeless = topas._Search._exchange_hopeless
+    by_reach = 0
+
+    def counted(self: topas._Search, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
+        nonlocal by_reach
+        out = hopeless(self, resident, preempt)
+        if out:
+            rho, fixed = self._exchange_terms(preempt)
+            n = sum(self._agent_reach(a)[0] for a in resident)
+            by_reach += not rho * (min(n, k) if k else n) <= fixed
+        return out
+
+    monkeypatch.setattr(topas._Search, "_exchange_hopeless", counted)
+    with_exit = _replay_log(trace, params)
+    assert by_reach > 0
+    monkeypatch.setattr(topas._Search, "_exchange_hopeless", lambda self, r, p: False)
+    assert _replay_log(trace, params) == with_exit
+
+
+@pytest.mark.parametrize(("workload", "budget"), [("dag10wide", 256), ("dag10wide", 6),
+                                                  ("dag10wide", 0), ("metagpt-sop", 4)])
+def test_deferring_fruitless_sets_decides_exactly_like_packing_them(
+        workload: str, budget: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_evaluate` defers the sets GreedyPack emits no state for (`_defer`),
+    settling the steps they owe only when `search_budget` could bind: the
+    same decisions and candidate logs as pricing and packing each in turn,
+    with a budget that binds (the deferred sets must then be settled) and
+    without one."""
+    import topasd.scheduler.topas as topas
+    from workflows.builtin import load_workload
+    from workflows.trace import generate_trace
+
+    wl = load_workload(workload)
+    trace = generate_trace(wl.workflows, max(wl.operating_points), 40, 1, name=workload)
+    params = TopasParams(search_budget=budget)
+    defer, settle = topas._Search._defer, topas._Search._settle
+    deferred = settled = 0
+
+    def deferring(self: topas._Search, resident: frozenset[str]) -> None:
+        nonlocal deferred
+        deferred += 1
+        defer(self, resident)
+
+    def settling(self: topas._Search) -> None:
+        nonlocal settled
+        settled += len(self._deferred)
+        settle(self)
+
+    monkeypatch.setattr(topas._Search, "_defer", deferring)
+    monkeypatch.setattr(topas._Search, "_settle", settling)
+    with_deferral = _replay_log(trace, params)
+    assert deferred > 0 and (settled > 0 or budget not in (4, 6))
+    monkeypatch.setattr(topas._Search, "fruitless", lambda self, r: False)
+    assert _replay_log(trace, params) == with_deferral
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads(), st.sampled_from([0, 2]), st.sampled_from(["ratio", "arrival"]),
        st.sampled_from(["off", "backfill", "always"]), st.booleans())

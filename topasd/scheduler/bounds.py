@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -404,10 +404,13 @@ class SearchBounds(ABC):
             return cast(Cut, tuple([entry for entry, a in by_row if a in agents]))
         return self._joint_cut([r for r in reqs if r.agent in agents])
 
-    def _prime_covers(self, sets: list[frozenset[str]]) -> None:
-        """Price the partial covers `refined` will need for `sets` in one
-        longest-path pass per workflow (small pools only)."""
-        if not sets or len(self._items()) > 64:
+    def _prime_covers(self, r_sets: Iterable[frozenset[str]]) -> None:
+        """Price the partial covers `refined` will need for `r_sets` in one
+        longest-path pass per workflow (small pools only: only then are they read)."""
+        if len(self._items()) > 64:
+            return
+        sets = list(r_sets)
+        if not sets:
             return
         jobs = []
         for tid, reqs in self.waiting_by_task.items():

@@ -43,7 +43,15 @@ from topasd.model import (
     redo_tokens,
     shared_kv,
 )
-from topasd.scheduler.bounds import ItemArrays, QuickTerms, SearchBounds, by_ratio
+from topasd.scheduler.bounds import (
+    _SLACK,
+    ItemArrays,
+    QuickTerms,
+    SearchBounds,
+    _loosen,
+    _unloosen,
+    by_ratio,
+)
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
@@ -59,6 +67,9 @@ KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`kee
 _PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
 _DONE: Final = StageStatus.DONE
 _NONE: Final = Location.NONE
+# GreedyPack(R)'s start (`_Search._pack_start`): uncovered prefixes, KV used, KV reserved,
+# the requests it preempts
+PackStart = tuple[set[str], float, float, tuple[int, ...]]
 
 
 class TopasPolicy:
@@ -375,6 +386,11 @@ class _Search(SearchBounds):
         """The search's per-decision memos and counters (each empty or unset)."""
         self.packs: dict[frozenset[str], list[_State]] = {}
         self.steps = 0.0  # GreedyPack work so far (`search_budget`)
+        self._starts: dict[frozenset[str], PackStart | None] = {}  # `_start`
+        self._agent_reaches: dict[str, tuple[int, float, list[tuple[int, int, float]]]] = {}
+        # `_defer`: (set, best total then) of each fruitless set not yet packed, in order
+        self._deferred: list[tuple[frozenset[str], float]] = []
+        self._deferred_sets: set[frozenset[str]] = set()
         self.step_cost = max(1.0, policy.params.samples / 64)
         self.best_total = -math.inf  # best non-empty state so far (pruning)
         self._item_cache: list[tuple[float, float, frozenset[str]]] | None = None
@@ -403,6 +419,7 @@ class _Search(SearchBounds):
         self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
         self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
+        self.item_values: dict[int, float] = {}  # each task's `_items` value
         self._caps: dict[int, float] = {}
         self._plan: list[tuple[int, list[Request], frozenset[str],
                                tuple[str, float, float, bool] | None]] | None = None
@@ -593,6 +610,7 @@ class _Search(SearchBounds):
         if self.late_ids and not self.running_agents and all(s.is_empty for s in states):
             self.late_ids = frozenset()
             self.packs.clear()
+            self._deferred, self._deferred_sets = [], set()
             self.best_total, self.steps = -math.inf, 0.0
             states = self._search_sets()
         return states
@@ -624,13 +642,17 @@ class _Search(SearchBounds):
         argmax, only which losing sets get packed). `coarse` holds cheaper
         upper bounds on `bound` per set (large pools), `quick` cheap ones on
         small pools (else `quick_bound`); a set is packed if `refined` (which
-        is `bound` on large pools) leaves it a chance."""
+        is `bound` on large pools) leaves it a chance, one that emits no state
+        only if its step may count (`_defer`)."""
         order = self._visit_order(sets, coarse, quick)
-        self._prime_covers([sets[i] for ub, i in order if ub >= self.best_total])
+        self._prime_covers(sets[i] for ub, i in order
+                           if ub >= self.best_total and not self.fruitless(sets[i]))
         for ub, i in order:
             if ub < self.best_total:
                 break
-            if self.refined(sets[i]) >= self.best_total:
+            if self.fruitless(sets[i]):
+                self._defer(sets[i])  # not priced unless its step counts (`_settle`)
+            elif self.refined(sets[i]) >= self.best_total:
                 self.pack(sets[i])
 
     def _visit_order(self, sets: Sequence[frozenset[str]], coarse: np.ndarray | None,
@@ -732,6 +754,35 @@ class _Search(SearchBounds):
         exact = np.array([self.bound(x) for x in drops])
         return drops + swaps, np.concatenate([exact, *coarse]), None  # type: ignore[list-item]
 
+    def _defer(self, resident: frozenset[str]) -> None:
+        """`_evaluate`'s visit of a `fruitless` set: packing it adds no state,
+        only a GreedyPack step (`search_budget`) if `refined` lets it be
+        packed, so that is settled only once the steps could matter
+        (`_keep_deferral`) or the set is packed (a later visit of it at a
+        best no lower packs it only if this one did)."""
+        if resident not in self.packs and resident not in self._deferred_sets:
+            self._deferred.append((resident, self.best_total))
+            self._deferred_sets.add(resident)
+            self._keep_deferral()
+
+    def _keep_deferral(self) -> None:
+        """Settle the deferred sets before their steps could bring a GreedyPack
+        over `search_budget`: while steps plus one per deferred set and one
+        more stay within it, no pack is over budget, with or without them,
+        so each step they owe counts alike in any order."""
+        budget = self.params.search_budget
+        if budget and self._deferred and (
+                self.steps + (len(self._deferred) + 1) * self.step_cost > budget):
+            self._settle()
+
+    def _settle(self) -> None:
+        """Pack each deferred set that `refined` would have let `_evaluate` pack."""
+        deferred, self._deferred = self._deferred, []
+        self._deferred_sets = set()
+        for resident, floor in deferred:
+            if resident not in self.packs and self.refined(resident) >= floor:
+                self.pack(resident)
+
     def over_budget(self) -> bool:
         """Whether another GreedyPack would pass `search_budget` once a
         non-empty state was found (so a decision that can admit does): steps
@@ -794,11 +845,14 @@ class _Search(SearchBounds):
 
     def pack(self, resident: frozenset[str]) -> list[_State]:
         """GreedyPack(R): every feasible allocation on the way to a full pack."""
+        if resident in self._deferred_sets:
+            self._settle()  # the steps owed before this visit
         hit = self.packs.get(resident)
         if hit is None and self.over_budget():
             hit = self.packs[resident] = []  # `search_budget` spent: the best so far stands
         if hit is None:
             self.steps += self.step_cost
+            self._keep_deferral()
             hit = self.packs[resident] = self._earns_preemption(self._greedy_pack(resident))
             for st in hit:
                 if st.total > self.best_total and not st.is_empty:
@@ -822,6 +876,7 @@ class _Search(SearchBounds):
             items.sort(key=lambda item: by_ratio(item[0]))
             self._item_cache = [item for item, _ in items]
             self.item_tasks = [tid for _, tid in items]
+            self.item_values = {tid: item[0] for item, tid in items}
         return self._item_cache
 
     def _joint_gain(self, task_id: int, reqs: list[Request]) -> float:
@@ -923,7 +978,7 @@ class _Search(SearchBounds):
             while n < st.n_admit:
                 r = self.requests[pack.seq[n]]
                 dhat = self._dhat(r)
-                delta = pack.gains[n] / max(self.g.get(r.task_id, 1.0), 1e-12)
+                delta = self._unweighted(r.task_id, pack.gains[n])
                 gain += rho * min(1.0, delta / dhat) if dhat > 0 else 0.0
                 dur += dhat
                 n += 1
@@ -959,14 +1014,66 @@ class _Search(SearchBounds):
     def _exchange_hopeless(self, resident: frozenset[str], preempt: tuple[int, ...]) -> bool:
         """No state of R can pass `_exchange_pays`: each admission gains at
         most rho_P, so it needs rho_P times the admissions R could make to
-        exceed the fixed cost (then R is not filled; the same states result)."""
+        exceed the fixed cost; nor can it when its admissions gain at most
+        rho_P times `_exchange_reach` (at most K), since each state costs at
+        least the fixed cost plus |P| times the least D_hat of R's waiting
+        requests (its admissions' mean D_hat is no less). Then R is not
+        filled: the same states result (margins far above rounding)."""
         if not (preempt and self.params.preempt_exchange):
             return False
         rho, fixed = self._exchange_terms(preempt)
-        n = sum(len(self.waiting_by_agent.get(a, ())) for a in self.ordered(resident))
-        if self.params.k:
-            n = min(n, self.params.k)
-        return rho * n <= fixed
+        parts = [self._agent_reach(a) for a in self.ordered(resident)]
+        n, k = sum(part[0] for part in parts), self.params.k
+        if rho * (min(n, k) if k else n) <= fixed:
+            return True
+        reach, least = self._exchange_reach(parts)
+        if k:
+            reach = min(reach, float(k))
+        return rho * reach <= _unloosen(fixed + len(preempt) * least)
+
+    def _agent_reach(self, agent: str) -> tuple[int, float, list[tuple[int, int, float]]]:
+        """An agent's waiting requests: how many, their least D_hat, and per
+        task (task, how many, their least positive D_hat); once per decision."""
+        hit = self._agent_reaches.get(agent)
+        if hit is None:
+            tasks: dict[int, tuple[int, float]] = {}
+            least = math.inf
+            reqs = self.waiting_by_agent.get(agent, [])
+            for r in reqs:
+                dhat = self._dhat(r)
+                least = min(least, dhat)
+                n, low = tasks.get(r.task_id, (0, math.inf))
+                tasks[r.task_id] = (n + 1, min(low, dhat) if dhat > 0 else low)
+            hit = self._agent_reaches[agent] = (
+                len(reqs), least, [(tid, n, low) for tid, (n, low) in tasks.items()])
+        return hit
+
+    def _exchange_reach(self, parts: list[tuple[int, float, list[tuple[int, int, float]]]]
+                        ) -> tuple[float, float]:
+        """(an upper bound on the sum of min(1, Delta / D_hat) over any
+        admissions of the waiting requests of R's agents (`_agent_reach`
+        each), their least D_hat). The Delta of one task's admissions sum to
+        at most its whole reduction (Eq. 7's marginals telescope; its `_items`
+        value), so a task whose requests R holds n of adds at most min(n,
+        that / their least positive D_hat), and 0 if every D_hat is 0."""
+        tasks: dict[int, tuple[int, float]] = {}
+        least = math.inf
+        for _, low_a, per_task in parts:
+            least = min(least, low_a)
+            for tid, n, low in per_task:
+                hit = tasks.get(tid)
+                tasks[tid] = (n, low) if hit is None else (hit[0] + n, min(hit[1], low))
+        if tasks:
+            self._items()  # `item_values`
+        reach = 0.0
+        for tid, (n, low) in tasks.items():
+            most = self._unweighted(tid, self.item_values[tid]) / low
+            reach += min(float(n), _loosen(most) + n * _SLACK)
+        return reach, least
+
+    def _unweighted(self, task_id: int, gain: float) -> float:
+        """A gain of task i over its weight g_i (`_exchange_pays`' Delta)."""
+        return gain / max(self.g.get(task_id, 1.0), 1e-12)
 
     def _remaining(self, r: Request) -> float:
         """A running request's expected remaining service (at least 1% of D_hat)."""
@@ -979,33 +1086,55 @@ class _Search(SearchBounds):
     def _greedy_pack(self, resident: frozenset[str]) -> list[_State]:
         """Keep covered running requests, derive preemptions, reserve a slot and
         capacity for every uncovered prefix, then fill."""
+        start = self._start(resident)
+        if start is None:
+            return []
+        uncovered, used, reserved, preempt = start
+        return self._fill(self._new_pack(resident, preempt), set(uncovered), used, reserved,
+                          self.headroom(resident, used))
+
+    def _pack_start(self, resident: frozenset[str]) -> PackStart | None:
+        """GreedyPack(R)'s start: (R's prefixes no running request covers, the
+        KV of R's prefixes and the running requests it keeps, the capacity
+        reserved for the uncovered prefixes, the requests it preempts); None
+        when R emits no state."""
         k = self.params.k
         out = self.running_agents - resident
         uncovered = set(resident - self.running_agents)
         if k and (len(uncovered) > k or sum(len(self.run_ids[a]) for a in out) > k):
-            return []
+            return None
         if out and not self.params.preempt:
-            return []
+            return None
         if out and self.params.swap_only and self.grabs_kv(resident):
-            return []
+            return None
         if self.overdue is not None and self.overdue.agent not in resident:
-            return []
+            return None
         reserved = 0.0
         order = self.ordered(resident)
         for a in order:  # sums in a fixed order: every process (TP rank) agrees
             if a in self.running_agents:
                 continue  # covered by its running requests
             if a not in self.min_d:
-                return []  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
+                return None  # R' = {a(r) : r in Q'}: an idle prefix cannot be resident
             reserved += self.min_d[a]
         used = sum((self.hold[a] for a in order), 0.0)
         if used + reserved > self.budget:
-            return []
+            return None
         preempt = tuple(sorted(rid for a in out for rid in self.run_ids[a]))
         if self._exchange_hopeless(resident, preempt):
-            return []
-        return self._fill(self._new_pack(resident, preempt), uncovered, used, reserved,
-                          self.headroom(resident, used))
+            return None
+        return uncovered, used, reserved, preempt
+
+    def _start(self, resident: frozenset[str]) -> PackStart | None:
+        """`_pack_start`, once per set and decision (a fill copies its set)."""
+        if resident in self._starts:
+            return self._starts[resident]
+        hit = self._starts[resident] = self._pack_start(resident)
+        return hit
+
+    def fruitless(self, resident: frozenset[str]) -> bool:
+        """GreedyPack(R) emits no state (`_pack_start`)."""
+        return self._start(resident) is None
 
     def headroom(self, resident: frozenset[str], used: float) -> float:
         """`decode_peak`: how much more than `used` (R's prefixes and Eq. 2's
