@@ -821,8 +821,7 @@ def ablation(cases_: Sequence[tuple[str, int, str]], args: argparse.Namespace,
                      tuple(sorted((k, v) for k, v in PAPER.items() if k not in earlier))))
     variants.append(("topas-paper (none of them)", "topas-paper", ()))
     base = execute(case_jobs(cases_, BASELINES, args.tasks, caps, {}, args.logs, args.engine),
-                   cache, args.jobs,
-                   "baselines")
+                   cache, args.jobs, "baselines")
     lines = ["| variant | geometric mean of mean ratios | mean <= 1.02x | p99 <= 1.10x "
              "| worst mean | wins / ties / losses | prefilled again (median) "
              "| light load: prefix loads (median) |", "|---|---|---|---|---|---|---|---|"]
@@ -857,15 +856,20 @@ def command(args: argparse.Namespace) -> str:
     parts += [f"--family {f}" for f in args.family or ()]
     parts += [f"--load {x}" for x in args.load or ()]
     parts += [f"--param {x}" for x in args.param or ()]
-    parts += [f"--engine {k}={json.dumps(v)}" for k, v in args.engine]
+    parts += [f"--engine {x}" for x in engine_items(args.engine)]
     if args.versus == "all":
         parts.append("--versus all")
     return " ".join(parts)
 
 
+def engine_items(engine: Sequence[tuple[str, Any]]) -> list[str]:
+    """Each field `--engine` changed as NAME=VALUE (VALUE as JSON)."""
+    return [f"{k}={json.dumps(v)}" for k, v in engine]
+
+
 def profile_label(args: argparse.Namespace) -> str:
     """The engine the cases ran on: the default profile, and the fields `--engine` changed."""
-    changed = ", ".join(f"{k}={json.dumps(v)}" for k, v in args.engine)
+    changed = ", ".join(engine_items(args.engine))
     return f"profile `{DEFAULT_PROFILE}`" + (f" with {changed}" if changed else "")
 
 
@@ -874,13 +878,13 @@ def parse_engine(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
     field's own type (an int field takes a whole number, a flag true or false);
     ValueError naming the item and the fix."""
     default = get_profile(DEFAULT_PROFILE)
+    known = [f.name for f in dataclass_fields(default)
+             if type(getattr(default, f.name)) in (int, float, bool)]  # not its name, text
     out = []
     for name, value in parse_params(items, "--engine"):
-        kind = type(getattr(default, name, None))
-        if name in ("name", "description") or kind not in (int, float, bool):
-            known = [f.name for f in dataclass_fields(default) if f.name not in
-                     ("name", "description")]
+        if name not in known:
             raise ValueError(f"{name}: not a field of a profile; give one of {', '.join(known)}")
+        kind = type(getattr(default, name))
         ok = isinstance(value, bool) if kind is bool else (
             isinstance(value, (int, float)) and not isinstance(value, bool)
             and (kind is float or float(value).is_integer()))
@@ -1040,7 +1044,7 @@ def section_name(args: argparse.Namespace, kind: str = "") -> str:
     kind of run (`peers`, `ablation`), then the case list unless it is the
     fixed one (`calls`, `holdout`), then `engine` and each field `--engine`
     changed, so no run overwrites another list's or another engine's."""
-    engine = ["engine", *(f"{k}={json.dumps(v)}" for k, v in args.engine)] if args.engine else []
+    engine = ["engine", *engine_items(args.engine)] if args.engine else []
     return "-".join(part for part in ("generalization", kind, case_list(args), *engine) if part)
 
 
