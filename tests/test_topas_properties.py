@@ -505,7 +505,7 @@ def test_pruning_keeps_states_that_tie_the_best_one(margin: bool, n_single: int,
     if not margin:
         import topasd.scheduler.bounds as bounds
 
-        monkeypatch.setattr(bounds, "_loosen", lambda bound: bound)
+        monkeypatch.setattr(bounds, "loosen", lambda bound: bound)
     from tests.topas_views import view
     from topasd.model import Dist, RequestState, Reservation, StageProgress, StageStatus, TaskView
 

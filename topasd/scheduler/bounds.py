@@ -249,9 +249,9 @@ class SearchBounds(ABC):
                 lost -= share
         if room < need:
             return -math.inf
-        ub = _loosen(self.v_reuse(resident) - lost + self._knapsack(
+        ub = loosen(self.v_reuse(resident) - lost + self._knapsack(
             resident, room, self._t_move(resident), covers))
-        if self.margin > 0.0 and lost > 0.0 and ub < _unloosen(self.margin * lost):
+        if self.margin > 0.0 and lost > 0.0 and ub < unloosen(self.margin * lost):
             return -math.inf  # every state would score below the preemption's floor
         return ub
 
@@ -469,7 +469,7 @@ class SearchBounds(ABC):
         if not base <= self.solo_agents:
             solo[:] = False
         dual -= (t_move - t_lo) * np.where(solo, n_in, np.minimum(n_in, 1.0))
-        return np.where((room >= 0) & (room >= need), _loosen(fixed + dual), -np.inf)
+        return np.where((room >= 0) & (room >= need), loosen(fixed + dual), -np.inf)
 
     def _dual_terms(self, base: frozenset[str], rest: list[str],
                     t_lo: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -529,16 +529,16 @@ def _mask(terms: QuickTerms, agents: frozenset[str]) -> int:
 
 
 _QUICK_SLACK = 1e-7  # `quick_bound`'s margin, relative: far above any rounding
-_SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
+SLACK = 1e-9  # bounds summed in another order than the scores they bound: rounding room
 
 
-def _unloosen(floor: float) -> float:
-    """A floor lowered by the rounding margin of `_loosen`."""
-    return floor - _SLACK * (1.0 + abs(floor))
+def unloosen(floor: float) -> float:
+    """A floor lowered by the rounding margin of `loosen`."""
+    return floor - SLACK * (1.0 + abs(floor))
 
 
-def _loosen(bound: Any) -> Any:
+def loosen(bound: Any) -> Any:
     """A bound raised by a relative rounding margin (float or array)."""
     if isinstance(bound, float):
-        return bound + _SLACK * (1.0 + abs(bound))
-    return bound + _SLACK * (1.0 + np.abs(bound))
+        return bound + SLACK * (1.0 + abs(bound))
+    return bound + SLACK * (1.0 + np.abs(bound))

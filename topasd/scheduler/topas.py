@@ -44,13 +44,13 @@ from topasd.model import (
     shared_kv,
 )
 from topasd.scheduler.bounds import (
-    _SLACK,
+    SLACK,
     ItemArrays,
     QuickTerms,
     SearchBounds,
-    _loosen,
-    _unloosen,
     by_ratio,
+    loosen,
+    unloosen,
 )
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
@@ -1029,7 +1029,7 @@ class _Search(SearchBounds):
         reach, least = self._exchange_reach(parts)
         if k:
             reach = min(reach, float(k))
-        return rho * reach <= _unloosen(fixed + len(preempt) * least)
+        return rho * reach <= unloosen(fixed + len(preempt) * least)
 
     def _agent_reach(self, agent: str) -> tuple[int, float, list[tuple[int, int, float]]]:
         """An agent's waiting requests: how many, their least D_hat, and per
@@ -1068,7 +1068,7 @@ class _Search(SearchBounds):
         reach = 0.0
         for tid, (n, low) in tasks.items():
             most = self._unweighted(tid, self.item_values[tid]) / low
-            reach += min(float(n), _loosen(most) + n * _SLACK)
+            reach += min(float(n), loosen(most) + n * SLACK)
         return reach, least
 
     def _unweighted(self, task_id: int, gain: float) -> float:
