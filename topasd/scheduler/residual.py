@@ -557,11 +557,8 @@ class TaskPaths:
         u = self.u
         rows, shifts, late = self._sample_rows(todo)
         samples: np.ndarray = np.concatenate(rows).reshape(len(rows), -1)  # as np.array stacks
-        if late:
+        if late:  # a started stage's rows are not kept: mostly a running one's, new each time
             samples = samples - np.array(shifts)[:, None]
-            apart = samples[[place for place, _, _ in late]]  # kept rows hold no other rows
-            for i, (_, r, row) in enumerate(late):  # apart[i] is late[i]'s row
-                r.keep(row, u, apart[i])
         samples = samples.reshape(len(todo), -1, u.shape[1])
         clipped = np.maximum(samples, 0.0)
         for j, k in enumerate(todo):
@@ -569,15 +566,14 @@ class TaskPaths:
             m.samples, m.clipped = samples[j], clipped[j]
         return (samples, clipped) if len(todo) == len(sets) else None
 
-    def _sample_rows(self, todo: list[int]) -> tuple[
-            list[np.ndarray], list[float], list[tuple[int, _Residual, int]]]:
+    def _sample_rows(self, todo: list[int]) -> tuple[list[np.ndarray], list[float], bool]:
         """The rows of sets `todo` (row v at quantile row v): each kept one,
         else for a started stage X's observations above e, with e among the
-        shifts (0.0 for the other rows) and (its place, residual, row) in late."""
+        shifts (0.0 for the other rows); and whether there was one."""
         u, n_rows = self.u, self.u.shape[0]
         rows: list[np.ndarray] = []
         shifts: list[float] = []
-        late: list[tuple[int, _Residual, int]] = []  # (place in `rows`, residual, row)
+        late = False
         for k in todo:
             for i, r in enumerate(self._set_res[k]):
                 row = i % n_rows
@@ -587,7 +583,7 @@ class TaskPaths:
                     rows.append(r.sampled(row, u) if hit is None else hit)
                     shifts.append(0.0)
                     continue
-                late.append((len(rows), r, row))
+                late = True
                 rows.append(shift[0])
                 shifts.append(shift[1])
         return rows, shifts, late
