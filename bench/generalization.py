@@ -185,8 +185,10 @@ def _source(module: str, file: str) -> Path:
     return ROOT.joinpath(*module.split(".")).with_suffix(".py")
 
 
-def engine_profile(engine: Sequence[tuple[str, Any]]) -> HardwareProfile:
-    """The default profile with the fields `engine` changes (`--engine`)."""
+@lru_cache(maxsize=8)
+def engine_profile(engine: tuple[tuple[str, Any], ...]) -> HardwareProfile:
+    """The default profile with the fields `engine` changes (`--engine`); built
+    once per engine and process (a replay's trace and backend read the same one)."""
     return get_profile(DEFAULT_PROFILE).with_overrides(**dict(engine))
 
 
