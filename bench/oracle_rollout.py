@@ -227,17 +227,17 @@ class OraclePolicy:
         costs, told = [], []
         for option in options:
             fork, twin = self.fork(option)
-            told.append(fork.loop.policy.last)  # type: ignore[attr-defined]
+            told.append(twin.last)
             advance(fork, t + self.oracle.horizon)
-            costs.append(fork_cost(fork, twin, self.oracle.objective, batch))
+            costs.append(fork_cost(fork, twin.topas, self.oracle.objective, batch))
         self.forks += 1
         best = min(range(len(options)), key=lambda i: (costs[i], i))
         self.changed += best != 0
         self.holds += best != 0 and is_hold(told[best], told[0])
         return options[best]
 
-    def fork(self, force: Option) -> tuple[Run, TopasPolicy]:
-        """A deep copy of the world now, which has decided `force`, and its TOPAS."""
+    def fork(self, force: Option) -> tuple[Run, OraclePolicy]:
+        """A deep copy of the world now, which has decided `force`, and its policy."""
         assert self.run is not None
         run = self.run
         memo: dict[int, Any] = {id(run.trace): run.trace,
@@ -249,7 +249,7 @@ class OraclePolicy:
         assert isinstance(twin, OraclePolicy)
         twin.force = force
         fork.loop.decide()
-        return fork, twin.topas
+        return fork, twin
 
 
 def is_hold(chosen: Decision | None, own: Decision | None) -> bool:

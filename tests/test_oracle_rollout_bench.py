@@ -69,7 +69,7 @@ class _Recorded(bench.OraclePolicy):  # type: ignore[name-defined,misc]
         for option in options:
             fork, twin = self.fork(option)
             bench.advance(fork, t + self.oracle.horizon)
-            costs[option] = bench.fork_cost(fork, twin, self.oracle.objective, batch)
+            costs[option] = bench.fork_cost(fork, twin.topas, self.oracle.objective, batch)
         pick = super()._pick(t, options)
         self.picks.append((costs, pick))
         return pick
