@@ -73,12 +73,12 @@ from generalization import (
 )
 
 from backends.sim.engine import SimBackend
-from topasd.model import Decision, EngineEvent, EngineView, TaskView
+from topasd.model import Decision, EngineEvent, EngineView
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler import native
 from topasd.scheduler.baselines import BASELINES
-from topasd.scheduler.topas import CandidateLog, TopasPolicy, _best, _Search, _State, reservation
+from topasd.scheduler.topas import TopasPolicy, _best, _Search, _State
 from workflows.generator import FAMILIES, LOADS
 
 Case = tuple[str, int, str]
@@ -138,23 +138,6 @@ def packed(search: _Search, sets: Sequence[frozenset[str]]) -> list[_State]:
     """GreedyPack's states of each set, past the search budget."""
     search.steps = -math.inf
     return [s for r in sets for s in search.pack(r)]
-
-
-def decision(policy: TopasPolicy, view: EngineView, search: _Search,
-             states: list[_State], idx: int) -> Decision:
-    """`TopasPolicy.decide`'s decision for `states[idx]` (its memos and credits kept)."""
-    chosen = states[idx]
-    policy.cut_memo = search.cuts_kept
-    policy.longest_memo = (view.costs, search.longests)
-    for rid, credit in chosen.credits():
-        policy.credits[rid] = credit
-    evict = search.evictions(chosen)
-    return Decision(t=view.t, policy=policy.name, admit=chosen.admit, preempt=chosen.preempt,
-                    load=tuple(sorted(chosen.resident - search.gpu)),
-                    evict=evict + search.context_drops(chosen, evict) if view.contexts
-                    else evict,
-                    reservation=reservation(policy.params.reservation),
-                    candidates=CandidateLog(states), chosen=idx)
 
 
 class OraclePolicy:
@@ -218,7 +201,7 @@ class OraclePolicy:
             if arg not in {choice(s) for s in states}:
                 states = states + packed(search, [arg[0]])
             idx = next(i for i in best_by_choice(states) if choice(states[i]) == arg)
-        return decision(self.topas, view, search, states, idx)
+        return self.topas.decision(view, search, states, idx)
 
     def _pick(self, t: float, options: list[Option]) -> Option:
         """The option whose fork costs least (TOPAS's own on a tie)."""
@@ -296,11 +279,7 @@ def open_paths(run: Run, topas: TopasPolicy) -> dict[int, float]:
     if not book.tasks:
         return {}
     view = run.backend.state(book.tasks, run.trace.workflows)
-    search = _Search(topas, view)
-    jobs: list[tuple[TaskView, Any, list[Any]]] = [
-        (task, search.running_stage.get(tid, {}), [()]) for tid, task in book.tasks.items()]
-    search.paths.lhat_batch(jobs, sorted(view.workflows))
-    return {task.id: search.paths.lhat(task, running, ()) for task, running, _ in jobs}
+    return _Search(topas, view).remaining_paths(book.tasks)
 
 
 def replay(job: Job, oracle: Oracle) -> dict[str, Any]:

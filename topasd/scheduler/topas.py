@@ -149,27 +149,32 @@ class TopasPolicy:
         return min(overdue, key=lambda r: (r.task_arrival, r.id)) if overdue else None
 
     def decide(self, view: EngineView) -> Decision:
+        """The best candidate state (Eq. 13) of this decision's search."""
         search = _Search(self, view)
         states = search.run()
+        return self.decision(view, search, states, _best(states))
+
+    def decision(self, view: EngineView, search: _Search, states: list[_State],
+                 chosen: int) -> Decision:
+        """The decision that takes `states[chosen]` of `search` on `view`: its
+        admissions, preemptions, loads and evictions, with every candidate
+        logged; the search's memos and the state's credits (Eq. 10) are kept."""
         self.cut_memo = search.cuts_kept  # the other tasks' entries are dropped
         self.longest_memo = (view.costs, search.longests)  # the requests it read
-        best = _best(states)
-        chosen = states[best]
-        for rid, credit in chosen.credits():
+        state = states[chosen]
+        for rid, credit in state.credits():
             self.credits[rid] = credit
-        resident = chosen.resident
-        gpu = search.gpu
-        evict = search.evictions(chosen)
+        evict = search.evictions(state)
         return Decision(
             t=view.t,
             policy=self.name,
-            admit=chosen.admit,
-            preempt=chosen.preempt,
-            load=tuple(sorted(resident - gpu)),
-            evict=evict + search.context_drops(chosen, evict) if view.contexts else evict,
+            admit=state.admit,
+            preempt=state.preempt,
+            load=tuple(sorted(state.resident - search.gpu)),
+            evict=evict + search.context_drops(state, evict) if view.contexts else evict,
             reservation=reservation(self.params.reservation),
             candidates=CandidateLog(states),
-            chosen=best,
+            chosen=chosen,
         )
 
     def age_scale(self, view: EngineView, paths: TaskPaths) -> dict[str, float]:
@@ -416,7 +421,7 @@ class _Search(SearchBounds):
         self.cuts_kept: dict[int, TaskCuts] = {}  # `_task_cuts`, for the next decision
         self._joint_cuts: dict[int, Cut] = {}  # each DAG task's, once `_task_cuts` read it
         self._singles: dict[int, Cut] = {}  # each request's {r} among `_task_cuts`' (`_single`)
-        self._batched: set[int] = set()  # tasks whose gain cuts `_remaining_paths` priced
+        self._batched: set[int] = set()  # tasks whose gain cuts `remaining_paths` priced
         self._by_row: dict[int, list[tuple[object, str]] | None] = {}
         self.item_tasks: list[int] = []  # the task of each of `_items`
         self.item_values: dict[int, float] = {}  # each task's `_items` value
@@ -1413,7 +1418,7 @@ class _Search(SearchBounds):
         g = dict.fromkeys(tasks, 1.0)
         if not (p.aging or p.srpt):
             return g
-        paths = self._remaining_paths(tasks) if p.srpt else {}
+        paths = self.remaining_paths(tasks) if p.srpt else {}
         scale = self.policy.age_scale(self.view, self.paths)
         if p.aging:
             fresh = self.fresh_ref() if p.age_curve == "linear" \
@@ -1429,7 +1434,7 @@ class _Search(SearchBounds):
                 g[tid] *= (h / max(path, 0.05 * h)) ** p.srpt
         return g
 
-    def _remaining_paths(self, tasks: Mapping[int, TaskView | None]) -> dict[int, float]:
+    def remaining_paths(self, tasks: Mapping[int, TaskView | None]) -> dict[int, float]:
         """L_hat_i({}, t) of each task (Eq. 5). DAG tasks share one pass per
         workflow with the cuts their base gains read (`_gain_cuts`) and each
         workflow's fresh task (`fresh_paths`)."""
@@ -1443,11 +1448,13 @@ class _Search(SearchBounds):
     def _gain_cuts(self, task: TaskView) -> list[Cut]:
         """Every cut of a task `_gains`, `_joint_gain` and `partial_cap` read
         for its base gains: {}, each waiting request's, all of them, and each
-        agent's complement (only {} on a chain, whose gains are sums; memoized)."""
+        agent's complement (only {} on a chain, whose gains are sums, and for a
+        task with nothing waiting; memoized)."""
         hit = self._gain_cut_memo.get(task.id)
         if hit is None:
             chain = self.view.workflows[task.workflow].is_chain
-            hit = self._gain_cut_memo[task.id] = [()] if chain else self._task_cuts(task.id)
+            plain = chain or task.id not in self.waiting_by_task  # nothing waiting: only {}
+            hit = self._gain_cut_memo[task.id] = [()] if plain else self._task_cuts(task.id)
         return hit
 
     def _task_cuts(self, task_id: int) -> list[Cut]:
