@@ -71,6 +71,7 @@ from generalization import (
     geomean,
     job_trace,
 )
+from prefix_room import PrefixRoom
 
 from backends.sim.engine import SimBackend
 from topasd.model import Decision, EngineEvent, EngineView
@@ -79,7 +80,7 @@ from topasd.runner import Run
 from topasd.scheduler import native
 from topasd.scheduler.baselines import BASELINES
 from topasd.scheduler.topas import TopasPolicy, _best, _Search, _State
-from workflows.generator import FAMILIES, LOADS
+from workflows.generator import FAMILIES, LOADS, draw_workload
 
 Case = tuple[str, int, str]
 Choice = tuple[frozenset[str], tuple[int, ...]]  # (R', preempted requests)
@@ -288,12 +289,16 @@ def replay(job: Job, oracle: Oracle) -> dict[str, Any]:
         raise RuntimeError("oracle_rollout.py: the compiled search is loaded; forks need "
                            "the pure one (run with TOPASD_NATIVE=0)")
     policy = OraclePolicy(TopasPolicy(), oracle)
-    run = Run(job_trace(job), policy, SimBackend(get_profile(DEFAULT_PROFILE)))
+    room = PrefixRoom({a.name: a.prefix_tokens
+                       for w in draw_workload(job.family, job.seed).workflows
+                       for a in w.agents.values()})
+    run = Run(job_trace(job), policy, SimBackend(get_profile(DEFAULT_PROFILE)), sink=room)
     policy.run = run
     wall = time.perf_counter()
     summary = run.execute().summary()
     return {"mean_jct_s": summary["mean_jct_s"], "p99_jct_s": summary["p99_jct_s"],
-            "makespan_s": summary["makespan_s"], "forks": policy.forks,
+            "makespan_s": summary["makespan_s"], "mean_batch": summary["mean_batch"],
+            "pinned_kv": room.averages()["pinned_kv"], "forks": policy.forks,
             "changed": policy.changed, "holds": policy.holds,
             "wall_s": time.perf_counter() - wall}
 
@@ -323,8 +328,10 @@ def table(results: Sequence[Any], rows: dict[tuple[Case, Oracle], dict[str, Any]
     """Per case: TOPAS's and each oracle's mean and p99 over the best baseline's."""
     heads = [f"H={o.horizon:g} s" for o in oracles]
     lines = ["| case | best mean / p99 | mean: topas | " + " | ".join(heads)
-             + " | p99: topas | " + " | ".join(heads) + " | forks (changed, holds) |",
-             "|---|---|---|" + "---|" * len(oracles) + "---|" + "---|" * len(oracles) + "---|"]
+             + " | p99: topas | " + " | ".join(heads) + " | forks (changed, holds) | "
+             "oracle's batch, pinned prefix KV |",
+             "|---|---|---|" + "---|" * len(oracles) + "---|" + "---|" * len(oracles)
+             + "---|---|"]
     ratios: dict[str, list[float]] = {}
     for r in results:
         bm, bp = r.best_mean[1], r.best_p99[1]
@@ -334,12 +341,13 @@ def table(results: Sequence[Any], rows: dict[tuple[Case, Oracle], dict[str, Any]
         for j, x in enumerate(means + p99s):
             ratios.setdefault(str(j), []).append(x)
         forks = ", ".join(f"{m['forks']} ({m['changed']}, {m['holds']})" for m in mine)
+        room = ", ".join(f"{m['mean_batch']:.2f}, {m['pinned_kv']:,.0f}" for m in mine)
         lines.append(f"| `{r.case[0]}` #{r.case[1]} {r.case[2]} | {r.best_mean[0]} {bm:.0f} s"
                      f" / {r.best_p99[0]} {bp:.0f} s | "
                      + " | ".join(f"{x:.3f}x" for x in means) + " | "
-                     + " | ".join(f"{x:.3f}x" for x in p99s) + f" | {forks} |")
+                     + " | ".join(f"{x:.3f}x" for x in p99s) + f" | {forks} | {room} |")
     gms = [geomean(ratios[str(j)]) for j in range(2 * (len(oracles) + 1))]
-    lines.append("| geometric mean | | " + " | ".join(f"{x:.3f}x" for x in gms) + " | |")
+    lines.append("| geometric mean | | " + " | ".join(f"{x:.3f}x" for x in gms) + " | | |")
     return lines
 
 
