@@ -80,7 +80,7 @@ from topasd.runner import Run
 from topasd.scheduler import native
 from topasd.scheduler.baselines import BASELINES
 from topasd.scheduler.topas import TopasPolicy, _best, _Search, _State
-from workflows.generator import FAMILIES, LOADS, draw_workload
+from workflows.generator import FAMILIES, LOADS
 
 Case = tuple[str, int, str]
 Choice = tuple[frozenset[str], tuple[int, ...]]  # (R', preempted requests)
@@ -289,10 +289,10 @@ def replay(job: Job, oracle: Oracle) -> dict[str, Any]:
         raise RuntimeError("oracle_rollout.py: the compiled search is loaded; forks need "
                            "the pure one (run with TOPASD_NATIVE=0)")
     policy = OraclePolicy(TopasPolicy(), oracle)
-    room = PrefixRoom({a.name: a.prefix_tokens
-                       for w in draw_workload(job.family, job.seed).workflows
+    trace = job_trace(job)
+    room = PrefixRoom({a.name: a.prefix_tokens for w in trace.workflows.values()
                        for a in w.agents.values()})
-    run = Run(job_trace(job), policy, SimBackend(get_profile(DEFAULT_PROFILE)), sink=room)
+    run = Run(trace, policy, SimBackend(get_profile(DEFAULT_PROFILE)), sink=room)
     policy.run = run
     wall = time.perf_counter()
     summary = run.execute().summary()
@@ -329,7 +329,7 @@ def table(results: Sequence[Any], rows: dict[tuple[Case, Oracle], dict[str, Any]
     heads = [f"H={o.horizon:g} s" for o in oracles]
     lines = ["| case | best mean / p99 | mean: topas | " + " | ".join(heads)
              + " | p99: topas | " + " | ".join(heads) + " | forks (changed, holds) | "
-             "oracle's batch, pinned prefix KV |",
+             "oracle's mean batch / pinned prefix KV |",
              "|---|---|---|" + "---|" * len(oracles) + "---|" + "---|" * len(oracles)
              + "---|---|"]
     ratios: dict[str, list[float]] = {}
@@ -341,7 +341,7 @@ def table(results: Sequence[Any], rows: dict[tuple[Case, Oracle], dict[str, Any]
         for j, x in enumerate(means + p99s):
             ratios.setdefault(str(j), []).append(x)
         forks = ", ".join(f"{m['forks']} ({m['changed']}, {m['holds']})" for m in mine)
-        room = ", ".join(f"{m['mean_batch']:.2f}, {m['pinned_kv']:,.0f}" for m in mine)
+        room = "; ".join(f"{m['mean_batch']:.2f} / {m['pinned_kv']:,.0f}" for m in mine)
         lines.append(f"| `{r.case[0]}` #{r.case[1]} {r.case[2]} | {r.best_mean[0]} {bm:.0f} s"
                      f" / {r.best_p99[0]} {bp:.0f} s | "
                      + " | ".join(f"{x:.3f}x" for x in means) + " | "

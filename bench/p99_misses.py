@@ -6,6 +6,10 @@ sampler of bench/prefix_room.py.
     python bench/generalization.py --json run.json
     python bench/p99_misses.py run.json [--bound 1.10] [--tasks 100] [--write]
 
+The run must be of the default `topas` with the same `--tasks`: each miss is
+replayed so, and the table gives the replayed p99 ratio beside the file's,
+so a file from another run shows.
+
 A miss is a *throughput* loss when TOPAS's makespan is more than 5% longer
 than the baseline's: its backlog drains slower, so the last tasks finish
 later (the columns say where the pool went: the mean batch, the prefix KV
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _results import update_section  # bench/_results.py
-from generalization import CACHE, Cache, capacities
+from generalization import CACHE, Cache, capacities, read_ratios
 from prefix_room import replay
 
 from workflows.generator import FAMILIES, HOLDOUT
@@ -63,25 +68,29 @@ def misses(rows: Sequence[dict[str, Any]], bound: float) -> list[Miss]:
 
 
 def diagnose(miss: Miss, tasks: int, capacity: float) -> dict[str, Any]:
-    """TOPAS's and the baseline's prefix-room rows, and the kind of loss."""
+    """TOPAS's and the baseline's prefix-room rows, the replayed p99 ratio,
+    and the kind of loss."""
     family, draw, load = miss.case
     topas = replay(family, draw, load, "topas", {}, tasks, capacity)
     base = replay(family, draw, load, miss.baseline, {}, tasks, capacity)
     makespan = topas["makespan_s"] / base["makespan_s"]
     return {"miss": miss, "topas": topas, "base": base, "makespan_ratio": makespan,
+            "replayed_p99_ratio": topas["p99_jct_s"] / base["p99_jct_s"],
             "kind": "throughput" if makespan > THROUGHPUT else "order"}
 
 
 def table(rows: Sequence[dict[str, Any]]) -> list[str]:
     """One line per miss (TOPAS / the baseline in each pair), then the count by kind."""
-    out = ["| case | p99 over the best | best p99 | makespan ratio | mean batch | prefix KV "
-           "pinned by running agents | KV of running requests | prefix loads | mean over "
-           "the best mean | loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| case | p99 over the best (run) | replayed | best-p99 baseline | makespan ratio "
+           "| mean batch | prefix KV pinned by running agents | KV of running requests | "
+           "prefix loads | mean over the best mean | loss |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m, t, b = r["miss"], r["topas"], r["base"]
         family, draw, load = m.case
         out.append(
-            f"| `{family}` #{draw} {load} | {m.p99_ratio:.3f}x | {m.baseline} | "
+            f"| `{family}` #{draw} {load} | {m.p99_ratio:.3f}x | "
+            f"{r['replayed_p99_ratio']:.3f}x | {m.baseline} | "
             f"{r['makespan_ratio']:.3f} | {t['mean_batch']:.2f} / {b['mean_batch']:.2f} | "
             f"{t['pinned_kv']:,.0f} / {b['pinned_kv']:,.0f} | "
             f"{t['running_kv']:,.0f} / {b['running_kv']:,.0f} | "
@@ -100,15 +109,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="a miss: TOPAS's p99 over this times the best baseline's (1.10)")
     ap.add_argument("--tasks", type=int, default=100,
                     help="tasks per case, as the run was made with (100)")
+    ap.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1),
+                    help="processes measuring the cases' capacities (all cores)")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args(argv)
+    if args.bound <= 0 or args.tasks < 1 or args.workers < 1:
+        ap.error("--bound must be positive, --tasks and --workers at least 1")
     try:
-        rows = json.loads(args.run.read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"p99_misses.py: error: cannot read {args.run} ({e}); write one "
-                         "with python bench/generalization.py --json FILE") from e
-    found = misses(rows, args.bound)
-    caps = capacities([m.case for m in found], args.tasks, Cache(CACHE), 2)
+        read_ratios(args.run)  # every row a case's row, and at least one
+    except ValueError as e:
+        raise SystemExit(f"p99_misses.py: error: {e}") from None
+    found = misses(json.loads(args.run.read_text()), args.bound)
+    caps = capacities([m.case for m in found], args.tasks, Cache(CACHE), args.workers)
     diagnosed = []
     for n, m in enumerate(found, 1):
         diagnosed.append(diagnose(m, args.tasks, caps[(m.case[0], m.case[1])]))
@@ -118,8 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a != "--write")
     body = "\n".join([
         "## Where TOPAS's p99 misses go (`bench/p99_misses.py`)", "",
-        f"Command: `{command.strip()}`, the file written by `python bench/generalization.py "
-        f"--json {args.run.name}` (the fixed list). Each case whose TOPAS p99 is over {args.bound:g}x the best baseline's, "
+        f"Command: `{command.strip()}`, the file written by `python "
+        f"bench/generalization.py --json {args.run.name}`. Each case whose TOPAS p99 is "
+        f"over {args.bound:g}x the best baseline's, "
         "replayed through TOPAS and that baseline (TOPAS / the baseline in each pair; time "
         "averages as in \"The room prefixes hold\").", "", *table(diagnosed)])
     print(body)

@@ -116,3 +116,25 @@ def test_case_arguments_name_the_fix() -> None:
     assert bench.parse_case("chain:4:heavy") == ("chain", 4, "heavy")
     with pytest.raises(Exception, match="FAMILY:DRAW:LOAD"):
         bench.parse_case("chain-4-heavy")
+
+
+def test_a_forks_events_reach_only_its_own_copy_of_the_sink() -> None:
+    """The real run's prefix-room sink sees the same events with a fork run
+    to the end beside it as a plain TOPAS run's sink does."""
+    room = load_bench("prefix_room")
+    trace = _trace("chain", 6, "burst", 30)
+    prefixes = {a.name: a.prefix_tokens for w in trace.workflows.values()
+                for a in w.agents.values()}
+    sinks = []
+    forking = _ForkOnce(at=3)
+    for policy in (forking, TopasPolicy()):
+        sink = room.PrefixRoom(prefixes)
+        run = Run(trace, policy, SimBackend(get_profile(DEFAULT_PROFILE)), sink=sink)
+        if isinstance(policy, _ForkOnce):
+            policy.run = run
+        run.execute()
+        sinks.append(sink)
+    assert forking.fork_finishes is not None, "a fork ran to the end beside the run"
+    forked, plain = sinks
+    assert forked.t == plain.t and forked.averages() == plain.averages()
+    assert forked.loads == plain.loads

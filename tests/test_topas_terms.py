@@ -17,10 +17,10 @@ from tests.topas_views import (
     view,
     workflow,
 )
-from topasd.model import EngineEvent, EventKind, Location, Request, TopasError, Workflow
+from topasd.model import EngineEvent, EventKind, Location, Request, TaskView, TopasError, Workflow
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import PAPER, TopasParams, check_variant
-from topasd.scheduler.topas import TopasPolicy, _Search
+from topasd.scheduler.topas import TopasPolicy, _best, _Search
 
 
 def policy(**params: object) -> TopasPolicy:
@@ -38,6 +38,18 @@ def observe(pol: TopasPolicy, agent: str, stage: str, stage_services: list[float
 
 def running_map(reqs: list[Request]) -> dict[str, Request]:
     return {r.stage: r for r in reqs}
+
+
+def _fork_branches_waiting() -> tuple[TopasPolicy, Request, Request, TaskView]:
+    """A fork-join task past `a` whose branches b (0 or 10 s) and c (5 s)
+    wait, d (2 s) after them; D_hat is 5 s on both branches."""
+    pol = policy()
+    observe(pol, "A", "a", [1])
+    observe(pol, "B", "b", [0, 10], request_service=5)
+    observe(pol, "C", "c", [5], request_service=5)
+    observe(pol, "D", "d", [2])
+    rb, rc = request(1, 1, FORK, "b"), request(2, 1, FORK, "c")
+    return pol, rb, rc, task(1, FORK, a="done", b="active", c="active")
 
 
 # ----------------------------------------------------------------- Eqs. 4-7
@@ -63,13 +75,7 @@ def test_chain_is_the_exact_sum_of_expected_residuals() -> None:
 
 
 def test_fork_join_takes_the_expectation_outside_the_longest_path() -> None:
-    pol = policy()
-    observe(pol, "A", "a", [1])
-    observe(pol, "B", "b", [0, 10], request_service=5)
-    observe(pol, "C", "c", [5], request_service=5)
-    observe(pol, "D", "d", [2])
-    rb, rc = request(1, 1, FORK, "b"), request(2, 1, FORK, "c")
-    t1 = task(1, FORK, a="done", b="active", c="active")
+    pol, rb, rc, t1 = _fork_branches_waiting()
     s = _Search(pol, view(FORK, [t1], [], [rb, rc]))
     # The critical branch flips: B (0 or 10) vs C (5): E[max] = 7.5, not max(E) = 5.
     assert s.paths.lhat(t1, {}) == pytest.approx(7.5 + 2)
@@ -839,3 +845,32 @@ def test_start_gate_keeps_a_started_tasks_room_from_new_tasks_in_every_candidate
     for c in d.candidates:  # every candidate that leaves B out leaves b its room
         if "B" not in c.resident:
             assert free_after(c.admit) >= 260
+
+
+def test_remaining_paths_price_a_task_with_nothing_waiting_by_eq5_alone() -> None:
+    """Eq. 5 for every task in the view: a DAG task whose only stage runs
+    (nothing waits) and one whose two branches wait get their L_hat."""
+    pol, rb, rc, t1 = _fork_branches_waiting()
+    ra = request(3, 2, FORK, "a", running=True, started_at=0.0)
+    t2 = task(2, FORK, a="active")
+    s = _Search(pol, view(FORK, [t1, t2], [ra], [rb, rc]))
+    paths = s.remaining_paths({1: t1, 2: t2})
+    assert paths[1] == pytest.approx(7.5 + 2)  # as the fork-join case above
+    assert paths[2] == pytest.approx(s.paths.lhat(t2, running_map([ra])))
+
+
+def test_a_decision_taken_from_a_search_is_the_one_decide_makes() -> None:
+    """`TopasPolicy.decision` on a search's best state (Eq. 14) gives decide's
+    Decision, candidates and credits (Eq. 10) included."""
+    ra = request(1, 1, CHAIN, "a", running=True, started_at=0.0)
+    rb = [request(i, i, CHAIN, "b") for i in (2, 3)]
+    v = view(CHAIN, [task(1, CHAIN, a="active"),
+                     *(task(i, CHAIN, a="done", b="active") for i in (2, 3))],
+             [ra], rb, t=4.0, budget=400)
+    own, split = TopasPolicy(), TopasPolicy()
+    decided = own.decide(v)
+    search = _Search(split, v)
+    states = search.run()
+    taken = split.decision(v, search, states, _best(states))
+    assert taken == decided and taken.admit
+    assert split.credits == own.credits and split.credits

@@ -149,7 +149,8 @@ class TopasPolicy:
         return min(overdue, key=lambda r: (r.task_arrival, r.id)) if overdue else None
 
     def decide(self, view: EngineView) -> Decision:
-        """The best candidate state (Eq. 13) of this decision's search."""
+        """The best candidate state of this decision's search (Eq. 14, by
+        Eq. 13's score)."""
         search = _Search(self, view)
         states = search.run()
         return self.decision(view, search, states, _best(states))
