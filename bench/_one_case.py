@@ -6,13 +6,12 @@ prefix_room.py)."""
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from _results import update_section  # bench/_results.py
+from _results import command_line, update_section  # bench/_results.py
 from generalization import CACHE, Cache, capacities, parse_params
 
 from workflows.generator import FAMILIES, HOLDOUT, LOADS
@@ -45,12 +44,10 @@ class CaseBench:
         rows = [{**self.replay(args.family, args.draw, args.load, p, params, args.tasks, cap),
                  "policy": " ".join([p, *(f"{k}={v}" for k, v in params.items())])}
                 for p, params in policies]
-        command = f"python bench/{self.script} " + " ".join(
-            shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])
-            if a != "--write")
+        command = command_line(self.script, argv)
         body = "\n".join([
             f"## {self.title}", "",
-            f"Command: `{command.strip()}`. Case `{args.family}` #{args.draw}, {args.load} "
+            f"Command: `{command}`. Case `{args.family}` #{args.draw}, {args.load} "
             f"load, {args.tasks} tasks ({cap:.4f} task/s capacity), as "
             f"`bench/generalization.py` replays it. {self.note}", "", *self.table(rows)])
         print(body)

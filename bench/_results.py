@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +24,32 @@ HEADER = """# Results
 Every number on this page comes from a script in `bench/`; each section names
 the command that produced it. Rerun the command to refresh the section.
 """
+
+
+def command_line(script: str, argv: Sequence[str] | None) -> str:
+    """The command a section names: `python bench/<script>` and its arguments
+    (`argv`, else the process's), without `--write`."""
+    args = argv if argv is not None else sys.argv[1:]
+    return " ".join(["python", f"bench/{script}", *(shlex.quote(a) for a in args
+                                                   if a != "--write")])
+
+
+def progress(items: Sequence[J], label: str) -> Iterator[J]:
+    """Each item in turn, with `label n/N` on stderr after each; a newline at the end."""
+    for n, item in enumerate(items, 1):
+        yield item
+        print(f"\r{label} {n}/{len(items)}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+
+
+def publish(section: str, heading: str, intro: str, lines: Sequence[str],
+            write: bool) -> None:
+    """Print a section (`## heading`, its intro, its lines) and, with `write`,
+    record it in docs/RESULTS.md."""
+    body = "\n".join([f"## {heading}", "", intro, "", *lines])
+    print(body)
+    if write:
+        print(f"wrote {update_section(section, body)}", file=sys.stderr)
 
 
 def update_section(name: str, body: str, path: Path = RESULTS) -> Path:

@@ -51,7 +51,6 @@ import copy
 import math
 import multiprocessing
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -59,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from _results import update_section  # bench/_results.py
+from _results import command_line, update_section  # bench/_results.py
 from generalization import (
     CACHE,
     Cache,
@@ -393,14 +392,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     jobs = case_jobs(cases, ["topas", *BASELINES], args.tasks, caps, {})
     results = compare(execute(jobs, cache, args.workers, "replays"), "topas")
     rows = oracle_rows([r.job for r in results], oracles, args.workers)
-    command = "python bench/oracle_rollout.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a != "--write")
+    command = command_line("oracle_rollout.py", argv)
     variant = "" if (args.space, args.objective) == ("states", "plain") \
         else f"-{args.space}-{args.objective}"
     body = "\n".join([
         f"## What an oracle rollout buys (`bench/oracle_rollout.py`{', ' if variant else ''}"
         f"{variant[1:]})", "",
-        f"Command: `{command.strip()}`. {len(cases)} cases of `bench/generalization.py`, "
+        f"Command: `{command}`. {len(cases)} cases of `bench/generalization.py`, "
         f"{args.tasks} tasks each; options `{args.space}`, K = {args.k}, cost "
         f"`{args.objective}` (the script's docstring). Mean and p99 JCT over the best "
         "baseline's; forks: the decisions forked (those where the oracle's choice was "

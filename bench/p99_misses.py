@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _results import update_section  # bench/_results.py
+from _results import command_line, progress, publish  # bench/_results.py
 from generalization import CACHE, Cache, capacities, read_ratios
 from prefix_room import replay
 
@@ -121,23 +119,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"p99_misses.py: error: {e}") from None
     found = misses(json.loads(args.run.read_text()), args.bound)
     caps = capacities([m.case for m in found], args.tasks, Cache(CACHE), args.workers)
-    diagnosed = []
-    for n, m in enumerate(found, 1):
-        diagnosed.append(diagnose(m, args.tasks, caps[(m.case[0], m.case[1])]))
-        print(f"\rmisses {n}/{len(found)}", end="", file=sys.stderr, flush=True)
-    print(file=sys.stderr)
-    command = "python bench/p99_misses.py " + " ".join(
-        shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]) if a != "--write")
-    body = "\n".join([
-        "## Where TOPAS's p99 misses go (`bench/p99_misses.py`)", "",
-        f"Command: `{command.strip()}`, the file written by `python "
-        f"bench/generalization.py --json {args.run.name}`. Each case whose TOPAS p99 is "
-        f"over {args.bound:g}x the best baseline's, "
-        "replayed through TOPAS and that baseline (TOPAS / the baseline in each pair; time "
-        "averages as in \"The room prefixes hold\").", "", *table(diagnosed)])
-    print(body)
-    if args.write:
-        print(f"wrote {update_section('p99-misses', body)}", file=sys.stderr)
+    diagnosed = [diagnose(m, args.tasks, caps[(m.case[0], m.case[1])])
+                 for m in progress(found, "misses")]
+    publish("p99-misses", "Where TOPAS's p99 misses go (`bench/p99_misses.py`)",
+            f"Command: `{command_line('p99_misses.py', argv)}`, the file written by `python "
+            f"bench/generalization.py --json {args.run.name}`. Each case whose TOPAS p99 is "
+            f"over {args.bound:g}x the best baseline's, replayed through TOPAS and that "
+            "baseline (TOPAS / the baseline in each pair; time averages as in \"The room "
+            "prefixes hold\").", table(diagnosed), args.write)
 
 
 if __name__ == "__main__":
