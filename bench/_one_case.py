@@ -6,12 +6,11 @@ prefix_room.py)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from _results import command_line, update_section  # bench/_results.py
+from _results import command_line, publish  # bench/_results.py
 from generalization import CACHE, Cache, capacities, parse_params
 
 from workflows.generator import FAMILIES, HOLDOUT, LOADS
@@ -44,15 +43,11 @@ class CaseBench:
         rows = [{**self.replay(args.family, args.draw, args.load, p, params, args.tasks, cap),
                  "policy": " ".join([p, *(f"{k}={v}" for k, v in params.items())])}
                 for p, params in policies]
-        command = command_line(self.script, argv)
-        body = "\n".join([
-            f"## {self.title}", "",
-            f"Command: `{command}`. Case `{args.family}` #{args.draw}, {args.load} "
-            f"load, {args.tasks} tasks ({cap:.4f} task/s capacity), as "
-            f"`bench/generalization.py` replays it. {self.note}", "", *self.table(rows)])
-        print(body)
-        if args.write:
-            print(f"wrote {update_section(self.section, body)}", file=sys.stderr)
+        publish(self.section, self.title,
+                f"Command: `{command_line(self.script, argv)}`. Case `{args.family}` "
+                f"#{args.draw}, {args.load} load, {args.tasks} tasks ({cap:.4f} task/s "
+                f"capacity), as `bench/generalization.py` replays it. {self.note}",
+                self.table(rows), args.write)
 
     def parser(self, description: str) -> argparse.ArgumentParser:
         """--family, --draw, --load, -p 'POLICY [NAME=VALUE]...', --tasks, --write."""

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from _results import command_line, update_section  # bench/_results.py
+from _results import command_line, publish  # bench/_results.py
 from generalization import (
     CACHE,
     Cache,
@@ -392,22 +392,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     jobs = case_jobs(cases, ["topas", *BASELINES], args.tasks, caps, {})
     results = compare(execute(jobs, cache, args.workers, "replays"), "topas")
     rows = oracle_rows([r.job for r in results], oracles, args.workers)
-    command = command_line("oracle_rollout.py", argv)
     variant = "" if (args.space, args.objective) == ("states", "plain") \
         else f"-{args.space}-{args.objective}"
-    body = "\n".join([
-        f"## What an oracle rollout buys (`bench/oracle_rollout.py`{', ' if variant else ''}"
-        f"{variant[1:]})", "",
-        f"Command: `{command}`. {len(cases)} cases of `bench/generalization.py`, "
-        f"{args.tasks} tasks each; options `{args.space}`, K = {args.k}, cost "
-        f"`{args.objective}` (the script's docstring). Mean and p99 JCT over the best "
-        "baseline's; forks: the decisions forked (those where the oracle's choice was "
-        "not TOPAS's, and of those the holds: the oracle admits and loads nothing where "
-        "TOPAS admits).", "",
-        *table(results, rows, oracles)])
-    print(body)
-    if args.write:
-        print(f"wrote {update_section('oracle-rollout' + variant, body)}", file=sys.stderr)
+    publish(
+        "oracle-rollout" + variant,
+        f"What an oracle rollout buys (`bench/oracle_rollout.py`{', ' if variant else ''}"
+        f"{variant[1:]})",
+        f"Command: `{command_line('oracle_rollout.py', argv)}`. {len(cases)} cases of "
+        f"`bench/generalization.py`, {args.tasks} tasks each; options `{args.space}`, K = "
+        f"{args.k}, cost `{args.objective}` (the script's docstring). Mean and p99 JCT over "
+        "the best baseline's; forks: the decisions forked (those where the oracle's choice "
+        "was not TOPAS's, and of those the holds: the oracle admits and loads nothing where "
+        "TOPAS admits).",
+        table(results, rows, oracles), args.write)
 
 
 if __name__ == "__main__":

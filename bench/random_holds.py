@@ -18,6 +18,7 @@ teach. `--write` records the table in docs/RESULTS.md (section
 from __future__ import annotations
 
 import argparse
+import os
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.runs < 1 or args.tasks < 1 or any(not 0.0 < p <= 1.0 for p in ps):
         ap.error("--runs and --tasks must be at least 1, and each --p in (0, 1]")
     cases = args.case or list(BURSTS)
-    caps = capacities(cases, args.tasks, Cache(CACHE), 2)
+    caps = capacities(cases, args.tasks, Cache(CACHE), max(1, os.cpu_count() or 1))
     rows = [case_row(Job(family, draw, load, "topas", args.tasks, (), caps[(family, draw)]),
                      ps, args.runs) for family, draw, load in progress(cases, "cases")]
     publish("random-holds", "Random phase choices, best of N (`bench/random_holds.py`)",
