@@ -120,7 +120,8 @@ BOUNDS = (("mean", 1.02, 0.95), ("mean", 1.10, 1.0), ("p99", 1.10, 0.95), ("p99"
 GEOMEAN_BOUND = 0.93
 RATIO = {"mean": 0, "p99": 1}  # where a bound's measure sits in a (mean, p99) ratio pair
 PACKAGES = ("topasd", "backends", "workflows")  # whose imported modules decide a result
-TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "param_specs.py", "native.py")
+TOPAS_ONLY = ("topas.py", "residual.py", "bounds.py", "params.py", "param_specs.py", "native.py",
+              "lots.py")
 PEER_SHARED = ("estimates.py", "__init__.py", "residual.py")  # what every peer's replay reads
 
 

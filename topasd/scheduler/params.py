@@ -85,6 +85,11 @@ class TopasParams:
     # the oldest overdue task is served next: every candidate covers its waiting
     # request's agent and keeps its room
     overdue: float | None = 2.0
+    # while the other agents' waiting work is more than the pool holds, an agent's
+    # waiting requests join W_t only once their summed wait reaches this times the
+    # room their prefix would take from that backlog (an economic lot; lots.py);
+    # None: off
+    lot_size: float | None = None
     # once more than `window_cap` requests wait, a decision weighs each agent's first
     # tasks that a fill into this times the free KV reaches, at most `window_cap`
     # requests of them in task order (scheduler/window.py); None: every request
@@ -98,7 +103,7 @@ class TopasParams:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
             if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue",
-                                          "fresh_hol", "started_hol", "window"):
+                                          "fresh_hol", "started_hol", "window", "lot_size"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -150,6 +155,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "samples": (1, 4096),
     "srpt": (0.0, 4.0),
     "overdue": (0.1, 1000.0),
+    "lot_size": (0.0, 1000.0),
     "fresh_hol": (0.0, 1000.0),
     "started_hol": (0.0, 1000.0),
     "window": (0.1, 1000.0),

@@ -18,7 +18,7 @@ import itertools
 import math
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, cast
 
 import numpy as np
@@ -52,6 +52,7 @@ from topasd.scheduler.bounds import (
     loosen,
     unloosen,
 )
+from topasd.scheduler.lots import never_held, unripe_lots
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
@@ -151,9 +152,25 @@ class TopasPolicy:
     def decide(self, view: EngineView) -> Decision:
         """The best candidate state of this decision's search (Eq. 14, by
         Eq. 13's score)."""
+        held = self.unripe(view)
+        if held:  # `lot_size`: W_t without the lots not yet ripe
+            view = replace(view, waiting=tuple(r for r in view.waiting if r.id not in held))
         search = _Search(self, view)
         states = search.run()
         return self.decision(view, search, states, _best(states))
+
+    def unripe(self, view: EngineView) -> frozenset[int]:
+        """`lot_size`: the waiting requests whose agent's lot is not ripe
+        (lots.py), less those of overdue tasks and those waiting their
+        workflow's expected fresh path."""
+        lot = self.params.lot_size
+        held = frozenset() if lot is None else unripe_lots(view, lot)
+        if not held:
+            return held
+        paths = TaskPaths(self.model, view.costs, view.workflows, self._quantiles, view.t,
+                          self.path_memo)
+        means = {name: sum(jcts) / len(jcts) for name, jcts in self._jcts.items() if jcts}
+        return held - never_held(view, self.params.overdue, means, self.fresh_paths(view, paths))
 
     def decision(self, view: EngineView, search: _Search, states: list[_State],
                  chosen: int) -> Decision:

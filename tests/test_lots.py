@@ -1,0 +1,134 @@
+"""`lot_size` (topasd/scheduler/lots.py): an agent's waiting requests wait
+as one lot until their summed wait pays the room their prefix takes from a
+backlog, and never when the lot cannot grow or the task is late."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from backends.sim.engine import SimBackend
+from tests.topas_views import request, task, view, workflow
+from topasd.model import Decision, EngineView, TopasError, Workflow
+from topasd.profiles import DEFAULT_PROFILE, get_profile
+from topasd.runner import Run
+from topasd.scheduler.lots import lot_can_grow, never_held, unripe_lots
+from topasd.scheduler.params import TopasParams
+from topasd.scheduler.topas import TopasPolicy
+from workflows.generator import case_trace, draw_workload
+
+# three agents of 300 prefix tokens each in a 1,000-token pool; one decode
+# step is the profile's 0.1 s floor (the hand-built costs have no batch model)
+CHAIN = workflow("chain", {"a": (), "b": ("a",), "c": ("b",)}, prefix=300)
+SOLO = workflow("solo", {"a": ()}, prefix=300)
+LAST = 107  # the id of task 7's waiting request of agent C
+
+
+def _backlog(t: float, *, first_tasks: int = 5,
+             others: tuple[Workflow, ...] = (CHAIN,) * 6) -> EngineView:
+    """Task 1's request of A runs; tasks 2.. wait on A (310 tokens each, the
+    first `first_tasks` of them); task 7 waits on C (its last stage) since 0.
+    Tasks 1-6 are of the workflows `others`."""
+    running = [request(100, 1, others[0], "a", running=True, started_at=0.0)]
+    waiting = [request(100 + i, i, wf, "a", input_tokens=300)
+               for i, wf in zip(range(2, 2 + first_tasks), others[1:], strict=False)]
+    waiting.append(request(LAST, 7, CHAIN, "c"))
+    tasks = [task(1, others[0], a="active"), task(7, CHAIN, a="done", b="done", c="active")]
+    tasks += [task(i, wf, a="active") for i, wf in zip(range(2, 2 + first_tasks), others[1:],
+                                                        strict=False)]
+    return view([CHAIN, SOLO], tasks, running, waiting, t=t, budget=1000, gpu=("A",))
+
+
+def test_a_lot_waits_until_its_summed_wait_pays_its_setup() -> None:
+    # setup: 5 tasks wait on A, C's prefix is 0.3 of the pool, for 1 s of service
+    # (10 tokens x 0.1 s) past C's running requests (none): 5 x 0.3 x 1 = 1.5 s
+    assert unripe_lots(_backlog(t=1.0), 1.0) == {LAST}
+    assert unripe_lots(_backlog(t=1.6), 1.0) == frozenset()
+    assert unripe_lots(_backlog(t=1.6), 2.0) == {LAST}  # twice the setup: 3 s
+    assert unripe_lots(_backlog(t=1.0), 0.0) == frozenset()
+
+
+def test_without_a_backlog_no_lot_waits() -> None:
+    # three requests of 310 tokens wait on A: less than the 1,000-token pool
+    assert unripe_lots(_backlog(t=1.0, first_tasks=3), 1.0) == frozenset()
+
+
+def test_a_lot_no_other_task_can_join_does_not_wait() -> None:
+    # tasks 1-6 are of a workflow without agent C: task 7's request is C's last
+    only_a = _backlog(t=1.0, others=(SOLO,) * 6)
+    assert not lot_can_grow(only_a, "C", {7})
+    assert unripe_lots(only_a, 1.0) == frozenset()
+    assert lot_can_grow(_backlog(t=1.0), "C", {7})
+
+
+def test_a_running_agent_pays_only_the_service_past_its_running_requests() -> None:
+    base = _backlog(t=1.0)
+    c_running = request(200, 8, CHAIN, "c", running=True, started_at=0.0)
+    # C's running request has 10 tokens (1 s) left: the lot extends its residency by 0
+    with_c = replace(base, running=(*base.running, c_running))
+    assert unripe_lots(with_c, 1.0) == frozenset()
+    shorter = replace(with_c, running=(base.running[0], replace(c_running, generated=5)))
+    # 0.5 s left: 0.5 s past it, 5 x 0.3 x 0.5 = 0.75 s of setup against 1 s waited
+    assert unripe_lots(shorter, 1.0) == frozenset()
+    assert unripe_lots(shorter, 2.0) == {LAST}
+
+
+def test_late_and_overdue_requests_are_never_held() -> None:
+    v = _backlog(t=1.0)
+    # waited its workflow's fresh path (1 s here) since it entered the queue
+    assert LAST in never_held(v, None, {}, {"chain": 1.0})
+    assert LAST not in never_held(v, None, {}, {"chain": 5.0})
+    # older than twice its workflow's mean recent JCT (0.4 s)
+    assert LAST in never_held(v, 2.0, {"chain": 0.4}, {"chain": 5.0})
+    assert LAST not in never_held(v, None, {"chain": 0.4}, {"chain": 5.0})
+
+
+def _admitted(params: TopasParams, v: EngineView) -> set[int]:
+    return set(TopasPolicy(params).decide(v).admit)
+
+
+def test_topas_with_lot_size_leaves_an_unripe_lot_out_of_the_decision() -> None:
+    v = _backlog(t=1.0)
+    # the last stage's request is what TOPAS serves first (nearest its task's end)
+    assert LAST in _admitted(TopasParams(), v)
+    held = _admitted(TopasParams(lot_size=1.0), v)
+    assert LAST not in held and held  # the room goes to the backlog instead
+    assert TopasPolicy(TopasParams(lot_size=1.0)).unripe(v) == {LAST}
+
+
+def test_lot_size_is_checked() -> None:
+    assert TopasParams(lot_size=None).lot_size is None
+    with pytest.raises(TopasError, match="lot_size"):
+        TopasParams(lot_size=-1.0)
+
+
+class RecordingTopas(TopasPolicy):
+    """TOPAS that records, per decision, the lots it held and what it admitted."""
+
+    def __init__(self, params: TopasParams) -> None:
+        super().__init__(params)
+        self.log: list[tuple[frozenset[int], tuple[int, ...]]] = []
+
+    def decide(self, view: EngineView) -> Decision:
+        held = self.unripe(view)
+        decision = super().decide(view)
+        self.log.append((held, decision.admit))
+        return decision
+
+
+def _burst_run(lot_size: float | None) -> tuple[RecordingTopas, dict[int, float]]:
+    trace = case_trace(draw_workload("chain", 6), "burst", 100, 0.05, 6)
+    policy = RecordingTopas(TopasParams(lot_size=lot_size))
+    result = Run(trace, policy, SimBackend(get_profile(DEFAULT_PROFILE))).execute()
+    assert set(result.finishes) == {t.id for t in trace.tasks}  # every task finishes
+    return policy, result.finishes
+
+
+def test_in_a_burst_held_lots_are_never_admitted_and_every_task_finishes() -> None:
+    policy, finishes = _burst_run(1.0)
+    held_decisions = [(held, admit) for held, admit in policy.log if held]
+    assert held_decisions, "the burst's backlog holds some lot"
+    assert all(held.isdisjoint(admit) for held, admit in held_decisions)
+    assert _burst_run(1.0)[1] == finishes  # the same trace and seed decide the same
+    assert _burst_run(None)[1] != finishes  # and the rule changes the run

@@ -1,0 +1,113 @@
+"""`lot_size`: an agent's waiting requests join W_t as one economic lot.
+
+While the waiting work of the other agents is more than the pool holds
+(a backlog: the engine stays full whatever this decision does), every
+token-second an agent's prefix spends on the GPU is room the backlog's
+batch does not get. Serving agent a's waiting requests now pins l_a for
+`ext`, how far their service runs past a's running requests (all of it if
+none runs), which delays each of the N tasks waiting on other agents by
+about (l_a / B_t) * ext: the lot's setup cost, N * (l_a / B_t) * ext task
+seconds. Waiting costs each of a's waiting requests one task second per
+second. Part-period balancing (the lot-sizing rule behind the economic
+order quantity) starts the lot once the summed wait of its requests
+reaches `lot_size` times that setup cost; until then a's requests are
+left out of the decision's W_t, so neither an admission nor a resident
+idle prefix is spent on them.
+
+A request is never held when its lot cannot grow (no other task in the
+system still needs a: waiting would buy no batch), when its task is
+overdue (`overdue`, against its workflow's mean recent JCT), or once it has
+waited its workflow's expected fresh path since it entered the queue (the
+`started_hol` scale): the rule shapes batches, it does not starve.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from topasd.model import EngineView, Request, StageStatus, TaskView, Workflow
+
+
+def decode_step(view: EngineView) -> float:
+    """One decode step of the running batch (the profile's step model)."""
+    c = view.costs
+    context = sum(r.prefix_tokens + r.input_tokens + r.generated for r in view.running)
+    step = (max(c.weights_s, c.lin_per_token_s * max(1, len(view.running)))
+            + c.kv_read_per_token_s * context + c.overhead_s)
+    return step if step > 0 else c.t_decode_s
+
+
+def _needs_agent(task: TaskView, workflow: Workflow, agent: str) -> bool:
+    """Whether `task` has a stage of `agent` not yet done."""
+    for name, stage in workflow.stages.items():
+        if stage.agent != agent:
+            continue
+        progress = task.stages.get(name)
+        if progress is None or progress.status is not StageStatus.DONE:
+            return True
+    return False
+
+
+def lot_can_grow(view: EngineView, agent: str, waiting_tasks: set[int]) -> bool:
+    """Whether a task in the system other than `waiting_tasks` (those with a
+    request of `agent` waiting) still has a stage of `agent` to run."""
+    for task in view.tasks.values():
+        if task.finished_at is None and task.id not in waiting_tasks and _needs_agent(
+                task, view.workflows[task.workflow], agent):
+            return True
+    return False
+
+
+def unripe_lots(view: EngineView, lot_size: float) -> frozenset[int]:
+    """The ids of the waiting requests whose agent's lot is not ripe (module
+    docstring; `never_held` gives the exemptions)."""
+    if not view.waiting or not view.running:
+        return frozenset()
+    budget = float(view.budget_tokens)
+    by_agent: defaultdict[str, list[Request]] = defaultdict(list)
+    for r in view.waiting:
+        by_agent[r.agent].append(r)
+    demand = {a: sum(r.input_tokens + r.output_tokens for r in rs) for a, rs in by_agent.items()}
+    total = sum(demand.values())
+    step = decode_step(view)
+    running_left: dict[str, float] = {}
+    for r in view.running:
+        running_left[r.agent] = max(running_left.get(r.agent, 0.0), r.remaining * step)
+    held: set[int] = set()
+    for agent, requests in by_agent.items():
+        ell = view.prefixes[agent].tokens if agent in view.prefixes else 0
+        if ell <= 0 or total - demand[agent] <= budget:  # no prefix, or no backlog
+            continue
+        if not unripe(view, agent, requests, ell, step, running_left.get(agent, 0.0),
+                      lot_size):
+            continue
+        if lot_can_grow(view, agent, {r.task_id for r in requests}):
+            held.update(r.id for r in requests)
+    return frozenset(held)
+
+
+def unripe(view: EngineView, agent: str, requests: list[Request], ell: int, step: float,
+           running_left: float, lot_size: float) -> bool:
+    """Whether the summed wait of `agent`'s waiting `requests` is below
+    `lot_size` times their lot's setup cost, N * (l_a / B_t) * ext."""
+    others = len({r.task_id for r in view.waiting if r.agent != agent})
+    service = min(view.costs.t_prefill(r.input_tokens) + r.output_tokens * step
+                  for r in requests)
+    ext = max(0.0, service - running_left)
+    setup = others * ell / float(view.budget_tokens) * ext
+    waited = sum(view.t - r.queued_at for r in requests)
+    return waited < lot_size * setup
+
+
+def never_held(view: EngineView, overdue: float | None, mean_jct: Mapping[str, float],
+               fresh_path: Mapping[str, float]) -> frozenset[int]:
+    """The waiting requests `lot_size` never holds: of an overdue task
+    (older than `overdue` times its workflow's mean recent JCT), or waiting
+    since their queue entry at least their workflow's expected fresh path."""
+    def exempt(r: Request) -> bool:
+        ref = mean_jct.get(r.workflow)
+        late = overdue is not None and ref is not None and view.t - r.task_arrival > overdue * ref
+        return late or view.t - r.queued_at >= fresh_path.get(r.workflow, 0.0)
+
+    return frozenset(r.id for r in view.waiting if exempt(r))
