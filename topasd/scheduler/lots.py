@@ -30,12 +30,9 @@ from topasd.model import EngineView, Request, StageStatus, TaskView, Workflow
 
 
 def decode_step(view: EngineView) -> float:
-    """One decode step of the running batch (the profile's step model)."""
-    c = view.costs
+    """T_decode: the profiled decode step time at the current running batch."""
     context = sum(r.prefix_tokens + r.input_tokens + r.generated for r in view.running)
-    step = (max(c.weights_s, c.lin_per_token_s * max(1, len(view.running)))
-            + c.kv_read_per_token_s * context + c.overhead_s)
-    return step if step > 0 else c.t_decode_s
+    return view.costs.t_decode_step(len(view.running), context)
 
 
 def _needs_agent(task: TaskView, workflow: Workflow, agent: str) -> bool:

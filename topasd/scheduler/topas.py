@@ -52,7 +52,7 @@ from topasd.scheduler.bounds import (
     loosen,
     unloosen,
 )
-from topasd.scheduler.lots import never_held, unripe_lots
+from topasd.scheduler.lots import decode_step, never_held, unripe_lots
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
@@ -586,7 +586,7 @@ class _Search(SearchBounds):
         """Per agent of Q_t: its requests' ids, d_r (Eq. 2), (remaining output,
         KV) for `decode_peak`, y_r(t) (Eq. 9), lambda_r (Eq. 10) and tasks,
         each summed in queue order (one dict write per agent, not per request)."""
-        t_dec = _t_decode(view)
+        t_dec = decode_step(view)
         # y_r(t): the generated tokens (decoded again, as the paper assumes), plus the
         # prompt when the engine drops its KV on preemption (prefilled again).
         redo_input = 1.0 if view.costs.preempt_drops_input else 0.0
@@ -1969,12 +1969,6 @@ def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list
             if not left or left == [u]:  # every other predecessor is done
                 pairs.append((wf.stages[u].agent, wf.stages[v].agent))
     return pairs
-
-
-def _t_decode(view: EngineView) -> float:
-    """T_decode: the profiled decode step time at the current running batch."""
-    context = sum(r.prefix_tokens + r.input_tokens + r.generated for r in view.running)
-    return view.costs.t_decode_step(len(view.running), context)
 
 
 def _add_cut(cut: tuple[tuple[int, float], ...], row: int,
