@@ -142,12 +142,18 @@ class TopasPolicy:
         if kappa is None or not view.waiting:
             return None
         oldest = indexed(view, self.params, self.queue).oldest()  # each workflow's largest age
-        refs = {name: sum(jcts) / len(jcts) for name in oldest if (jcts := self._jcts.get(name))}
+        refs = self.mean_jcts(oldest)
         if len(refs) < len(oldest):  # before any finished: the expected fresh path
             refs = {**self.fresh_paths(view, paths), **refs}
         overdue = [r for r in oldest.values()
                    if (view.t - r.task_arrival) / refs[r.workflow] > kappa]
         return min(overdue, key=lambda r: (r.task_arrival, r.id)) if overdue else None
+
+    def mean_jcts(self, workflows: Iterable[str]) -> dict[str, float]:
+        """Each of `workflows`' mean JCT over its last JCT_WINDOW finished tasks
+        (those with one finished): `overdue`'s reference."""
+        return {name: sum(jcts) / len(jcts) for name in workflows
+                if (jcts := self._jcts.get(name))}
 
     def decide(self, view: EngineView) -> Decision:
         """The best candidate state of this decision's search (Eq. 14, by
@@ -169,7 +175,7 @@ class TopasPolicy:
             return held
         paths = TaskPaths(self.model, view.costs, view.workflows, self._quantiles, view.t,
                           self.path_memo)
-        means = {name: sum(jcts) / len(jcts) for name, jcts in self._jcts.items() if jcts}
+        means = self.mean_jcts({r.workflow for r in view.waiting})
         return held - never_held(view, self.params.overdue, means, self.fresh_paths(view, paths))
 
     def decision(self, view: EngineView, search: _Search, states: list[_State],
