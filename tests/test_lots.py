@@ -13,7 +13,12 @@ from tests.topas_views import request, task, view, workflow
 from topasd.model import Decision, EngineView, TopasError, Workflow
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
-from topasd.scheduler.lots import lot_can_grow, never_held, unripe_lots
+from topasd.scheduler.lots import (
+    lot_can_grow,
+    never_held,
+    tasks_waiting_on_others,
+    unripe_lots,
+)
 from topasd.scheduler.params import TopasParams
 from topasd.scheduler.topas import TopasPolicy
 from workflows.generator import case_trace, draw_workload
@@ -47,6 +52,15 @@ def test_a_lot_waits_until_its_summed_wait_pays_its_setup() -> None:
     assert unripe_lots(_backlog(t=1.6), 1.0) == frozenset()
     assert unripe_lots(_backlog(t=1.6), 2.0) == {LAST}  # twice the setup: 3 s
     assert unripe_lots(_backlog(t=1.0), 0.0) == frozenset()
+
+
+def test_n_counts_each_task_waiting_on_another_agent_once() -> None:
+    # task 1 waits on A alone, task 2 on A and B (a fork), task 3 on B twice, task 4 on C
+    fork = workflow("fork", {"a": (), "b": (), "c": ()}, prefix=300)
+    waiting = [request(1, 1, fork, "a"), request(2, 2, fork, "a"), request(3, 2, fork, "b"),
+               request(4, 3, fork, "b"), request(5, 3, fork, "b"), request(6, 4, fork, "c")]
+    brute = {r.agent: len({q.task_id for q in waiting if q.agent != r.agent}) for r in waiting}
+    assert tasks_waiting_on_others(waiting) == brute == {"A": 3, "B": 3, "C": 3}
 
 
 def test_without_a_backlog_no_lot_waits() -> None:

@@ -23,8 +23,8 @@ waited its workflow's expected fresh path since it entered the queue (the
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Mapping
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 
 from topasd.model import EngineView, Request, StageStatus, TaskView, Workflow
 
@@ -71,24 +71,35 @@ def unripe_lots(view: EngineView, lot_size: float) -> frozenset[int]:
     running_left: dict[str, float] = {}
     for r in view.running:
         running_left[r.agent] = max(running_left.get(r.agent, 0.0), r.remaining * step)
+    others = tasks_waiting_on_others(view.waiting)
     held: set[int] = set()
     for agent, requests in by_agent.items():
         ell = view.prefixes[agent].tokens if agent in view.prefixes else 0
         if ell <= 0 or total - demand[agent] <= budget:  # no prefix, or no backlog
             continue
-        if not unripe(view, agent, requests, ell, step, running_left.get(agent, 0.0),
-                      lot_size):
+        if not unripe(view, requests, ell, step, running_left.get(agent, 0.0),
+                      others[agent], lot_size):
             continue
         if lot_can_grow(view, agent, {r.task_id for r in requests}):
             held.update(r.id for r in requests)
     return frozenset(held)
 
 
-def unripe(view: EngineView, agent: str, requests: list[Request], ell: int, step: float,
-           running_left: float, lot_size: float) -> bool:
-    """Whether the summed wait of `agent`'s waiting `requests` is below
-    `lot_size` times their lot's setup cost, N * (l_a / B_t) * ext."""
-    others = len({r.task_id for r in view.waiting if r.agent != agent})
+def tasks_waiting_on_others(waiting: Sequence[Request]) -> dict[str, int]:
+    """N of each agent with a waiting request: the tasks with a waiting
+    request of another agent (every task but those waiting on it alone)."""
+    agents_of: defaultdict[int, set[str]] = defaultdict(set)
+    for r in waiting:
+        agents_of[r.task_id].add(r.agent)
+    alone: Counter[str] = Counter(next(iter(a)) for a in agents_of.values() if len(a) == 1)
+    return {r.agent: len(agents_of) - alone[r.agent] for r in waiting}
+
+
+def unripe(view: EngineView, requests: list[Request], ell: int, step: float,
+           running_left: float, others: int, lot_size: float) -> bool:
+    """Whether the summed wait of an agent's waiting `requests` is below
+    `lot_size` times their lot's setup cost, N * (l_a / B_t) * ext, with
+    N = `others` (`tasks_waiting_on_others`)."""
     service = min(view.costs.t_prefill(r.input_tokens) + r.output_tokens * step
                   for r in requests)
     ext = max(0.0, service - running_left)
