@@ -16,10 +16,12 @@ from topasd.runner import Run
 from topasd.scheduler.lots import (
     lot_can_grow,
     never_held,
+    phase_holds,
     tasks_waiting_on_others,
     unripe_lots,
 )
 from topasd.scheduler.params import TopasParams
+from topasd.scheduler.residual import TaskPaths
 from topasd.scheduler.topas import TopasPolicy
 from workflows.generator import case_trace, draw_workload
 
@@ -90,12 +92,12 @@ def test_a_running_agent_pays_only_the_service_past_its_running_requests() -> No
 
 def test_late_and_overdue_requests_are_never_held() -> None:
     v = _backlog(t=1.0)
-    # waited its workflow's fresh path (1 s here) since it entered the queue
-    assert LAST in never_held(v, None, {}, {"chain": 1.0})
-    assert LAST not in never_held(v, None, {}, {"chain": 5.0})
+    # waited its patience (1 s here) since it entered the queue
+    assert LAST in never_held(v, None, {}, {LAST: 1.0})
+    assert LAST not in never_held(v, None, {}, {LAST: 5.0})
     # older than twice its workflow's mean recent JCT (0.4 s)
-    assert LAST in never_held(v, 2.0, {"chain": 0.4}, {"chain": 5.0})
-    assert LAST not in never_held(v, None, {"chain": 0.4}, {"chain": 5.0})
+    assert LAST in never_held(v, 2.0, {"chain": 0.4}, {LAST: 5.0})
+    assert LAST not in never_held(v, None, {"chain": 0.4}, {LAST: 5.0})
 
 
 def _admitted(params: TopasParams, v: EngineView) -> set[int]:
@@ -111,10 +113,45 @@ def test_topas_with_lot_size_leaves_an_unripe_lot_out_of_the_decision() -> None:
     assert TopasPolicy(TopasParams(lot_size=1.0)).unripe(v) == {LAST}
 
 
-def test_lot_size_is_checked() -> None:
-    assert TopasParams(lot_size=None).lot_size is None
-    with pytest.raises(TopasError, match="lot_size"):
-        TopasParams(lot_size=-1.0)
+def test_a_phase_holds_the_other_agents_while_the_resident_ones_fill_the_pool() -> None:
+    # A's prefix (300) leaves 700 tokens; five requests of 310 wait on A: 1,550
+    assert phase_holds(_backlog(t=1.0), 1.0) == {LAST}
+    assert phase_holds(_backlog(t=1.0), 2.0) == {LAST}  # 1,550 > 1,400
+    assert phase_holds(_backlog(t=1.0), 3.0) == frozenset()  # 1,550 <= 2,100
+    # two requests (620 tokens) no longer fill the room: C's prefix comes in
+    assert phase_holds(_backlog(t=1.0, first_tasks=2), 1.0) == frozenset()
+    idle = replace(_backlog(t=1.0), running=())
+    assert phase_holds(idle, 1.0) == frozenset()  # nothing runs: nothing is held
+
+
+def test_topas_with_phases_serves_the_resident_agent_and_keeps_the_exemptions() -> None:
+    v = _backlog(t=1.0)
+    admitted = _admitted(TopasParams(phases=1.0), v)
+    assert LAST not in admitted and admitted  # the room goes to A's backlog
+    assert TopasPolicy(TopasParams(phases=1.0)).unripe(v) == {LAST}
+    # task 7's request has waited longer than its workflow's expected fresh path
+    late = _backlog(t=1e6)
+    assert TopasPolicy(TopasParams(phases=1.0)).unripe(late) == frozenset()
+    assert LAST in _admitted(TopasParams(phases=1.0), late)
+
+
+def test_a_hold_lasts_at_most_its_tasks_remaining_path() -> None:
+    policy = TopasPolicy(TopasParams(phases=1.0))
+    v = _backlog(t=1.0)
+    paths = TaskPaths(policy.model, v.costs, v.workflows, policy._quantiles, v.t,
+                      policy.path_memo)
+    patience = policy.patience(v, paths, frozenset({LAST}))[LAST]
+    # task 7 is at its last stage: what it still has to do is less than a fresh chain
+    assert 0 < patience < policy.fresh_paths(v, paths)["chain"]
+    assert policy.unripe(_backlog(t=0.9 * patience)) == {LAST}
+    assert policy.unripe(_backlog(t=1.1 * patience)) == frozenset()
+
+
+@pytest.mark.parametrize("name", ["lot_size", "phases"])
+def test_lot_size_and_phases_are_checked(name: str) -> None:
+    assert getattr(TopasParams(**{name: None}), name) is None
+    with pytest.raises(TopasError, match=name):
+        TopasParams(**{name: -1.0})
 
 
 class RecordingTopas(TopasPolicy):
@@ -131,18 +168,21 @@ class RecordingTopas(TopasPolicy):
         return decision
 
 
-def _burst_run(lot_size: float | None) -> tuple[RecordingTopas, dict[int, float]]:
+def _burst_run(lot_size: float | None, phases: float | None = None,
+               ) -> tuple[RecordingTopas, dict[int, float]]:
     trace = case_trace(draw_workload("chain", 6), "burst", 100, 0.05, 6)
-    policy = RecordingTopas(TopasParams(lot_size=lot_size))
+    policy = RecordingTopas(TopasParams(lot_size=lot_size, phases=phases))
     result = Run(trace, policy, SimBackend(get_profile(DEFAULT_PROFILE))).execute()
     assert set(result.finishes) == {t.id for t in trace.tasks}  # every task finishes
     return policy, result.finishes
 
 
-def test_in_a_burst_held_lots_are_never_admitted_and_every_task_finishes() -> None:
-    policy, finishes = _burst_run(1.0)
+@pytest.mark.parametrize(("lot_size", "phases"), [(1.0, None), (None, 1.0)])
+def test_in_a_burst_held_requests_are_never_admitted_and_every_task_finishes(
+        lot_size: float | None, phases: float | None) -> None:
+    policy, finishes = _burst_run(lot_size, phases)
     held_decisions = [(held, admit) for held, admit in policy.log if held]
     assert held_decisions, "the burst's backlog holds some lot"
     assert all(held.isdisjoint(admit) for held, admit in held_decisions)
-    assert _burst_run(1.0)[1] == finishes  # the same trace and seed decide the same
+    assert _burst_run(lot_size, phases)[1] == finishes  # the same trace and seed: same
     assert _burst_run(None)[1] != finishes  # and the rule changes the run

@@ -17,8 +17,18 @@ idle prefix is spent on them.
 A request is never held when its lot cannot grow (no other task in the
 system still needs a: waiting would buy no batch), when its task is
 overdue (`overdue`, against its workflow's mean recent JCT), or once it has
-waited its workflow's expected fresh path since it entered the queue (the
-`started_hol` scale): the rule shapes batches, it does not starve.
+waited, since it entered the queue, its task's expected remaining path
+(Eq. 5), at most its workflow's expected fresh path (the `started_hol`
+scale): the rule shapes batches, it does not starve, and a hold at most
+doubles what a task still has to do.
+
+`phases`: LPM's phases under TOPAS's order. While the agents whose prefixes
+are on the GPU have more waiting work than `phases` times the room those
+prefixes leave in the pool, no other agent's prefix comes in: the other
+agents' waiting requests leave W_t, so the pool serves the resident agents'
+backlog in full batches and a prefix is brought in only once that backlog
+no longer fills it (one setup per phase instead of one per thin batch).
+The same exemptions hold (`never_held`).
 """
 
 from __future__ import annotations
@@ -109,13 +119,31 @@ def unripe(view: EngineView, requests: list[Request], ell: int, step: float,
 
 
 def never_held(view: EngineView, overdue: float | None, mean_jct: Mapping[str, float],
-               fresh_path: Mapping[str, float]) -> frozenset[int]:
-    """The waiting requests `lot_size` never holds: of an overdue task
-    (older than `overdue` times its workflow's mean recent JCT), or waiting
-    since their queue entry at least their workflow's expected fresh path."""
+               patience: Mapping[int, float]) -> frozenset[int]:
+    """The waiting requests `lot_size` and `phases` never hold: of an overdue
+    task (older than `overdue` times its workflow's mean recent JCT), or
+    waiting since their queue entry at least their `patience` (by id; 0 if
+    not given): their task's expected remaining path, at most its
+    workflow's expected fresh path, so a hold at most doubles what a task
+    still has to do."""
     def exempt(r: Request) -> bool:
         ref = mean_jct.get(r.workflow)
         late = overdue is not None and ref is not None and view.t - r.task_arrival > overdue * ref
-        return late or view.t - r.queued_at >= fresh_path.get(r.workflow, 0.0)
+        return late or view.t - r.queued_at >= patience.get(r.id, 0.0)
 
     return frozenset(r.id for r in view.waiting if exempt(r))
+
+
+def phase_holds(view: EngineView, phases: float) -> frozenset[int]:
+    """The ids of the waiting requests of agents not on the GPU while the
+    resident agents' waiting work (input + output) is more than `phases`
+    times the room their prefixes leave (module docstring, `phases`)."""
+    if not view.waiting or not view.running:
+        return frozenset()
+    gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
+    room = view.budget_tokens - sum(view.prefixes[a].tokens for a in gpu)
+    resident_work = sum(r.input_tokens + r.output_tokens for r in view.waiting
+                        if r.agent in gpu)
+    if resident_work <= phases * room:
+        return frozenset()
+    return frozenset(r.id for r in view.waiting if r.agent not in gpu)

@@ -90,6 +90,10 @@ class TopasParams:
     # room their prefix would take from that backlog (an economic lot; lots.py);
     # None: off
     lot_size: float | None = None
+    # while the agents on the GPU have more waiting work than this times the room their
+    # prefixes leave, no other agent's prefix comes in: its waiting requests leave W_t
+    # (LPM's phases under TOPAS's order; lots.py); None: off
+    phases: float | None = None
     # once more than `window_cap` requests wait, a decision weighs each agent's first
     # tasks that a fill into this times the free KV reaches, at most `window_cap`
     # requests of them in task order (scheduler/window.py); None: every request
@@ -103,7 +107,8 @@ class TopasParams:
         for name, (lo, hi) in PARAM_RANGES.items():
             value = getattr(self, name)
             if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue",
-                                          "fresh_hol", "started_hol", "window", "lot_size"):
+                                          "fresh_hol", "started_hol", "window", "lot_size",
+                                          "phases"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -156,6 +161,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "srpt": (0.0, 4.0),
     "overdue": (0.1, 1000.0),
     "lot_size": (0.0, 1000.0),
+    "phases": (0.0, 1000.0),
     "fresh_hol": (0.0, 1000.0),
     "started_hol": (0.0, 1000.0),
     "window": (0.1, 1000.0),

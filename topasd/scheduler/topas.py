@@ -52,7 +52,7 @@ from topasd.scheduler.bounds import (
     loosen,
     unloosen,
 )
-from topasd.scheduler.lots import decode_step, never_held, unripe_lots
+from topasd.scheduler.lots import decode_step, never_held, phase_holds, unripe_lots
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
@@ -159,24 +159,42 @@ class TopasPolicy:
         """The best candidate state of this decision's search (Eq. 14, by
         Eq. 13's score)."""
         held = self.unripe(view)
-        if held:  # `lot_size`: W_t without the lots not yet ripe
+        if held:  # `lot_size`, `phases`: W_t without the requests held
             view = replace(view, waiting=tuple(r for r in view.waiting if r.id not in held))
         search = _Search(self, view)
         states = search.run()
         return self.decision(view, search, states, _best(states))
 
     def unripe(self, view: EngineView) -> frozenset[int]:
-        """`lot_size`: the waiting requests whose agent's lot is not ripe
-        (lots.py), less those of overdue tasks and those waiting their
-        workflow's expected fresh path."""
-        lot = self.params.lot_size
+        """`lot_size` and `phases`: the waiting requests whose agent's lot is
+        not ripe or whose agent waits for the resident agents' phase
+        (lots.py), less those of overdue tasks and those that waited their
+        `patience`."""
+        lot, phases = self.params.lot_size, self.params.phases
         held = frozenset() if lot is None else unripe_lots(view, lot)
+        if phases is not None:
+            held |= phase_holds(view, phases)
         if not held:
             return held
         paths = TaskPaths(self.model, view.costs, view.workflows, self._quantiles, view.t,
                           self.path_memo)
         means = self.mean_jcts({r.workflow for r in view.waiting})
-        return held - never_held(view, self.params.overdue, means, self.fresh_paths(view, paths))
+        return held - never_held(view, self.params.overdue, means,
+                                 self.patience(view, paths, held))
+
+    def patience(self, view: EngineView, paths: TaskPaths,
+                 held: frozenset[int]) -> dict[int, float]:
+        """How long each of the `held` requests may wait since it entered the
+        queue: its task's expected remaining path L_hat_i (Eq. 5), at most
+        its workflow's expected fresh path (a hold at most doubles what its
+        task still has to do)."""
+        fresh = self.fresh_paths(view, paths)
+        running: defaultdict[int, dict[str, Request]] = defaultdict(dict)
+        for q in view.running:
+            running[q.task_id][q.stage] = q
+        return {r.id: min(fresh[r.workflow],
+                          paths.lhat(view.tasks[r.task_id], running[r.task_id], ()))
+                for r in view.waiting if r.id in held}
 
     def decision(self, view: EngineView, search: _Search, states: list[_State],
                  chosen: int) -> Decision:
