@@ -10,7 +10,7 @@ import pytest
 
 from backends.sim.engine import SimBackend
 from tests.topas_views import request, task, view, workflow
-from topasd.model import Decision, EngineView, TopasError, Workflow
+from topasd.model import Decision, EngineView, StageStatus, TaskView, TopasError, Workflow
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler.lots import (
@@ -113,38 +113,53 @@ def test_topas_with_lot_size_leaves_an_unripe_lot_out_of_the_decision() -> None:
     assert TopasPolicy(TopasParams(lot_size=1.0)).unripe(v) == {LAST}
 
 
+def _started(v: EngineView) -> EngineView:
+    """`v` with every task's active stage one round in (each task has started)."""
+    def started(task: TaskView) -> TaskView:
+        return replace(task, stages={
+            name: replace(st, rounds_done=1) if st.status is StageStatus.ACTIVE else st
+            for name, st in task.stages.items()})
+
+    return replace(v, tasks={tid: started(task) for tid, task in v.tasks.items()})
+
+
 def test_a_phase_holds_the_other_agents_while_the_resident_ones_fill_the_pool() -> None:
-    # A's prefix (300) leaves 700 tokens; five requests of 310 wait on A: 1,550
-    assert phase_holds(_backlog(t=1.0), 1.0) == {LAST}
-    assert phase_holds(_backlog(t=1.0), 2.0) == {LAST}  # 1,550 > 1,400
-    assert phase_holds(_backlog(t=1.0), 3.0) == frozenset()  # 1,550 <= 2,100
+    # A's prefix (300) leaves 700 tokens; five started tasks wait on A: 1,550 tokens
+    v = _started(_backlog(t=1.0))
+    assert phase_holds(v, 1.0) == {LAST}
+    assert phase_holds(v, 2.0) == {LAST}  # 1,550 > 1,400
+    assert phase_holds(v, 3.0) == frozenset()  # 1,550 <= 2,100
     # two requests (620 tokens) no longer fill the room: C's prefix comes in
-    assert phase_holds(_backlog(t=1.0, first_tasks=2), 1.0) == frozenset()
-    idle = replace(_backlog(t=1.0), running=())
-    assert phase_holds(idle, 1.0) == frozenset()  # nothing runs: nothing is held
+    assert phase_holds(_started(_backlog(t=1.0, first_tasks=2)), 1.0) == frozenset()
+    assert phase_holds(replace(v, running=()), 1.0) == frozenset()  # nothing runs
+
+
+def test_new_tasks_work_keeps_no_phase_going() -> None:
+    # the same backlog of A, but none of those five tasks has started
+    assert phase_holds(_backlog(t=1.0), 1.0) == frozenset()
 
 
 def test_topas_with_phases_serves_the_resident_agent_and_keeps_the_exemptions() -> None:
-    v = _backlog(t=1.0)
+    v = _started(_backlog(t=1.0))
     admitted = _admitted(TopasParams(phases=1.0), v)
     assert LAST not in admitted and admitted  # the room goes to A's backlog
     assert TopasPolicy(TopasParams(phases=1.0)).unripe(v) == {LAST}
     # task 7's request has waited longer than its workflow's expected fresh path
-    late = _backlog(t=1e6)
+    late = _started(_backlog(t=1e6))
     assert TopasPolicy(TopasParams(phases=1.0)).unripe(late) == frozenset()
     assert LAST in _admitted(TopasParams(phases=1.0), late)
 
 
 def test_a_hold_lasts_at_most_its_tasks_remaining_path() -> None:
     policy = TopasPolicy(TopasParams(phases=1.0))
-    v = _backlog(t=1.0)
+    v = _started(_backlog(t=1.0))
     paths = TaskPaths(policy.model, v.costs, v.workflows, policy._quantiles, v.t,
                       policy.path_memo)
     patience = policy.patience(v, paths, frozenset({LAST}))[LAST]
     # task 7 is at its last stage: what it still has to do is less than a fresh chain
     assert 0 < patience < policy.fresh_paths(v, paths)["chain"]
-    assert policy.unripe(_backlog(t=0.9 * patience)) == {LAST}
-    assert policy.unripe(_backlog(t=1.1 * patience)) == frozenset()
+    assert policy.unripe(_started(_backlog(t=0.9 * patience))) == {LAST}
+    assert policy.unripe(_started(_backlog(t=1.1 * patience))) == frozenset()
 
 
 @pytest.mark.parametrize("name", ["lot_size", "phases"])

@@ -23,12 +23,14 @@ scale): the rule shapes batches, it does not starve, and a hold at most
 doubles what a task still has to do.
 
 `phases`: LPM's phases under TOPAS's order. While the agents whose prefixes
-are on the GPU have more waiting work than `phases` times the room those
-prefixes leave in the pool, no other agent's prefix comes in: the other
-agents' waiting requests leave W_t, so the pool serves the resident agents'
-backlog in full batches and a prefix is brought in only once that backlog
-no longer fills it (one setup per phase instead of one per thin batch).
-The same exemptions hold (`never_held`).
+are on the GPU have more waiting work of started tasks than `phases` times
+the room those prefixes leave in the pool, no other agent's prefix comes
+in: the other agents' waiting requests leave W_t, so the pool serves the
+resident agents' backlog in full batches and a prefix is brought in only
+once that backlog no longer fills it (one setup per phase instead of one
+per thin batch). New tasks' requests do not keep a phase going, as under
+`start_gate` they do not pass started tasks. The same exemptions hold
+(`never_held`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 
 from topasd.model import EngineView, Request, StageStatus, TaskView, Workflow
+from topasd.scheduler.window import is_fresh
 
 
 def decode_step(view: EngineView) -> float:
@@ -136,14 +139,17 @@ def never_held(view: EngineView, overdue: float | None, mean_jct: Mapping[str, f
 
 def phase_holds(view: EngineView, phases: float) -> frozenset[int]:
     """The ids of the waiting requests of agents not on the GPU while the
-    resident agents' waiting work (input + output) is more than `phases`
-    times the room their prefixes leave (module docstring, `phases`)."""
+    resident agents' waiting work of started tasks (input + output) is more
+    than `phases` times the room their prefixes leave (module docstring,
+    `phases`)."""
     if not view.waiting or not view.running:
         return frozenset()
     gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
     room = view.budget_tokens - sum(view.prefixes[a].tokens for a in gpu)
+    running_tasks = frozenset(r.task_id for r in view.running)
     resident_work = sum(r.input_tokens + r.output_tokens for r in view.waiting
-                        if r.agent in gpu)
+                        if r.agent in gpu
+                        and not is_fresh(view.tasks.get(r.task_id), running_tasks))
     if resident_work <= phases * room:
         return frozenset()
     return frozenset(r.id for r in view.waiting if r.agent not in gpu)

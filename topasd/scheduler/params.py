@@ -90,9 +90,9 @@ class TopasParams:
     # room their prefix would take from that backlog (an economic lot; lots.py);
     # None: off
     lot_size: float | None = None
-    # while the agents on the GPU have more waiting work than this times the room their
-    # prefixes leave, no other agent's prefix comes in: its waiting requests leave W_t
-    # (LPM's phases under TOPAS's order; lots.py); None: off
+    # while the agents on the GPU have more waiting work of started tasks than this times
+    # the room their prefixes leave, no other agent's prefix comes in: its waiting
+    # requests leave W_t (LPM's phases under TOPAS's order; lots.py); None: off
     phases: float | None = None
     # once more than `window_cap` requests wait, a decision weighs each agent's first
     # tasks that a fill into this times the free KV reaches, at most `window_cap`
