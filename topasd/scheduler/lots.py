@@ -19,8 +19,9 @@ system still needs a: waiting would buy no batch), when its task is
 overdue (`overdue`, against its workflow's mean recent JCT), or once it has
 waited, since it entered the queue, its task's expected remaining path
 (Eq. 5), at most its workflow's expected fresh path (the `started_hol`
-scale): the rule shapes batches, it does not starve, and a hold at most
-doubles what a task still has to do.
+scale): the rule shapes batches, it does not starve, and no one wait of a
+request is held longer than what its task still has to do (a task of many
+sequential requests may be held once per request).
 
 `phases`: LPM's phases under TOPAS's order. While the agents whose prefixes
 are on the GPU have more waiting work of started tasks than `phases` times
@@ -127,8 +128,7 @@ def never_held(view: EngineView, overdue: float | None, mean_jct: Mapping[str, f
     task (older than `overdue` times its workflow's mean recent JCT), or
     waiting since their queue entry at least their `patience` (by id; 0 if
     not given): their task's expected remaining path, at most its
-    workflow's expected fresh path, so a hold at most doubles what a task
-    still has to do."""
+    workflow's expected fresh path (`TopasPolicy.patience`)."""
     def exempt(r: Request) -> bool:
         ref = mean_jct.get(r.workflow)
         late = overdue is not None and ref is not None and view.t - r.task_arrival > overdue * ref

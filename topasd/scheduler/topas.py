@@ -186,8 +186,8 @@ class TopasPolicy:
                  held: frozenset[int]) -> dict[int, float]:
         """How long each of the `held` requests may wait since it entered the
         queue: its task's expected remaining path L_hat_i (Eq. 5), at most
-        its workflow's expected fresh path (a hold at most doubles what its
-        task still has to do)."""
+        its workflow's expected fresh path (one wait is held no longer than
+        what its task still has to do)."""
         fresh = self.fresh_paths(view, paths)
         running: defaultdict[int, dict[str, Request]] = defaultdict(dict)
         for q in view.running:
