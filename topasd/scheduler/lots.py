@@ -49,6 +49,12 @@ def decode_step(view: EngineView) -> float:
     return view.costs.t_decode_step(len(view.running), context)
 
 
+def _work(r: Request) -> int:
+    """The tokens a waiting request's input and output take: the work the
+    backlog tests of `lot_size` and `phases` weigh."""
+    return r.input_tokens + r.output_tokens
+
+
 def _needs_agent(task: TaskView, workflow: Workflow, agent: str) -> bool:
     """Whether `task` has a stage of `agent` not yet done."""
     for name, stage in workflow.stages.items():
@@ -79,7 +85,7 @@ def unripe_lots(view: EngineView, lot_size: float) -> frozenset[int]:
     by_agent: defaultdict[str, list[Request]] = defaultdict(list)
     for r in view.waiting:
         by_agent[r.agent].append(r)
-    demand = {a: sum(r.input_tokens + r.output_tokens for r in rs) for a, rs in by_agent.items()}
+    demand = {a: sum(_work(r) for r in rs) for a, rs in by_agent.items()}
     total = sum(demand.values())
     step = decode_step(view)
     running_left: dict[str, float] = {}
@@ -144,10 +150,10 @@ def phase_holds(view: EngineView, phases: float) -> frozenset[int]:
     `phases`)."""
     if not view.waiting or not view.running:
         return frozenset()
-    gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
-    room = view.budget_tokens - sum(view.prefixes[a].tokens for a in gpu)
+    gpu = frozenset(view.gpu_prefixes())
+    room = view.budget_tokens - sum(view.prefix_tokens(a) for a in gpu)
     running_tasks = frozenset(r.task_id for r in view.running)
-    resident_work = sum(r.input_tokens + r.output_tokens for r in view.waiting
+    resident_work = sum(_work(r) for r in view.waiting
                         if r.agent in gpu
                         and not is_fresh(view.tasks.get(r.task_id), running_tasks))
     if resident_work <= phases * room:

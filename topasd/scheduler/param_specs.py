@@ -106,8 +106,8 @@ _WORDS: tuple[ParamSpec, ...] = (
     _spec("lot_size", "under a backlog, an agent's requests wait until their summed wait is "
           "this x the room its prefix takes from the backlog (extension; empty: off)",
           unset="off", extension=True),
-    _spec("phases", "while the resident agents' waiting work is over this x the room their "
-          "prefixes leave, no other prefix comes in (extension; empty: off)",
+    _spec("phases", "while the resident agents' waiting work of started tasks is over this x "
+          "the room their prefixes leave, no other prefix comes in (extension; empty: off)",
           unset="off", extension=True),
     _spec("window", "past window_cap waiting: each agent's first tasks a fill into this x "
           "the free KV reaches (extension; empty: all)", unset="all", extension=True),
