@@ -7,6 +7,7 @@ a missing section is appended.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import re
 import shlex
 import sys
@@ -53,15 +54,19 @@ def publish(section: str, heading: str, intro: str, lines: Sequence[str],
 
 
 def update_section(name: str, body: str, path: Path = RESULTS) -> Path:
-    """Replace (or append) the section `name` of the results page with `body`."""
+    """Replace (or append) the section `name` of the results page with `body`,
+    under an exclusive lock on `path`.lock, so benches run side by side keep
+    each other's sections."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{start}\n{body.rstrip()}\n{end}"
-    text = path.read_text() if path.exists() else HEADER
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
-        text.rstrip() + "\n\n" + block + "\n")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        text = path.read_text() if path.exists() else HEADER
+        text = pattern.sub(lambda _: block, text) if pattern.search(text) else (
+            text.rstrip() + "\n\n" + block + "\n")
+        path.write_text(text)
     return path
 
 
