@@ -128,6 +128,19 @@ class ServiceModel:
         return self._req_mean.get(pair)
 
 
+def running_by_task(running: Sequence[Request]) -> dict[int, dict[str, Request]]:
+    """Q_t by task, then stage: each task's running requests, as Eq. 5
+    (`TaskPaths.lhat`) takes them."""
+    by_task: dict[int, dict[str, Request]] = {}
+    for r in running:
+        stages = by_task.get(r.task_id)
+        if stages is None:
+            by_task[r.task_id] = {r.stage: r}
+        else:
+            stages[r.stage] = r
+    return by_task
+
+
 def round_prior(wf: Workflow, stage: str, costs: CostHints) -> float:
     """Profiled service of one round: T(E[input], E[output])."""
     p = wf.stages[stage].profile

@@ -54,7 +54,14 @@ from topasd.scheduler.bounds import (
 )
 from topasd.scheduler.lots import decode_step, never_held, phase_holds, unripe_lots
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
-from topasd.scheduler.residual import Cut, PathMemo, ServiceModel, TaskPaths, quantile_rows
+from topasd.scheduler.residual import (
+    Cut,
+    PathMemo,
+    ServiceModel,
+    TaskPaths,
+    quantile_rows,
+    running_by_task,
+)
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
 from topasd.score import score_total
 
@@ -158,26 +165,32 @@ class TopasPolicy:
     def decide(self, view: EngineView) -> Decision:
         """The best candidate state of this decision's search (Eq. 14, by
         Eq. 13's score)."""
-        held = self.unripe(view)
+        paths = self.task_paths(view)
+        held = self.unripe(view, paths)
         if held:  # `lot_size`, `phases`: W_t without the requests held
             view = replace(view, waiting=tuple(r for r in view.waiting if r.id not in held))
-        search = _Search(self, view)
+        search = _Search(self, view, paths)
         states = search.run()
         return self.decision(view, search, states, _best(states))
 
-    def unripe(self, view: EngineView) -> frozenset[int]:
+    def task_paths(self, view: EngineView) -> TaskPaths:
+        """Eq. 5's pricer at `view`'s time, over this policy's quantiles and
+        path memo."""
+        return TaskPaths(self.model, view.costs, view.workflows, self._quantiles, view.t,
+                         self.path_memo)
+
+    def unripe(self, view: EngineView, paths: TaskPaths | None = None) -> frozenset[int]:
         """`lot_size` and `phases`: the waiting requests whose agent's lot is
         not ripe or whose agent waits for the resident agents' phase
         (lots.py), less those of overdue tasks and those that waited their
-        `patience`."""
+        `patience` (priced by `paths`, Eq. 5)."""
         lot, phases = self.params.lot_size, self.params.phases
         held = frozenset() if lot is None else unripe_lots(view, lot)
         if phases is not None:
             held |= phase_holds(view, phases)
         if not held:
             return held
-        paths = TaskPaths(self.model, view.costs, view.workflows, self._quantiles, view.t,
-                          self.path_memo)
+        paths = paths if paths is not None else self.task_paths(view)
         means = self.mean_jcts({r.workflow for r in view.waiting})
         return held - never_held(view, self.params.overdue, means,
                                  self.patience(view, paths, held))
@@ -189,11 +202,9 @@ class TopasPolicy:
         its workflow's expected fresh path (one wait is held no longer than
         what its task still has to do)."""
         fresh = self.fresh_paths(view, paths)
-        running: defaultdict[int, dict[str, Request]] = defaultdict(dict)
-        for q in view.running:
-            running[q.task_id][q.stage] = q
+        running = running_by_task(view.running)
         return {r.id: min(fresh[r.workflow],
-                          paths.lhat(view.tasks[r.task_id], running[r.task_id], ()))
+                          paths.lhat(view.tasks[r.task_id], running.get(r.task_id, {}), ()))
                 for r in view.waiting if r.id in held}
 
     def decision(self, view: EngineView, search: _Search, states: list[_State],
@@ -396,7 +407,8 @@ def _built_log(built: tuple[Candidate, ...]) -> CandidateLog:
 class _Search(SearchBounds):
     """One decision's hierarchical state search over a fixed view."""
 
-    def __init__(self, policy: TopasPolicy, view: EngineView) -> None:
+    def __init__(self, policy: TopasPolicy, view: EngineView,
+                 paths: TaskPaths | None = None) -> None:
         p = policy.params
         self.policy, self.view, self.params = policy, view, p
         self.budget = float(view.budget_tokens)
@@ -405,8 +417,7 @@ class _Search(SearchBounds):
         self.sec_per_token = mu / b_swap
         self.gpu = frozenset([a for a, s in view.prefixes.items() if s.on_gpu])
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
-        self.paths = TaskPaths(policy.model, view.costs, view.workflows, policy._quantiles, view.t,
-                               policy.path_memo)
+        self.paths = paths if paths is not None else policy.task_paths(view)
         # `overdue`: the request every candidate must cover (it is also the head of line)
         self.overdue = policy.overdue_request(view, self.paths)
         self.hol = self.overdue or _head_of_line(view, p.hol_age)
@@ -565,12 +576,10 @@ class _Search(SearchBounds):
 
     def _index_running(self, view: EngineView) -> None:
         """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
-        running_stage: defaultdict[int, dict[str, Request]] = defaultdict(dict)
-        self.running_stage = running_stage
+        running_stage = self.running_stage = running_by_task(view.running)
         by_agent: dict[str, list[Request]] = {}  # Q_t by agent, each in queue order
         self.running_by_id = {r.id: r for r in view.running}
         for r in view.running:
-            running_stage[r.task_id][r.stage] = r
             mine = by_agent.get(r.agent)
             if mine is None:
                 by_agent[r.agent] = [r]
