@@ -143,7 +143,8 @@ def test_topas_decisions_keep_the_papers_constraints(
     lot_size, phases = holds  # `lot_size` or `phases` (lots.py), or neither
     later = {"window_cap": window_cap, "search_budget": search_budget,
              "head_reserve": True} if later_extensions else {
-        k: v for k, v in PAPER.items() if k not in ("start_gate", "preempt_margin", "pack_order")}
+        k: v for k, v in PAPER.items()
+        if k not in ("start_gate", "preempt_margin", "pack_order", "phases")}
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
                          preempt=preempt, hol_age=hol_age, pack_order=pack_order,
                          preempt_margin=preempt_margin, lot_size=lot_size, phases=phases,

@@ -93,7 +93,7 @@ class TopasParams:
     # while the agents on the GPU have more waiting work of started tasks than this times
     # the room their prefixes leave, no other agent's prefix comes in: its waiting
     # requests leave W_t (LPM's phases under TOPAS's order; lots.py); None: off
-    phases: float | None = None
+    phases: float | None = 1.0
     # once more than `window_cap` requests wait, a decision weighs each agent's first
     # tasks that a fill into this times the free KV reaches, at most `window_cap`
     # requests of them in task order (scheduler/window.py); None: every request
@@ -176,7 +176,7 @@ PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
                          "fresh_hol": None, "started_hol": None,
                          "decode_peak": "off", "head_reserve": False,
-                         "window": None, "search_budget": 0}
+                         "phases": None, "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,
