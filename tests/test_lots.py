@@ -21,7 +21,6 @@ from topasd.scheduler.lots import (
     unripe_lots,
 )
 from topasd.scheduler.params import TopasParams
-from topasd.scheduler.residual import TaskPaths
 from topasd.scheduler.topas import TopasPolicy
 from workflows.generator import case_trace, draw_workload
 
@@ -153,8 +152,7 @@ def test_topas_with_phases_serves_the_resident_agent_and_keeps_the_exemptions() 
 def test_a_hold_lasts_at_most_its_tasks_remaining_path() -> None:
     policy = TopasPolicy(TopasParams(phases=1.0))
     v = _started(_backlog(t=1.0))
-    paths = TaskPaths(policy.model, v.costs, v.workflows, policy._quantiles, v.t,
-                      policy.path_memo)
+    paths = policy.task_paths(v)
     patience = policy.patience(v, paths, frozenset({LAST}))[LAST]
     # task 7 is at its last stage: what it still has to do is less than a fresh chain
     assert 0 < patience < policy.fresh_paths(v, paths)["chain"]
