@@ -415,7 +415,7 @@ class _Search(SearchBounds):
         mu = p.mu if p.mu is not None else view.costs.kv_bytes_per_token
         b_swap = p.b_swap if p.b_swap is not None else view.costs.swap_bytes_per_s
         self.sec_per_token = mu / b_swap
-        self.gpu = frozenset([a for a, s in view.prefixes.items() if s.on_gpu])
+        self.gpu = frozenset(view.gpu_prefixes())
         self.ell = {a: s.tokens for a, s in view.prefixes.items()}
         self.paths = paths if paths is not None else policy.task_paths(view)
         # `overdue`: the request every candidate must cover (it is also the head of line)
