@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from tests.topas_views import CHAIN, FORK, request, task, view, workflow
-from topasd.model import EngineEvent, EventKind, Request, TopasError, Workflow
+from topasd.model import EngineEvent, EngineView, EventKind, Request, TopasError, Workflow
 from topasd.scheduler import make_policy
 from topasd.scheduler.params import PAPER, TopasParams, check_variant
-from topasd.scheduler.topas import TopasPolicy, _Search
+from topasd.scheduler.topas import LOAD_WINDOW_S, TopasPolicy, _Search, averaged_load
 
 BIG = workflow("big", {"a": (), "b": ("a",), "c": ("b",)}, prefix=2000)
 PRIOR = 0.1 * 256  # a stage's profiled service: 256 output tokens at 0.1 s (COSTS)
@@ -369,3 +369,52 @@ def test_fresh_hol_holds_in_the_general_fill(fresh_hol: float | None, passes: bo
     v = _new_tasks_view(FORK, 200.0, [b_round], budget=510, old_input=240)
     assert "B" not in _Search(pol, v).solo_agents
     assert sorted(pol.decide(v).admit) == ([2, 91] if passes else [91])
+
+
+def _final_scene(extra_waiting: int = 0) -> EngineView:
+    """Task 1's last request (stage c, 856 KV tokens with its 100-token prefix
+    off the GPU, more than the 950 free now) waits while three requests run
+    on A; task 9's request on A would fit now but runs past the first of
+    them to end (t*, 19.6 s), when the last request's room frees."""
+    old = task(1, CHAIN, a="done", b="done", c="active")
+    last = request(10, 1, CHAIN, "c", input_tokens=600, output_tokens=256)
+    running = [request(20 + i, 2 + i, CHAIN, "a", running=True, input_tokens=100,
+                       output_tokens=50, started_at=0.0, arrival=1.0) for i in range(3)]
+    tasks = [old, *(task(2 + i, CHAIN, a="active", arrival=1.0) for i in range(3))]
+    young = [task(9 + i, CHAIN, arrival=5.0, a="active") for i in range(1 + extra_waiting)]
+    late = [request(30 + i, 9 + i, CHAIN, "a", input_tokens=100, output_tokens=300, arrival=5.0)
+            for i in range(1 + extra_waiting)]
+    return view(CHAIN, [*tasks, *young], running, [last, *late], t=6.0, budget=1500,
+                gpu=("A",))
+
+
+def test_final_reserve_keeps_a_last_requests_room_in_every_candidate() -> None:
+    """`final_reserve`: no candidate leaves the oldest started task's last
+    request out and gives its room to a lighter task's request that would
+    run past t*; off (the default), the younger request is admitted."""
+    assert TopasPolicy().decide(_final_scene()).admit == (30,)
+    pol = TopasPolicy(TopasParams(final_reserve=1.0))
+    decision = pol.decide(_final_scene())
+    assert pol.has_slack() and pol.load == (2.0, 3.0, 6.0)
+    assert decision.admit == () and decision.load == ()
+
+
+def test_final_reserve_holds_only_while_the_engine_has_slack() -> None:
+    """With as many requests waiting as running (no slack), the room is not
+    kept: the younger requests are admitted as with the rule off."""
+    pol = TopasPolicy(TopasParams(final_reserve=1.0))
+    decision = pol.decide(_final_scene(extra_waiting=1))
+    assert not pol.has_slack()
+    assert decision.admit == TopasPolicy().decide(_final_scene(extra_waiting=1)).admit != ()
+
+
+def test_averaged_load_weighs_each_count_by_the_time_it_held() -> None:
+    """|W_t| and |Q_t| decay toward the latest counts with LOAD_WINDOW_S."""
+    first = averaged_load((0.0, 0.0, -1.0), _final_scene())
+    assert first == (2.0, 3.0, 6.0)
+    later = replace(_final_scene(extra_waiting=2), t=6.0 + LOAD_WINDOW_S)
+    waiting, running, t = averaged_load(first, later)
+    keep = math.exp(-1.0)
+    assert t == 6.0 + LOAD_WINDOW_S
+    assert waiting == pytest.approx(keep * 2.0 + (1 - keep) * 4.0)
+    assert running == pytest.approx(3.0)

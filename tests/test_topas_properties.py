@@ -127,12 +127,14 @@ class CheckedTopas(TopasPolicy):
                         (False, 1.0, 0.0), (True, None, 1.0)]),
        st.sampled_from(["ratio", "arrival"]), st.booleans(),
        st.sampled_from([(0, 256), (3, 2), (64, 256)]),
-       st.sampled_from([(None, None), (0.1, None), (1.0, None), (None, 1.0), (None, 0.5)]))
+       st.sampled_from([(None, None, None), (0.1, None, None), (1.0, None, None),
+                        (None, 1.0, None), (None, 0.5, None), (None, 1.0, 1.0),
+                        (None, None, 2.0)]))
 def test_topas_decisions_keep_the_papers_constraints(
         case: tuple[Trace, int], k: int, m: int, beta: float, rho: float,
         extensions: tuple[bool, float | None, float], pack_order: str,
         later_extensions: bool, bounds: tuple[int, int],
-        holds: tuple[float | None, float | None]) -> None:
+        holds: tuple[float | None, float | None, float | None]) -> None:
     trace, budget = case
     preempt, hol_age, preempt_margin = extensions
     # keep_idle, preempt_exchange, swap_only, overdue, linear aging, srpt and the
@@ -140,7 +142,8 @@ def test_topas_decisions_keep_the_papers_constraints(
     # the search budget (the default's 256 fills, or 2): as by default (and the
     # optional `head_reserve`), or all off as in the paper
     window_cap, search_budget = bounds
-    lot_size, phases = holds  # `lot_size` or `phases` (lots.py), or neither
+    # `lot_size` or `phases` (lots.py), or neither; and `final_reserve`
+    lot_size, phases, final_reserve = holds
     later = {"window_cap": window_cap, "search_budget": search_budget,
              "head_reserve": True} if later_extensions else {
         k: v for k, v in PAPER.items()
@@ -148,7 +151,7 @@ def test_topas_decisions_keep_the_papers_constraints(
     params = TopasParams(k=k, m=m, beta=beta, rho=rho, reservation="full", samples=16,
                          preempt=preempt, hol_age=hol_age, pack_order=pack_order,
                          preempt_margin=preempt_margin, lot_size=lot_size, phases=phases,
-                         **later)
+                         final_reserve=final_reserve, **later)
     pol = CheckedTopas(params)
     profile = get_profile("small").with_overrides(budget_tokens=budget)
     result = Run(trace, pol, SimBackend(profile)).execute()

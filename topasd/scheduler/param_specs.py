@@ -109,6 +109,9 @@ _WORDS: tuple[ParamSpec, ...] = (
     _spec("phases", "while the resident agents' waiting work of started tasks is over this x "
           "the room their prefixes leave, no other prefix comes in (extension; empty: off)",
           unset="off", extension=True),
+    _spec("final_reserve", "while fewer requests wait than this x those running (lately), "
+          "every candidate keeps room for the oldest started task's last request "
+          "(experiment; empty: off)", unset="off", extension=True),
     _spec("window", "past window_cap waiting: each agent's first tasks a fill into this x "
           "the free KV reaches (extension; empty: all)", unset="all", extension=True),
     _spec("window_cap", "a decision weighs at most this many waiting requests, oldest tasks "

@@ -94,6 +94,10 @@ class TopasParams:
     # the room their prefixes leave, no other agent's prefix comes in: its waiting
     # requests leave W_t (LPM's phases under TOPAS's order; lots.py); None: off
     phases: float | None = 1.0
+    # while fewer requests have waited than this times those running (time-averaged,
+    # `LOAD_WINDOW_S`), every candidate keeps EASY's reservation for the oldest started
+    # task's last request if its d_r is more than its prefix; None: off (experiment)
+    final_reserve: float | None = None
     # once more than `window_cap` requests wait, a decision weighs each agent's first
     # tasks that a fill into this times the free KV reaches, at most `window_cap`
     # requests of them in task order (scheduler/window.py); None: every request
@@ -108,7 +112,7 @@ class TopasParams:
             value = getattr(self, name)
             if value is None and name in ("h_age", "b_swap", "mu", "hol_age", "overdue",
                                           "fresh_hol", "started_hol", "window", "lot_size",
-                                          "phases"):
+                                          "phases", "final_reserve"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TopasError(f"TOPAS parameter {name}={value!r} is not a number: "
@@ -162,6 +166,7 @@ PARAM_RANGES: dict[str, tuple[float, float]] = {
     "overdue": (0.1, 1000.0),
     "lot_size": (0.0, 1000.0),
     "phases": (0.0, 1000.0),
+    "final_reserve": (0.0, 1000.0),
     "fresh_hol": (0.0, 1000.0),
     "started_hol": (0.0, 1000.0),
     "window": (0.1, 1000.0),

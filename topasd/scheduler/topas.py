@@ -71,6 +71,7 @@ TaskCuts = tuple[tuple[tuple[str, int, float], ...], list[Cut], list[Cut], Cut]
 
 AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
 JCT_WINDOW = 64  # finished tasks per workflow whose mean JCT `overdue` measures ages by
+LOAD_WINDOW_S = 100.0  # `final_reserve`: the time constant of the averaged |W_t| and |Q_t|
 KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`keep_idle`)
 _PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
 _DONE: Final = StageStatus.DONE
@@ -100,6 +101,8 @@ class TopasPolicy:
         # same request object under the same costs has the same value)
         self.longest_memo: tuple[CostHints | None, dict[int, tuple[Request, float]]] = (None, {})
         self.queue = QueueIndex()  # the waiting queue by agent and task (`candidate_window`)
+        # `final_reserve`: |W_t| and |Q_t| averaged over time, and when last seen
+        self.load: tuple[float, float, float] = (0.0, 0.0, -1.0)
         self._task_service: dict[int, float] = defaultdict(float)
         # total LLM service of the last AGE_WINDOW finished tasks, and their mean
         # (the observed H_age; None until read after a task finished)
@@ -165,6 +168,7 @@ class TopasPolicy:
     def decide(self, view: EngineView) -> Decision:
         """The best candidate state of this decision's search (Eq. 14, by
         Eq. 13's score)."""
+        self.load = averaged_load(self.load, view)
         paths = self.task_paths(view)
         held = self.unripe(view, paths)
         if held:  # `lot_size`, `phases`: W_t without the requests held
@@ -172,6 +176,12 @@ class TopasPolicy:
         search = _Search(self, view, paths)
         states = search.run()
         return self.decision(view, search, states, _best(states))
+
+    def has_slack(self) -> bool:
+        """`final_reserve`: whether fewer requests have waited than that
+        many times those running, on average lately (`averaged_load`)."""
+        theta = self.params.final_reserve
+        return theta is not None and self.load[0] < theta * self.load[1]
 
     def task_paths(self, view: EngineView) -> TaskPaths:
         """Eq. 5's pricer at `view`'s time, over this policy's quantiles and
@@ -490,6 +500,7 @@ class _Search(SearchBounds):
         self._exchange_memo: dict[tuple[int, ...], tuple[float, float]] = {}
         self._preempt_memo: dict[int, tuple[float, float, float, int]] = {}
         self._fresh_ref: dict[str, float] | None = None  # `fresh_ref`
+        self._final: tuple[Request | None] | None = None  # `final_head`
 
     def fresh_ref(self) -> dict[str, float]:
         """Each workflow's expected path of a fresh task (`fresh_paths`), once
@@ -1219,6 +1230,33 @@ class _Search(SearchBounds):
                 return t, free - need
         return math.inf, math.inf
 
+    def final_head(self) -> Request | None:
+        """`final_reserve`: the first started task in GreedyPack's order over
+        W_t (`_fill_stream`) whose waiting request is its task's last
+        expected work (L_hat_i at most its D_hat), that request if its d_r is
+        more than its prefix (leaving its agent out then saves no setup its
+        room would not cover), while requests run and the engine has slack."""
+        if self._final is None:
+            head = None
+            if self.running_agents and self.policy.has_slack():
+                self._fill_stream(frozenset())  # sorts W_t once
+                assert self._entries is not None
+                head = self._first_final(self._entries)
+            self._final = (head,)
+        return self._final[0]
+
+    def _first_final(self, entries: list[tuple[str, int, HeapEntry, HeapEntry]]
+                     ) -> Request | None:
+        for _, task_id, entry, _ in entries:
+            if entry[0]:  # new tasks come after every started one
+                return None
+            r = self.requests[entry[-2]]
+            left = self.paths.lhat(self.view.tasks[task_id], self.running_stage.get(task_id, {}),
+                                   ())
+            if left <= 1.01 * self._dhat(r):
+                return r if self.ell[r.agent] < self.d[r.id] else None
+        return None
+
     def may_head(self, r: Request) -> bool:
         """`head_reserve`: whether r, once it does not fit, is the head EASY keeps
         room for: a started task's request (a new task's waits by `fresh_hol`)."""
@@ -1647,9 +1685,10 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "gated", "head_g", "headroom", "hol_pending", "hold", "j_admit",
-                 "late_left", "late_used", "limit", "no_head", "pack", "reserved", "search",
-                 "spare", "states", "t_star", "tasks_in", "uncovered", "used")
+    __slots__ = ("charged", "final_spare", "final_t", "final_used", "gated", "head_g",
+                 "headroom", "hol_pending", "hold", "j_admit", "late_left", "late_used", "limit",
+                 "no_head", "pack", "reserved", "search", "spare", "states", "t_star", "tasks_in",
+                 "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float, headroom: float) -> None:
@@ -1682,6 +1721,32 @@ class _Filler:
         # that fits now but R leaves out (`started_need`)
         self.hold = search.started_hold(pack.resident)
         self.late_left = len(search.late_ids)
+        # `final_reserve`: (t*, spare) of the last request R leaves out, and the late KV
+        self.final_t = self.final_spare = math.inf
+        self.final_used = 0.0
+        if search.params.final_reserve is not None:
+            self._reserve_final()
+
+    def _reserve_final(self) -> None:
+        """`final_reserve`: when R leaves `_Search.final_head` out, its room
+        with its prefix is kept at t* (now if it fits now) against the
+        requests of tasks weighing no more (EASY's reservation, as
+        `head_reserve`'s, but in every candidate)."""
+        s = self.search
+        head = s.final_head()
+        if head is None or head.agent in self.pack.resident:
+            return
+        free = self.limit - self.used - self.reserved
+        need = s.d[head.id] + s.ell[head.agent]
+        if need <= free:
+            self.final_t, self.final_spare = 0.0, free - need
+        else:
+            self.final_t, self.final_spare = s.head_reservation(self.pack.resident, free, need)
+        self.head_g = s.g.get(head.task_id, 1.0)  # until `_past_misfit` finds a head in R
+
+    def final_late(self, r: Request) -> bool:
+        """Whether r is expected to run past `_reserve_final`'s t*."""
+        return self.final_t < math.inf and self.search._dhat(r) > self.final_t
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
@@ -1706,6 +1771,9 @@ class _Filler:
             return False
         if self.used + self.reserved + extra > self.limit:
             self._past_misfit(extra, s.g.get(r.task_id, 1.0) if s.may_head(r) else None)
+            return False
+        if self.final_late(r) and self.final_used + extra > self.final_spare and (
+                s.g.get(r.task_id, 1.0) <= self.head_g):
             return False
         if self.late(r) and self.late_used + extra > self.spare and (
                 hol is None or r.id != hol.id) and s.g.get(r.task_id, 1.0) <= self.head_g:
@@ -1769,6 +1837,8 @@ class _Filler:
             self.late_left -= 1
         if self.late(r):
             self.late_used += self.demand(r)
+        if self.final_late(r):
+            self.final_used += self.demand(r)
         self.used += self.demand(r)
         if r.shared:
             self.charged.update(seg.key for seg in r.shared)
@@ -1920,7 +1990,7 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
     requests at once; whether every one of them was taken."""
     every = True
     while pos < len(d):
-        if fill.t_star < math.inf:  # `head_reserve` binds: each request is checked
+        if fill.t_star < math.inf or fill.final_t < math.inf:  # each request is checked
             return _fill_each(fill, order, sel, pos, len(d)) and every
         nxt = fill.next_fit(pos, d, order, sel)
         every = every and nxt == pos
@@ -1949,6 +2019,18 @@ def _offer(fill: _Filler, order: _SoloOrder, i: int) -> bool:
         return True
     fill.refuse(r)
     return False
+
+
+def averaged_load(load: tuple[float, float, float],
+                  view: EngineView) -> tuple[float, float, float]:
+    """`final_reserve`: |W_t| and |Q_t| averaged over time with the time
+    constant LOAD_WINDOW_S (each as it was since the last decision), and t."""
+    waiting, running, last = load
+    if last < 0:
+        return float(len(view.waiting)), float(len(view.running)), view.t
+    keep = math.exp(-max(0.0, view.t - last) / LOAD_WINDOW_S)
+    return (keep * waiting + (1.0 - keep) * len(view.waiting),
+            keep * running + (1.0 - keep) * len(view.running), view.t)
 
 
 def _fresh_tasks(view: EngineView, waiting: Mapping[int, list[Request]],
