@@ -408,8 +408,9 @@ def test_final_reserve_holds_only_while_the_engine_has_slack() -> None:
     assert decision.admit == TopasPolicy().decide(_final_scene(extra_waiting=1)).admit != ()
 
 
-def test_averaged_load_weighs_each_count_by_the_time_it_held() -> None:
-    """|W_t| and |Q_t| decay toward the latest counts with LOAD_WINDOW_S."""
+def test_averaged_load_moves_toward_the_latest_counts() -> None:
+    """|W_t| and |Q_t| move toward the latest counts by 1 - exp(-dt /
+    LOAD_WINDOW_S)."""
     first = averaged_load((0.0, 0.0, -1.0), _final_scene())
     assert first == (2.0, 3.0, 6.0)
     later = replace(_final_scene(extra_waiting=2), t=6.0 + LOAD_WINDOW_S)

@@ -168,7 +168,8 @@ class TopasPolicy:
     def decide(self, view: EngineView) -> Decision:
         """The best candidate state of this decision's search (Eq. 14, by
         Eq. 13's score)."""
-        self.load = averaged_load(self.load, view)
+        if self.params.final_reserve is not None:
+            self.load = averaged_load(self.load, view)
         paths = self.task_paths(view)
         held = self.unripe(view, paths)
         if held:  # `lot_size`, `phases`: W_t without the requests held
@@ -1247,6 +1248,7 @@ class _Search(SearchBounds):
 
     def _first_final(self, entries: list[tuple[str, int, HeapEntry, HeapEntry]]
                      ) -> Request | None:
+        """`final_head`'s scan of the started tasks' entries, in order."""
         for _, task_id, entry, _ in entries:
             if entry[0]:  # new tasks come after every started one
                 return None
@@ -2023,8 +2025,9 @@ def _offer(fill: _Filler, order: _SoloOrder, i: int) -> bool:
 
 def averaged_load(load: tuple[float, float, float],
                   view: EngineView) -> tuple[float, float, float]:
-    """`final_reserve`: |W_t| and |Q_t| averaged over time with the time
-    constant LOAD_WINDOW_S (each as it was since the last decision), and t."""
+    """`final_reserve`: |W_t| and |Q_t| smoothed over time, and t: each
+    average moves toward the counts at `view` by 1 - exp(-dt / LOAD_WINDOW_S),
+    dt the time since the last update (the first update takes the counts)."""
     waiting, running, last = load
     if last < 0:
         return float(len(view.waiting)), float(len(view.running)), view.t
