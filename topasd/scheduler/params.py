@@ -94,7 +94,7 @@ class TopasParams:
     # the room their prefixes leave, no other agent's prefix comes in: its waiting
     # requests leave W_t (LPM's phases under TOPAS's order; lots.py); None: off
     phases: float | None = 1.0
-    # while fewer requests have waited than this times those running (time-averaged,
+    # while fewer requests have waited than this times those running (smoothed over time,
     # `LOAD_WINDOW_S`), every candidate keeps EASY's reservation for the oldest started
     # task's last request if its d_r is more than its prefix; None: off (experiment)
     final_reserve: float | None = None
