@@ -65,6 +65,8 @@ from topasd.scheduler.residual import (
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
 from topasd.score import score_total
 
+RunningByTask = dict[int, dict[str, Request]]  # Q_t by task, then stage (`running_by_task`)
+
 # a DAG task's waiting requests' (agent, stage row, D_hat), its `_gain_cuts` and
 # `_complement_cuts`, and its joint cut (`_Search._task_cuts`)
 TaskCuts = tuple[tuple[tuple[str, int, float], ...], list[Cut], list[Cut], Cut]
@@ -171,10 +173,11 @@ class TopasPolicy:
         if self.params.final_reserve is not None:
             self.load = averaged_load(self.load, view)
         paths = self.task_paths(view)
-        held = self.unripe(view, paths)
+        running = running_by_task(view.running)
+        held = self.unripe(view, paths, running)
         if held:  # `lot_size`, `phases`: W_t without the requests held
             view = replace(view, waiting=tuple(r for r in view.waiting if r.id not in held))
-        search = _Search(self, view, paths)
+        search = _Search(self, view, paths, running)
         states = search.run()
         return self.decision(view, search, states, _best(states))
 
@@ -190,11 +193,12 @@ class TopasPolicy:
         return TaskPaths(self.model, view.costs, view.workflows, self._quantiles, view.t,
                          self.path_memo)
 
-    def unripe(self, view: EngineView, paths: TaskPaths | None = None) -> frozenset[int]:
+    def unripe(self, view: EngineView, paths: TaskPaths | None = None,
+               running: RunningByTask | None = None) -> frozenset[int]:
         """`lot_size` and `phases`: the waiting requests whose agent's lot is
         not ripe or whose agent waits for the resident agents' phase
         (lots.py), less those of overdue tasks and those that waited their
-        `patience` (priced by `paths`, Eq. 5)."""
+        `patience` (priced by `paths`, Eq. 5; `running`: Q_t by task)."""
         lot, phases = self.params.lot_size, self.params.phases
         held = frozenset() if lot is None else unripe_lots(view, lot)
         if phases is not None:
@@ -203,17 +207,17 @@ class TopasPolicy:
             return held
         paths = paths if paths is not None else self.task_paths(view)
         means = self.mean_jcts({r.workflow for r in view.waiting})
+        running = running if running is not None else running_by_task(view.running)
         return held - never_held(view, self.params.overdue, means,
-                                 self.patience(view, paths, held))
+                                 self.patience(view, paths, held, running))
 
-    def patience(self, view: EngineView, paths: TaskPaths,
-                 held: frozenset[int]) -> dict[int, float]:
+    def patience(self, view: EngineView, paths: TaskPaths, held: frozenset[int],
+                 running: RunningByTask) -> dict[int, float]:
         """How long each of the `held` requests may wait since it entered the
         queue: its task's expected remaining path L_hat_i (Eq. 5), at most
         its workflow's expected fresh path (one wait is held no longer than
         what its task still has to do)."""
         fresh = self.fresh_paths(view, paths)
-        running = running_by_task(view.running)
         return {r.id: min(fresh[r.workflow],
                           paths.lhat(view.tasks[r.task_id], running.get(r.task_id, {}), ()))
                 for r in view.waiting if r.id in held}
@@ -419,7 +423,7 @@ class _Search(SearchBounds):
     """One decision's hierarchical state search over a fixed view."""
 
     def __init__(self, policy: TopasPolicy, view: EngineView,
-                 paths: TaskPaths | None = None) -> None:
+                 paths: TaskPaths | None = None, running: RunningByTask | None = None) -> None:
         p = policy.params
         self.policy, self.view, self.params = policy, view, p
         self.budget = float(view.budget_tokens)
@@ -436,7 +440,7 @@ class _Search(SearchBounds):
         queue = indexed(view, p, policy.queue)  # the whole queue (`overdue` may have done it)
         view = self.view = candidate_window(view, p, (self.hol,), queue)
         self._index_waiting(view, queue)
-        self._index_running(view)
+        self._index_running(view, running)
         # agents whose every waiting request is its task's only pending work here
         self.solo_agents = frozenset(
             a for a, rs in self.waiting_by_agent.items()
@@ -586,9 +590,11 @@ class _Search(SearchBounds):
         for (_, a), v in self.reuse_pairs.items():
             self.reuse_value[a] += v
 
-    def _index_running(self, view: EngineView) -> None:
-        """Per-agent aggregates of Q_t, so a prefix set is priced in O(|R|)."""
-        running_stage = self.running_stage = running_by_task(view.running)
+    def _index_running(self, view: EngineView, running: RunningByTask | None) -> None:
+        """Per-agent aggregates of Q_t (`running`: Q_t by task, if built), so a
+        prefix set is priced in O(|R|)."""
+        running_stage = self.running_stage = (
+            running if running is not None else running_by_task(view.running))
         by_agent: dict[str, list[Request]] = {}  # Q_t by agent, each in queue order
         self.running_by_id = {r.id: r for r in view.running}
         for r in view.running:
@@ -1683,14 +1689,47 @@ class _Search(SearchBounds):
         return hit
 
 
+class _Reservation:
+    """EASY backfilling's reservation for one head request in a fill: at t*,
+    when the running requests R keeps have freed the head's room, `spare` is
+    what is free beyond it; the admissions expected to run past t* share
+    `spare` (`used` of it so far). Unset (t* = inf), nothing binds."""
+
+    __slots__ = ("spare", "t_star", "used")
+
+    def __init__(self) -> None:
+        self.t_star = self.spare = math.inf
+        self.used = 0.0
+
+    def hold(self, at: tuple[float, float]) -> None:
+        """Reserve the head's room: `at` is (t*, spare)."""
+        self.t_star, self.spare = at
+
+    def binds(self) -> bool:
+        """Whether a head's room is reserved."""
+        return self.t_star < math.inf
+
+    def late(self, dhat: float) -> bool:
+        """Whether a request expected to run for `dhat` still runs at t*."""
+        return self.t_star < math.inf and dhat > self.t_star
+
+    def overdrawn(self, dhat: float, extra: float) -> bool:
+        """Whether admitting `extra` KV for `dhat` would eat into the head's room."""
+        return self.late(dhat) and self.used + extra > self.spare
+
+    def charge(self, dhat: float, kv: float) -> None:
+        """Count an admission of `kv` against `spare` if it runs past t*."""
+        if self.late(dhat):
+            self.used += kv
+
+
 class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "final_spare", "final_t", "final_used", "gated", "head_g",
-                 "headroom", "hol_pending", "hold", "j_admit", "late_left", "late_used", "limit",
-                 "no_head", "pack", "reserved", "search", "spare", "states", "t_star", "tasks_in",
-                 "uncovered", "used")
+    __slots__ = ("charged", "final", "gated", "head", "head_g", "headroom", "hol_pending",
+                 "hold", "j_admit", "late_left", "limit", "no_head", "pack", "reserved",
+                 "search", "states", "tasks_in", "uncovered", "used")
 
     def __init__(self, search: _Search, pack: _Pack, uncovered: set[str], used: float,
                  reserved: float, headroom: float) -> None:
@@ -1704,12 +1743,11 @@ class _Filler:
         if headroom and search.params.decode_peak == "always":
             self.limit = search.budget - headroom
         self.j_admit = 0.0
-        # `head_reserve`: once the head did not fit, admissions expected to run past
-        # t* (when the kept running requests have freed its room) share `spare`
-        self.t_star = self.spare = math.inf
+        # `head_reserve`: the reservation of the head, once it did not fit, and its
+        # task's weight g_i (only tasks weighing no more are held to a reservation)
+        self.head = _Reservation()
         self.head_g = 0.0
         self.no_head = (-math.inf, math.inf)  # (free, need) of a head that never got room
-        self.late_used = 0.0
         self.tasks_in: set[int] = set()
         self.charged: set[str] = set()  # shared copies an admission here already locks
         self.states = [] if uncovered else [_State(pack, 0, 0.0, 0)]
@@ -1723,9 +1761,8 @@ class _Filler:
         # that fits now but R leaves out (`started_need`)
         self.hold = search.started_hold(pack.resident)
         self.late_left = len(search.late_ids)
-        # `final_reserve`: (t*, spare) of the last request R leaves out, and the late KV
-        self.final_t = self.final_spare = math.inf
-        self.final_used = 0.0
+        # `final_reserve`: the reservation of the last request R leaves out
+        self.final = _Reservation()
         if search.params.final_reserve is not None:
             self._reserve_final()
 
@@ -1740,15 +1777,9 @@ class _Filler:
             return
         free = self.limit - self.used - self.reserved
         need = s.d[head.id] + s.ell[head.agent]
-        if need <= free:
-            self.final_t, self.final_spare = 0.0, free - need
-        else:
-            self.final_t, self.final_spare = s.head_reservation(self.pack.resident, free, need)
+        self.final.hold((0.0, free - need) if need <= free
+                        else s.head_reservation(self.pack.resident, free, need))
         self.head_g = s.g.get(head.task_id, 1.0)  # until `_past_misfit` finds a head in R
-
-    def final_late(self, r: Request) -> bool:
-        """Whether r is expected to run past `_reserve_final`'s t*."""
-        return self.final_t < math.inf and self.search._dhat(r) > self.final_t
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
@@ -1774,13 +1805,21 @@ class _Filler:
         if self.used + self.reserved + extra > self.limit:
             self._past_misfit(extra, s.g.get(r.task_id, 1.0) if s.may_head(r) else None)
             return False
-        if self.final_late(r) and self.final_used + extra > self.final_spare and (
-                s.g.get(r.task_id, 1.0) <= self.head_g):
+        if self.reserved_from(r, extra, hol is not None and r.id == hol.id):
             return False
-        if self.late(r) and self.late_used + extra > self.spare and (
-                hol is None or r.id != hol.id) and s.g.get(r.task_id, 1.0) <= self.head_g:
-            return False  # it would still hold the room at t* of a head weighing as much
         return not (k and slots > k)
+
+    def reserved_from(self, r: Request, extra: float, is_hol: bool) -> bool:
+        """Whether r, needing `extra` more KV, would still hold room at t* that
+        a reservation keeps for a head weighing as much (`head_reserve`,
+        which the head of line is exempt from, and `final_reserve`)."""
+        if not (self.head.binds() or self.final.binds()):
+            return False
+        if self.search.g.get(r.task_id, 1.0) > self.head_g:
+            return False
+        dhat = self.search._dhat(r)
+        return self.final.overdrawn(dhat, extra) or (
+            not is_hol and self.head.overdrawn(dhat, extra))
 
     def _past_misfit(self, need: float, head_g: float | None) -> None:
         """A request needing `need` more KV did not fit: with `decode_peak`
@@ -1791,19 +1830,15 @@ class _Filler:
         room the kept running requests free is the head, whose room the
         requests of tasks weighing no more must leave it at t*."""
         s = self.search
-        if s.params.head_reserve and head_g is not None and self.t_star == math.inf:
+        if s.params.head_reserve and head_g is not None and not self.head.binds():
             free = self.limit - self.used - self.reserved
             # less free KV and a larger need than a head that never got room: nor does this
             if free > self.no_head[0] or need < self.no_head[1]:
-                self.t_star, self.spare = s.head_reservation(self.pack.resident, free, need)
+                self.head.hold(s.head_reservation(self.pack.resident, free, need))
                 self.head_g = head_g
                 self.no_head = (free, need)
         if self.headroom and self.limit == s.budget:
             self.limit = s.budget - self.headroom
-
-    def late(self, r: Request) -> bool:
-        """Whether r is expected to run past the head's t* (`head_reserve`)."""
-        return self.t_star < math.inf and self.search._dhat(r) > self.t_star
 
     def demand(self, r: Request) -> float:
         """d_r (Eq. 2) in this fill: a shared copy an earlier admission of the
@@ -1837,11 +1872,12 @@ class _Filler:
         pack.gains.append(gain)
         if self.late_left and r.id in s.late_ids:
             self.late_left -= 1
-        if self.late(r):
-            self.late_used += self.demand(r)
-        if self.final_late(r):
-            self.final_used += self.demand(r)
-        self.used += self.demand(r)
+        kv = self.demand(r)
+        if self.head.binds() or self.final.binds():
+            dhat = s._dhat(r)
+            self.head.charge(dhat, kv)
+            self.final.charge(dhat, kv)
+        self.used += kv
         if r.shared:
             self.charged.update(seg.key for seg in r.shared)
         if r.agent in self.uncovered:
@@ -1866,7 +1902,7 @@ class _Filler:
             return pos
         first = int(sel[pos])
         self._past_misfit(float(d[pos]), order.g[first] if order.head[first] else None)
-        if self.t_star < math.inf:
+        if self.head.binds():
             return pos + 1  # `head_reserve` binds: request by request from here
         ok = (self.used + self.reserved) + d[pos:] <= self.limit
         nxt = pos + int(np.argmax(ok)) if ok.any() else len(d)
@@ -1992,12 +2028,12 @@ def _fill_runs(fill: _Filler, order: _SoloOrder, sel: np.ndarray, d: np.ndarray,
     requests at once; whether every one of them was taken."""
     every = True
     while pos < len(d):
-        if fill.t_star < math.inf or fill.final_t < math.inf:  # each request is checked
+        if fill.head.binds() or fill.final.binds():  # each request is checked
             return _fill_each(fill, order, sel, pos, len(d)) and every
         nxt = fill.next_fit(pos, d, order, sel)
         every = every and nxt == pos
         pos = nxt
-        if pos < len(d) and fill.t_star == math.inf:
+        if pos < len(d) and not fill.head.binds():
             taken = fill.fitting_run(d[pos:])
             fill.take_run(sel[pos:pos + taken], order)
             pos += taken
