@@ -135,6 +135,7 @@ class DecisionRow:
     wall_ms: float
     n_candidates: int
     total: float | None  # the chosen state's score (baselines: none)
+    n_held: int = 0  # waiting requests it left out of W_t (TOPAS's `phases`, `lot_size`)
 
     @property
     def noop(self) -> bool:
@@ -169,7 +170,8 @@ class DecisionDetail:
     candidates: tuple[CandidateRow, ...]
     note: str = ""  # e.g. how many candidates were logged
     requests: Mapping[int, tuple[int | None, str, str]] = field(default_factory=dict)
-    # the admitted and preempted requests: (task, stage, agent)
+    # the admitted, preempted and held requests: (task, stage, agent)
+    held: tuple[int, ...] = ()  # the waiting requests it left out of W_t
 
     def named(self, rid: int) -> str:
         """'12 (task 3 · b · B)', or '12' when its task is not known."""
@@ -191,6 +193,8 @@ class TrailRow:
     preemptions: int
     retractions: int
     decisions: tuple[tuple[int, str], ...]  # (seq, admit | preempt)
+    held: int = 0  # decisions that left it out of W_t
+    last_held: int | None = None  # the latest of them
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +220,13 @@ class TaskDetail:
     requests: tuple[TrailRow, ...] | None
 
     def decisions(self) -> list[tuple[int, str, TrailRow]]:
-        """Every (decision, action, request) of its requests, by decision."""
-        return sorted(((seq, action, r) for r in self.requests or () for seq, action
-                       in r.decisions), key=lambda x: (x[0], x[2].id))
+        """Every (decision, action, request) of its requests, by decision; a
+        request that was held is listed once, at the latest decision that
+        held it ('held ×N')."""
+        rows = [(seq, action, r) for r in self.requests or () for seq, action in r.decisions]
+        rows += [(r.last_held, f"held ×{r.held}", r) for r in self.requests or ()
+                 if r.held and r.last_held is not None]
+        return sorted(rows, key=lambda x: (x[0], x[2].id))
 
 
 def task_from_api(data: Mapping[str, Any]) -> TaskDetail:
@@ -235,7 +243,8 @@ def task_from_api(data: Mapping[str, Any]) -> TaskDetail:
             int(r["id"]), str(r["stage"]), str(r["agent"]), str(r["state"]), float(r["ready"]),
             _f(r.get("admitted")), _f(r.get("finished")), int(r.get("preemptions", 0)),
             int(r.get("retractions", 0)),
-            tuple((int(d["seq"]), str(d["action"])) for d in r.get("decisions", ())))
+            tuple((int(d["seq"]), str(d["action"])) for d in r.get("decisions", ())),
+            int(r.get("held") or 0), _i(r.get("last_held")))
             for r in reqs))
 
 
@@ -244,6 +253,10 @@ def task_from_api(data: Mapping[str, Any]) -> TaskDetail:
 
 def _f(x: Any) -> float | None:
     return None if x is None else float(x)
+
+
+def _i(x: Any) -> int | None:
+    return None if x is None else int(x)
 
 
 def _count(x: int | Sequence[Any]) -> int:
@@ -326,7 +339,7 @@ def decision_from_event(data: Mapping[str, Any]) -> DecisionRow:
         preempt=tuple(data.get("preempt", ())), load=tuple(data.get("load", ())),
         evict=tuple(data.get("evict", ())), blocked=bool(data.get("blocked", False)),
         wall_ms=float(data.get("wall_ms", 0.0)), n_candidates=int(data.get("n_candidates", 0)),
-        total=_f(terms.get("total")))
+        total=_f(terms.get("total")), n_held=int(data.get("n_held", 0)))
 
 
 def _candidate(c: Mapping[str, Any]) -> CandidateRow:
@@ -345,13 +358,15 @@ def detail_from_api(data: Mapping[str, Any]) -> DecisionDetail:
         seq=int(data["seq"]), t=float(data["t"]), admit=tuple(data["admit"]),
         preempt=tuple(data["preempt"]), load=tuple(data["load"]), evict=tuple(data["evict"]),
         blocked=bool(data["blocked"]), wall_ms=float(data["wall_ms"]),
-        n_candidates=int(data["n_candidates"]), total=None if won is None else won.total)
+        n_candidates=int(data["n_candidates"]), total=None if won is None else won.total,
+        n_held=len(data.get("held") or ()))
     note = _candidates_note(len(cands), row.n_candidates, "")
     named = {int(rid): (r.get("task_id"), str(r.get("stage") or "?"), str(r.get("agent") or "?"))
              for rid, r in (data.get("requests") or {}).items()}
     return DecisionDetail(row=row, policy=str(data["policy"]),
                           reservation=str(data["reservation"]), chosen=data.get("chosen"),
-                          candidates=cands, note=note, requests=named)
+                          candidates=cands, note=note, requests=named,
+                          held=tuple(data.get("held") or ()))
 
 
 # ----------------------------------------------------------------- replay
@@ -405,7 +420,7 @@ def decision_from_store(row: Mapping[str, Any]) -> DecisionRow:
         preempt=_json_tuple(row.get("preempt")), load=_json_tuple(row.get("load")),
         evict=_json_tuple(row.get("evict")), blocked=bool(row.get("blocked")),
         wall_ms=float(row.get("wall_ms") or 0.0), n_candidates=int(row.get("n_candidates") or 0),
-        total=_f(row.get("total")))
+        total=_f(row.get("total")), n_held=int(row.get("n_held") or 0))
 
 
 def _candidates_note(shown: int, scored: int, logged: str) -> str:
@@ -428,4 +443,4 @@ def detail_from_store(row: Mapping[str, Any], candidates: Sequence[Mapping[str, 
     note = _candidates_note(len(cands), d.n_candidates, " logged")
     return DecisionDetail(row=d, policy=policy, reservation=str(row.get("reservation") or ""),
                           chosen=row.get("chosen"), candidates=cands, note=note,
-                          requests=requests or {})
+                          requests=requests or {}, held=_json_tuple(row.get("held")))

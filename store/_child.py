@@ -133,7 +133,8 @@ def _list(values: tuple[Any, ...]) -> str:
 
 def _decision_row(d: tuple[Any, ...]) -> tuple[Any, ...]:
     """A decision as sent, as DECISION_ROW."""
-    head = d[:_HEAD]
+    held = d[_HEAD - 1]
+    head = (*d[:_HEAD - 1], _list(held) if held else None, len(held))
     if len(d) == _HEAD:
         return (*head, 1, None, None, None, None, 0, 0, 0, 0, 0, *_NO_TERMS)
     admit, preempt, load, evict, logged = d[_HEAD:_LISTED]

@@ -27,7 +27,7 @@ TABLES: dict[str, tuple[tuple[str, type, str], ...]] = {
         ("admitted", float), ("started", float), ("finished", float), ("service_s", float),
         ("preemptions", int), ("retractions", int))),
         ("withdrawn", float, "m004_request_withdrawn")),
-    "decisions": tuple((name, typ, M001) for name, typ in (
+    "decisions": (*((name, typ, M001) for name, typ in (
         ("run_id", int), ("seq", int), ("t", float), ("wall_ms", float), ("wall_ts", float),
         ("noop", int), ("admit", str), ("preempt", str), ("load", str), ("evict", str),
         ("n_admit", int), ("n_preempt", int), ("n_load", int), ("n_evict", int),
@@ -35,6 +35,8 @@ TABLES: dict[str, tuple[tuple[str, type, str], ...]] = {
         ("n_logged", int), ("chosen", int), ("chosen_resident", str), ("j_admit", float),
         ("j_move", float), ("j_redo", float), ("j_revoke", float), ("v_reuse", float),
         ("total", float))),
+        # the waiting requests the policy left out of W_t (`Decision.held`), and how many
+        ("held", str, "m006_decision_held"), ("n_held", int, "m006_decision_held")),
     "candidates": tuple((name, typ, M001) for name, typ in (
         ("run_id", int), ("decision_seq", int), ("idx", int), ("won", int),
         ("resident", str), ("admit", str), ("preempt", str), ("j_admit", float),
@@ -57,13 +59,14 @@ TERMS = ("j_admit", "j_move", "j_redo", "j_revoke", "v_reuse")  # Eq. 13's, in t
 # carry these names) and the rows the writer process inserts (run_id first).
 EVENT_ROW = ("kind", "t", "request_id", "task_id", "agent", "stage", "tokens", "value", "note",
              "decision")
-# a decision as sent: the head for a compact no-op; + the lists (and n_logged); + the
-# chosen candidate (index, resident set, terms and total) when one was chosen
+# a decision as sent: the head for a compact no-op (with the requests it held); + the
+# lists (and n_logged); + the chosen candidate (index, resident set, terms and total)
+# when one was chosen
 DECISION_HEAD = ("seq", "t", "wall_ms", "wall_ts", "reservation", "blocked", "retry",
-                 "n_candidates")
+                 "n_candidates", "held")
 DECISION_LISTS = ("admit", "preempt", "load", "evict", "n_logged")
 DECISION_CHOSEN = ("chosen", "chosen_resident", *TERMS, "total")
-DECISION_ROW = (*DECISION_HEAD, "noop", "admit", "preempt", "load", "evict", "n_admit",
+DECISION_ROW = (*DECISION_HEAD, "n_held", "noop", "admit", "preempt", "load", "evict", "n_admit",
                 "n_preempt", "n_load", "n_evict", "n_logged", *DECISION_CHOSEN)
 # a candidate as sent (`Candidate`'s attributes, then its terms), and as inserted
 CANDIDATE_SENT = ("resident", "admit", "preempt", *TERMS)

@@ -329,8 +329,8 @@ def request_names(db: Database, run_id: int, ids: list[int]
 def task_at(db: Database, run_id: int, task_id: int, t: float) -> dict[str, Any] | None:
     """Task `task_id` as of `t`, in the shape of the daemon's `GET /v1/tasks/{id}`:
     its stages (those its requests reached), and its requests' trails
-    (`lifecycle.Trail`) with the decisions up to `t` that admitted or preempted
-    them. None: no such task, or it had not arrived by `t`."""
+    (`lifecycle.Trail`) with the decisions up to `t` that admitted, preempted
+    or held them. None: no such task, or it had not arrived by `t`."""
     row = db.execute("SELECT workflow, arrival, completion FROM tasks WHERE run_id = ? AND "
                      "task_id = ?", [run_id, task_id]).fetchone()
     if row is None or row[1] is None or row[1] > t:
@@ -355,7 +355,7 @@ def task_at(db: Database, run_id: int, task_id: int, t: float) -> dict[str, Any]
     for seq, action, rid in db.execute(
             f"SELECT decision, action, request_id FROM decision_actions WHERE run_id = ? AND "
             f"t <= ? AND request_id IN ({marks}) ORDER BY decision", [run_id, t, *trails]):
-        trails[rid].decisions.append((seq, action))
+        trails[rid].on_decision(seq, action)
     done = completion is not None and completion <= t
     return {"id": task_id, "workflow": workflow, "client_task_id": None,
             "status": "done" if done else "abandoned" if abandoned else "running",
@@ -505,7 +505,7 @@ def decisions(db: Database, run_id: int, *, t0: float | None = None, t1: float |
     sql += " ORDER BY seq"
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
-    return [_decode(r, ("admit", "preempt", "load", "evict", "chosen_resident"))
+    return [_decode(r, DECISION_JSON)
             for r in db.query(sql, args)]
 
 
@@ -532,6 +532,9 @@ def counts(db: Database, run_id: int) -> dict[str, int]:
     return out
 
 
+DECISION_JSON = ("admit", "preempt", "load", "evict", "chosen_resident", "held")  # JSON text
+
+
 def _decode(row: dict[str, Any], cols: tuple[str, ...]) -> dict[str, Any]:
     for c in cols:
         row[c] = _loads(row.get(c))
@@ -548,7 +551,7 @@ def decision_row(db: Database, run_id: int, seq: int) -> dict[str, Any]:
                None)
     if row is None:
         raise StoreError(f"run {run_id} has no decision {seq}")
-    return _decode(row, ("admit", "preempt", "load", "evict", "chosen_resident"))
+    return _decode(row, DECISION_JSON)
 
 
 def decisions_before(db: Database, run_id: int, t: float, *, limit: int = 200,
@@ -558,7 +561,7 @@ def decisions_before(db: Database, run_id: int, t: float, *, limit: int = 200,
     if not noop:
         sql += " AND noop = 0"
     sql += f" ORDER BY seq DESC LIMIT {int(limit)}"
-    rows = [_decode(r, ("admit", "preempt", "load", "evict", "chosen_resident"))
+    rows = [_decode(r, DECISION_JSON)
             for r in db.query(sql, [run_id, t])]
     rows.reverse()
     return rows

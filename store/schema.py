@@ -22,7 +22,8 @@ clock, `*_ts` unix wall time):
 - `decisions`: (run_id, seq): t, wall_ms (policy time), wall_ts, noop, the
   admit/preempt/load/evict lists (JSON) and their counts, reservation,
   blocked, retry, n_candidates, n_logged, chosen (candidate index),
-  chosen_resident (JSON) and the chosen state's score terms. `load` lists
+  chosen_resident (JSON) and the chosen state's score terms; held (JSON)
+  and n_held: the waiting requests it left out of W_t (m006). `load` lists
   the prefixes the decision makes resident, whether the engine then moves
   them from host memory or computes them again by prefill: the
   `engine_events` say which (`prefix_load_start` or `prefix_compute_start`);
@@ -129,6 +130,22 @@ def m005_preempt_decision(db: Database) -> None:
     (NULL on other events and in older logs); and the views of
     `store.views` (docs/decision-log.md)."""
     _add_columns(db, m005_preempt_decision.__name__)
+    _create_views(db)
+
+
+@migration
+def m006_decision_held(db: Database) -> None:
+    """`decisions.held` and `n_held`: the waiting requests the policy left
+    out of W_t (TOPAS's `lot_size` and `phases`); NULL and 0 in older logs
+    and where nothing was held. The views of `store.views` again
+    (`decision_actions` lists them as `hold`)."""
+    _add_columns(db, m006_decision_held.__name__)
+    db.execute("UPDATE decisions SET n_held = 0")
+    _create_views(db)
+
+
+def _create_views(db: Database) -> None:
+    """(Re)create every view of `store.views`."""
     for name, sql in VIEWS.items():
         db.execute(f"DROP VIEW IF EXISTS {name}")
         db.execute(f"CREATE VIEW {name} AS {sql}")

@@ -3,8 +3,8 @@ columns (docs/decision-log.md). Ids are typed integers, so a parameter given
 as text (`sqlite-utils -p rid 12`) matches too.
 
 - `decision_actions`: one row per thing a decision did: `action` (admit,
-  preempt, load, evict) and its `request_id` (admit, preempt) or `agent`
-  (load, evict).
+  preempt, load, evict, hold) and its `request_id` (admit, preempt, hold: a
+  waiting request left out of W_t) or `agent` (load, evict).
 - `preemption_log`: one row per preemption (`by` policy) or retraction (`by`
   engine), `id` its event's: its decision (the policy's; logs before m005 find it through
   `decision_actions`), request, task, workflow, stage, agent, tokens it had
@@ -21,12 +21,15 @@ from __future__ import annotations
 
 _ACTION = """SELECT run_id, seq AS decision, t, '{action}' AS action,
        {request} AS request_id, {agent} AS agent
-FROM decisions, json_each(decisions.{action})"""
+FROM decisions, json_each(decisions.{column})"""
 
 DECISION_ACTIONS = "\nUNION ALL\n".join(
-    _ACTION.format(action=a, request="CAST(json_each.value AS INTEGER)" if ids else "NULL",
+    _ACTION.format(action=a, column=col,
+                   request="CAST(json_each.value AS INTEGER)" if ids else "NULL",
                    agent="NULL" if ids else "CAST(json_each.value AS TEXT)")
-    for a, ids in (("admit", True), ("preempt", True), ("load", False), ("evict", False)))
+    for a, col, ids in (("admit", "admit", True), ("preempt", "preempt", True),
+                        ("load", "load", False), ("evict", "evict", False),
+                        ("hold", "held", True)))
 
 PREEMPTION_LOG = """
 SELECT q.*, q.chosen_total - q.best_rejected_total AS margin FROM (

@@ -22,8 +22,8 @@ holds and exits. `Store` marks such a run `interrupted` when it next opens.
 Decisions: every decision is stored, one row each, numbered `seq` 1..n in the
 order the policy made them (so `runs.decisions` equals the runner's count).
 A no-op decision (`Decision.is_noop`) without candidates is a compact row:
-time, wall times, reservation, flags, `noop = 1`; its list and score columns
-are NULL. Candidates are written per `CandidateFilter`: `all`, `none`, or
+time, wall times, reservation, flags, the requests it held, `noop = 1`; its
+list and score columns are NULL. Candidates are written per `CandidateFilter`: `all`, `none`, or
 `top:N` (the N best by total score, plus the chosen one);
 `decisions.n_candidates` always holds how many the policy generated and
 `n_logged` how many rows `candidates` holds for it.
@@ -553,7 +553,7 @@ class StoreSink:
         self._seq += 1
         seq, n = self._seq, len(d.candidates)
         head = (seq, d.t, d.wall_ms, wall_ts, _RESERVATION.get(d.reservation, "full"),
-                d.blocked, d.retry, n)
+                d.blocked, d.retry, n, d.held)
         if not n and d.is_noop:
             out.append(head)
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.daemonkit import Daemon
+from tests.daemonkit import Daemon, rows
 
 
 def call(d: Daemon, task: str, workflow: str, stage: str, **meta: Any) -> dict[str, Any]:
@@ -81,3 +81,27 @@ def test_a_preempted_requests_trail_names_the_decision(tmp_path: Path) -> None:
             detail = d.http.get(f"/v1/decisions/{seqs[0]}").json()
             assert r["id"] in detail["preempt"]
         assert d.stop() == 0
+
+
+def test_a_held_requests_trail_and_decision_say_it_was_held(tmp_path: Path) -> None:
+    """MetaGPT-SOP at 0.2 task/s backs up enough that `phases` holds requests:
+    each trail counts the decisions that held it, as the decision log does,
+    and the latest of them names it among its held requests."""
+    with Daemon(tmp_path, "--workload", "metagpt-sop", "--rate", "0.2", "--tasks", "30") as d:
+        d.wait_for(lambda s: s["counts"]["tasks_finished"] == 30)
+        trails = [r for t in d.http.get("/v1/tasks", params={"limit": 30}).json()["tasks"]
+                  for r in d.http.get(f"/v1/tasks/{t['id']}").json()["requests"]]
+        held = [r for r in trails if r["held"]]
+        assert len(held) >= 5, "nothing held: the test tests nothing"
+        for r in held:
+            detail = d.http.get(f"/v1/decisions/{r['last_held']}").json()
+            assert r["id"] in detail["held"] and r["id"] not in detail["admit"]
+            assert detail["requests"][str(r["id"])]["stage"] == r["stage"]
+        recent = d.http.get("/v1/state").json()["recent_decisions"]
+        assert recent and all(x["n_held"] >= 0 for x in recent)
+        assert d.stop() == 0  # every decision is in the log once the daemon stopped
+    for r in trails:
+        stored = [x["decision"] for x in rows(
+            d.db, "SELECT decision FROM decision_actions WHERE action = 'hold' AND "
+            "request_id = ?", r["id"])]
+        assert (r["held"], r["last_held"]) == (len(stored), max(stored, default=None))

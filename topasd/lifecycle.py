@@ -150,8 +150,9 @@ TRAIL_STATE: Mapping[str, str] = {K.REQUEST_ADMIT: "running", K.PREEMPT: "waitin
 class Trail:
     """One request of a task as an operator follows it: its state, times, how
     often it was preempted (by the policy) or retracted (by the engine), and
-    the decisions that admitted or preempted it (the daemon's task ledger and
-    the store's replay build it with `after`)."""
+    the decisions that admitted or preempted it, and how many left it out of
+    W_t (the daemon's task ledger and the store's replay build it with
+    `after` and `on_decision`)."""
 
     id: int
     stage: str
@@ -163,6 +164,8 @@ class Trail:
     preemptions: int = 0
     retractions: int = 0
     decisions: list[tuple[int, str]] = field(default_factory=list)  # (seq, admit|preempt)
+    held: int = 0  # decisions that left it out of W_t (`Decision.held`)
+    last_held: int | None = None  # the latest of them
 
     def after(self, kind: str, t: float) -> None:
         """The trail after an event of its request (other than its REQUEST_READY)."""
@@ -179,8 +182,17 @@ class Trail:
         elif state in ("finished", "withdrawn"):
             self.finished = t
 
+    def on_decision(self, seq: int, action: str) -> None:
+        """Decision `seq` admitted, preempted or held (`hold`) this request."""
+        if action == "hold":
+            self.held += 1
+            self.last_held = seq
+        else:
+            self.decisions.append((seq, action))
+
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "stage": self.stage, "agent": self.agent, "state": self.state,
                 "ready": self.ready, "admitted": self.admitted, "finished": self.finished,
                 "preemptions": self.preemptions, "retractions": self.retractions,
-                "decisions": [{"seq": seq, "action": a} for seq, a in self.decisions]}
+                "decisions": [{"seq": seq, "action": a} for seq, a in self.decisions],
+                "held": self.held, "last_held": self.last_held}

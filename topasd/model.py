@@ -709,6 +709,9 @@ class Decision:
     # ask for a scheduling point at this engine time even if no event comes then
     # (a policy's own timer: a predicted tool return); None: nothing asked
     wake_at: float | None = None
+    # waiting requests the policy left out of W_t (TOPAS's `lot_size` and
+    # `phases`, topasd/scheduler/lots.py): why they waited while others ran
+    held: tuple[int, ...] = ()
     candidates: Sequence[Candidate] = ()
     chosen: int | None = None
     wall_ms: float = 0.0

@@ -97,7 +97,7 @@ class TaskScreen(Screen[None]):
             reqs.add_row(str(r.id), r.stage, r.agent, r.state, _t(r.ready), _t(r.admitted),
                          secs(queued, 2), _t(r.finished), hit, key=str(r.id))
         for seq, action, r in detail.decisions():
-            style = "red" if action == "preempt" else "green"
+            style = {"preempt": "red", "admit": "green"}.get(action, "yellow")
             decisions.add_row(f"#{seq}", Text(action, style=style), str(r.id), r.stage,
                               key=f"{seq}:{r.id}")
 

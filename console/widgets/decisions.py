@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
@@ -66,15 +67,28 @@ def winner_phrase(detail: DecisionDetail) -> Text | None:
     return text
 
 
+def held_phrase(detail: DecisionDetail) -> Text | None:
+    """'  held 7: r1 ×4, r3 ×3': the requests the decision left out of W_t
+    (TOPAS's `phases` and `lot_size`), counted by agent."""
+    if not detail.held:
+        return None
+    agents = Counter(detail.requests.get(rid, (None, "?", "?"))[2] for rid in detail.held)
+    by_agent = ", ".join(f"{a} ×{n}" for a, n in sorted(agents.items()))
+    return Text("  ") + Text(f"held {len(detail.held)}", style="bold yellow") + Text(
+        f": {strip_control_codes(by_agent)}")
+
+
 Run = tuple[str, str]  # (text, style)
 
 
 def action_runs(d: DecisionRow, width: int = ACTIONS_WIDTH) -> list[Run]:
     """'+3 −1 ⇣C ⇡A' (admitted, preempted, prefixes evicted and loaded) as runs
-    of text. Evictions come before loads; past `width` cells the prefixes are
-    counted ('⇣2 ⇡5'), so a full column never hides an eviction."""
+    of text, then 'held 4' (requests left out of W_t). Evictions come before
+    loads; past `width` cells the prefixes are counted ('⇣2 ⇡5'), so a full
+    column never hides an eviction."""
+    held: list[Run] = [(f" held {d.n_held}", "yellow")] if d.n_held else []
     if d.noop:
-        return [("no-op", "grey50")]
+        return [("no-op", "grey50"), *held]
     runs: list[Run] = []
     for n, sign, style in ((len(d.admit), "+", "green"), (len(d.preempt), "−", "red")):
         if n:
@@ -87,7 +101,7 @@ def action_runs(d: DecisionRow, width: int = ACTIONS_WIDTH) -> list[Run]:
         runs += [(strip_control_codes(f"{arrow}{a} "), style) for a in names]
     if d.blocked:
         runs.append(("blocked", "yellow"))
-    return runs
+    return runs + held
 
 
 def actions(d: DecisionRow, width: int = ACTIONS_WIDTH) -> Text:
@@ -462,6 +476,9 @@ class DecisionDetailView(Vertical):
                 ("loaded", ids(list(d.load), 8), "cyan"))):
             phrases.append(Text("  " if i else "") + Text(f"{label} ", style=f"bold {style}")
                            + Text(values))
+        held = held_phrase(detail)
+        if held is not None:
+            phrases.append(held)
         wins = winner_phrase(detail)
         if wins is not None:
             phrases.append(wins)

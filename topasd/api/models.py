@@ -268,6 +268,10 @@ class RequestTrail(BaseModel):
     preemptions: int = Field(description="By the policy (each by a decision listed).")
     retractions: int = Field(description="By the engine (out of KV).")
     decisions: list[TrailDecision]
+    held: int = Field(0, description="How many decisions left it out of the waiting queue "
+                      "they weighed (TOPAS's `phases` and `lot_size`: its agent's turn had "
+                      "not come).")
+    last_held: int | None = Field(None, description="The latest of those decisions.")
 
 
 class TaskDetail(TaskInfo):
@@ -352,6 +356,8 @@ class DecisionDetail(BaseModel):
     wall_ms: float = Field(description="The policy's wall time for this decision.")
     n_candidates: int = Field(description="How many candidates the policy generated.")
     chosen: int | None = Field(description="`idx` of the chosen candidate (baselines: none).")
+    held: list[int] = Field([], description="Waiting requests it left out of the queue it "
+                            "weighed (TOPAS's `phases` and `lot_size`).")
     params_version: int
     requests: dict[str, DecisionRequest] = Field(
         description="The admitted and preempted requests by id: their task, stage and agent.")

@@ -32,6 +32,7 @@ class DecisionSummary:
     n_candidates: int
     terms: ScoreTerms | None  # the chosen candidate's (baselines choose none)
     params_version: int
+    n_held: int = 0  # waiting requests left out of W_t (`Decision.held`)
 
     @staticmethod
     def of(d: Decision, params_version: int) -> DecisionSummary:
@@ -39,7 +40,7 @@ class DecisionSummary:
         return DecisionSummary(d.seq, d.t, d.policy, tuple(d.admit), tuple(d.preempt),
                                tuple(d.load), tuple(d.evict), d.blocked, d.wall_ms,
                                len(d.candidates), None if chosen is None else chosen.terms,
-                               params_version)
+                               params_version, len(d.held))
 
     def as_dict(self) -> dict[str, Any]:
         tm = self.terms
@@ -49,6 +50,7 @@ class DecisionSummary:
             "noop": not (self.admit or self.preempt or self.load or self.evict),
             "blocked": self.blocked, "wall_ms": self.wall_ms,
             "n_candidates": self.n_candidates, "params_version": self.params_version,
+            "n_held": self.n_held,
             "terms": None if tm is None else {
                 "j_admit": tm.j_admit, "j_move": tm.j_move, "j_redo": tm.j_redo,
                 "j_revoke": tm.j_revoke, "v_reuse": tm.v_reuse, "total": tm.total},

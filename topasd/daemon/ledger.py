@@ -121,13 +121,13 @@ class TaskLedger:
             trail.after(ev.kind, ev.t)
 
     def on_decision(self, d: Decision) -> None:
-        """The decisions that admitted or preempted each request."""
-        for action, ids in (("admit", d.admit), ("preempt", d.preempt)):
+        """The decisions that admitted, preempted or held each request."""
+        for action, ids in (("admit", d.admit), ("preempt", d.preempt), ("hold", d.held)):
             for rid in ids:
                 task = self._task_of.get(rid)
                 trail = None if task is None else self.trails.get(task, {}).get(rid)
                 if trail is not None:
-                    trail.decisions.append((d.seq, action))
+                    trail.on_decision(d.seq, action)
 
     # ------------------------------------------------------------ lookups
 

@@ -52,7 +52,7 @@ class Recorder:
 
     def decision(self, d: Decision) -> None:
         self._logged(self.store.decision, d)
-        named = {rid: self._requests[rid] for rid in (*d.admit, *d.preempt)
+        named = {rid: self._requests[rid] for rid in (*d.admit, *d.preempt, *d.held)
                  if rid in self._requests}
         with self._details_lock:
             self._details[d.seq] = (d, self._version(), named)
@@ -99,7 +99,8 @@ class Recorder:
             "preempt": list(d.preempt), "load": list(d.load), "evict": list(d.evict),
             "noop": d.is_noop, "blocked": d.blocked, "retry": d.retry,
             "reservation": str(d.reservation), "wall_ms": d.wall_ms,
-            "n_candidates": len(d.candidates), "chosen": d.chosen, "params_version": version,
+            "n_candidates": len(d.candidates), "chosen": d.chosen, "held": list(d.held),
+            "params_version": version,
             "requests": {str(rid): info for rid, info in named.items()},
             "candidates": [candidate_dict(i, d.candidates[i], i == d.chosen) for i in keep],
         }

@@ -179,7 +179,7 @@ class TopasPolicy:
             view = replace(view, waiting=tuple(r for r in view.waiting if r.id not in held))
         search = _Search(self, view, paths, running)
         states = search.run()
-        return self.decision(view, search, states, _best(states))
+        return self.decision(view, search, states, _best(states), held)
 
     def has_slack(self) -> bool:
         """`final_reserve`: whether fewer requests have waited than that
@@ -223,10 +223,11 @@ class TopasPolicy:
                 for r in view.waiting if r.id in held}
 
     def decision(self, view: EngineView, search: _Search, states: list[_State],
-                 chosen: int) -> Decision:
+                 chosen: int, held: frozenset[int] = frozenset()) -> Decision:
         """The decision that takes `states[chosen]` of `search` on `view`: its
         admissions, preemptions, loads and evictions, with every candidate
-        logged; the search's memos and the state's credits (Eq. 10) are kept."""
+        logged and the requests `held` out of W_t; the search's memos and the
+        state's credits (Eq. 10) are kept."""
         self.cut_memo = search.cuts_kept  # the other tasks' entries are dropped
         self.longest_memo = (view.costs, search.longests)  # the requests it read
         state = states[chosen]
@@ -241,6 +242,7 @@ class TopasPolicy:
             load=tuple(sorted(state.resident - search.gpu)),
             evict=evict + search.context_drops(state, evict) if view.contexts else evict,
             reservation=reservation(self.params.reservation),
+            held=tuple(sorted(held)),
             candidates=CandidateLog(states),
             chosen=chosen,
         )
