@@ -37,7 +37,7 @@ def admit_in_order(view: EngineView, order: Sequence[Request], policy: str) -> D
     if view.batch_is_full or not order:
         return Decision(view.t, policy, reservation=Reservation.OPTIMISTIC,
                         blocked=view.batch_is_full)
-    gpu = {a for a, p in view.prefixes.items() if p.on_gpu}
+    gpu = set(view.gpu_prefixes())
     locked = {r.agent for r in view.running}
     used, held = committed(view)
     cached = set(view.cached_contexts())  # copies on the GPU: not prefilled again
@@ -88,7 +88,7 @@ def committed(view: EngineView) -> tuple[float, dict[str, int]]:
     running requests' reservations, and the copies held (by running requests,
     each once, or loading back ahead of any holder); and those copies (key ->
     tokens), which an admitted request holding one adds nothing for."""
-    used: float = sum(p.tokens for p in view.prefixes.values() if p.on_gpu)
+    used: float = sum(view.prefix_tokens(a) for a in view.gpu_prefixes())
     used += sum(r.demand(view.new_token_ratio) for r in view.running)
     held = shared_kv(view.running)  # shared segments locked: each copy counted once
     for key, c in view.contexts.items():
