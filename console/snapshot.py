@@ -169,8 +169,8 @@ class DecisionDetail:
     chosen: int | None
     candidates: tuple[CandidateRow, ...]
     note: str = ""  # e.g. how many candidates were logged
-    requests: Mapping[int, tuple[int | None, str, str]] = field(default_factory=dict)
     # the admitted, preempted and held requests: (task, stage, agent)
+    requests: Mapping[int, tuple[int | None, str, str]] = field(default_factory=dict)
     held: tuple[int, ...] = ()  # the waiting requests it left out of W_t
 
     def named(self, rid: int) -> str:
@@ -221,10 +221,10 @@ class TaskDetail:
 
     def decisions(self) -> list[tuple[int, str, TrailRow]]:
         """Every (decision, action, request) of its requests, by decision; a
-        request that was held is listed once, at the latest decision that
-        held it ('held ×N')."""
+        request that was held is listed once, as `hold` at the latest decision
+        that held it (`TrailRow.held` says how many did)."""
         rows = [(seq, action, r) for r in self.requests or () for seq, action in r.decisions]
-        rows += [(r.last_held, f"held ×{r.held}", r) for r in self.requests or ()
+        rows += [(r.last_held, "hold", r) for r in self.requests or ()
                  if r.held and r.last_held is not None]
         return sorted(rows, key=lambda x: (x[0], x[2].id))
 

@@ -30,7 +30,7 @@ from console.snapshot import (
 )
 from store import Store
 from store import queries as q
-from topasd.model import TopasError
+from topasd.model import DECISION_REQUESTS, TopasError
 
 STATE_LIMIT = 2000  # tasks (and requests per agent) asked of /v1/state
 
@@ -256,7 +256,7 @@ class ReplaySource:
         row = q.decision_row(self.store.db, self.run.id, seq)
         cands = q.candidates(self.store.db, self.run.id, seq)
         policy, _ = q.params_at(self.store.db, self.run, float(row["t"]), seq)
-        ids = [*(row.get("admit") or ()), *(row.get("preempt") or ()), *(row.get("held") or ())]
+        ids = [rid for f in DECISION_REQUESTS for rid in row.get(f) or ()]
         return detail_from_store(row, cands, policy, q.request_names(self.store.db,
                                                                      self.run.id, ids))
 

@@ -123,6 +123,8 @@ _JSON: dict[tuple[Any, ...], str] = {}
 
 def _list(values: tuple[Any, ...]) -> str:
     """JSON text of a tuple, memoised (resident sets and id lists repeat a lot)."""
+    if len(values) > 32:  # long lists (a backlog's holds) rarely repeat: not kept
+        return json.dumps(values, separators=(",", ":"))
     text = _JSON.get(values)
     if text is None:
         if len(_JSON) > 200_000:

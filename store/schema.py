@@ -39,7 +39,7 @@ clock, `*_ts` unix wall time):
 - `param_changes`: id, run_id, t, wall_ts, name, old/new (JSON), source,
   from_decision (the first decision `seq` it applies to).
 
-Views (m005, `store.views`) answer the common questions in one `SELECT`
+Views (m005, again in m006; `store.views`) answer the common questions in one `SELECT`
 with plain columns (no JSON to unpack): `decision_actions`,
 `preemption_log`, `request_log`, `task_log` (docs/decision-log.md).
 
@@ -136,11 +136,10 @@ def m005_preempt_decision(db: Database) -> None:
 @migration
 def m006_decision_held(db: Database) -> None:
     """`decisions.held` and `n_held`: the waiting requests the policy left
-    out of W_t (TOPAS's `lot_size` and `phases`); NULL and 0 in older logs
-    and where nothing was held. The views of `store.views` again
-    (`decision_actions` lists them as `hold`)."""
+    out of W_t (TOPAS's `lot_size` and `phases`); NULL where nothing was
+    held (`n_held` 0), and both NULL in older logs. The views of
+    `store.views` again (`decision_actions` lists them as `hold`)."""
     _add_columns(db, m006_decision_held.__name__)
-    db.execute("UPDATE decisions SET n_held = 0")
     _create_views(db)
 
 

@@ -16,15 +16,21 @@ from sqlite_utils import Database
 
 from backends.sim.engine import SimBackend
 from console.app import ConsoleApp
-from console.snapshot import detail_from_store, task_from_api
+from console.snapshot import DecisionRow, detail_from_store, task_from_api
 from console.sources import ReplaySource
-from console.widgets.decisions import DecisionDetailView, action_runs, held_phrase
+from console.widgets.decisions import (
+    ACTIONS_WIDTH,
+    DecisionDetailView,
+    action_runs,
+    fit_runs,
+    held_phrase,
+)
 from store import Store
 from store import queries as q
 from store.schema import MIGRATIONS, migrate
 from topasd.model import Decision, EngineView
 from topasd.profiles import DEFAULT_PROFILE, get_profile
-from topasd.runner import Run
+from topasd.runner import Run, RunInfo
 from topasd.scheduler.params import TopasParams
 from topasd.scheduler.topas import TopasPolicy
 from workflows.generator import case_trace, draw_workload
@@ -100,8 +106,8 @@ def test_a_request_trail_counts_the_decisions_that_held_it(run: tuple[Recording,
     assert (trail["held"], trail["last_held"]) == (len(seqs), max(seqs))
     assert all(d["action"] in ("admit", "preempt") for d in trail["decisions"])
     detail = task_from_api(answer)
-    assert (max(seqs), f"held ×{len(seqs)}") in [(s, a) for s, a, r in detail.decisions()
-                                                   if r.id == rid]
+    assert (max(seqs), "hold", len(seqs)) in [(s, a, r.held) for s, a, r in detail.decisions()
+                                               if r.id == rid]
 
 
 def test_the_console_names_what_a_decision_held(run: tuple[Recording, Path]) -> None:
@@ -119,7 +125,7 @@ def test_the_console_names_what_a_decision_held(run: tuple[Recording, Path]) -> 
     agents = {db.execute("SELECT agent FROM requests WHERE request_id = ?", [rid]).fetchone()[0]
               for rid in d.held}
     assert all(f"{a} ×" in phrase.plain for a in agents)
-    assert (f" held {len(d.held)}", "yellow") in action_runs(detail.row)
+    assert (f"h{len(d.held)}", "yellow") in action_runs(detail.row)
 
 
 def test_a_log_from_before_holds_reads_as_none_held(tmp_path: Path) -> None:
@@ -132,7 +138,7 @@ def test_a_log_from_before_holds_reads_as_none_held(tmp_path: Path) -> None:
                             "preempt": "[]", "load": "[]", "evict": "[]"})
     assert migrate(db) == ["m006_decision_held"]
     row = q.decision_row(db, 1, 1)
-    assert (row["held"], row["n_held"], row["admit"]) == (None, 0, [7])
+    assert (row["held"], row["n_held"], row["admit"]) == (None, None, [7])
     assert [r["action"] for r in db.query("SELECT action FROM decision_actions")] == ["admit"]
 
 
@@ -159,3 +165,33 @@ def test_the_console_replay_shows_the_holds_of_a_decision(run: tuple[Recording, 
     asyncio.run(main())
     assert f"held {len(held)}:" in out["summary"]
     assert all(f"{a} ×" in out["summary"] for a in agents)
+
+
+def test_a_no_op_that_only_held_is_a_compact_row_that_keeps_its_holds(tmp_path: Path
+                                                                       ) -> None:
+    store = Store(tmp_path / "compact.db")
+    sink = store.sink("all")
+    sink.run_started(RunInfo("topas", "sim", "small", {}, "chain3", 1, {}))
+    sink.decision(Decision(0.5, "topas", held=(3, 5)))  # no action, no candidate
+    sink.decision(Decision(1.0, "topas"))
+    sink.run_finished(None, None)
+    store.close()
+    with sqlite3.connect(tmp_path / "compact.db") as conn:
+        rows = conn.execute("SELECT seq, noop, admit, held, n_held FROM decisions "
+                            "ORDER BY seq").fetchall()
+        holds = conn.execute("SELECT decision, request_id FROM decision_actions "
+                             "WHERE action = 'hold'").fetchall()
+    assert rows == [(1, 1, None, "[3,5]", 2), (2, 1, None, None, 0)]  # compact: no lists
+    assert holds == [(1, 3), (1, 5)]
+
+
+def test_the_feed_shows_the_holds_however_full_the_actions_are() -> None:
+    row = DecisionRow(seq=1, t=0.0, admit=(1, 2), preempt=(), load=("planner",),
+                      evict=("reviewer",), blocked=True, wall_ms=0.1, n_candidates=3,
+                      total=1.0, n_held=123)
+    shown = "".join(t for t, _ in fit_runs(action_runs(row), ACTIONS_WIDTH))
+    assert "h123" in shown and "⇣1" in shown  # prefixes counted to make room
+    assert "  " not in shown
+    idle = DecisionRow(seq=2, t=0.0, admit=(), preempt=(), load=(), evict=(), blocked=False,
+                       wall_ms=0.1, n_candidates=0, total=None, n_held=7)
+    assert "".join(t for t, _ in action_runs(idle)) == "no-op h7"

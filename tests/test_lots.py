@@ -21,7 +21,6 @@ from topasd.scheduler.lots import (
     unripe_lots,
 )
 from topasd.scheduler.params import TopasParams
-from topasd.scheduler.residual import running_by_task
 from topasd.scheduler.topas import TopasPolicy
 from workflows.generator import case_trace, draw_workload
 
@@ -154,7 +153,7 @@ def test_a_hold_lasts_at_most_its_tasks_remaining_path() -> None:
     policy = TopasPolicy(TopasParams(phases=1.0))
     v = _started(_backlog(t=1.0))
     paths = policy.task_paths(v)
-    patience = policy.patience(v, paths, frozenset({LAST}), running_by_task(v.running))[LAST]
+    patience = policy.patience(v, paths, frozenset({LAST}))[LAST]
     # task 7 is at its last stage: what it still has to do is less than a fresh chain
     assert 0 < patience < policy.fresh_paths(v, paths)["chain"]
     assert policy.unripe(_started(_backlog(t=0.9 * patience))) == {LAST}

@@ -693,6 +693,9 @@ class Candidate:
     terms: ScoreTerms = field(default_factory=ScoreTerms)
 
 
+DECISION_REQUESTS = ("admit", "preempt", "held")  # `Decision`'s fields that list request ids
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The target state as actions, plus every candidate considered (for the log)."""

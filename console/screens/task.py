@@ -98,7 +98,8 @@ class TaskScreen(Screen[None]):
                          secs(queued, 2), _t(r.finished), hit, key=str(r.id))
         for seq, action, r in detail.decisions():
             style = {"preempt": "red", "admit": "green"}.get(action, "yellow")
-            decisions.add_row(f"#{seq}", Text(action, style=style), str(r.id), r.stage,
+            label = f"held ×{r.held}" if action == "hold" else action
+            decisions.add_row(f"#{seq}", Text(label, style=style), str(r.id), r.stage,
                               key=f"{seq}:{r.id}")
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -82,26 +82,28 @@ Run = tuple[str, str]  # (text, style)
 
 
 def action_runs(d: DecisionRow, width: int = ACTIONS_WIDTH) -> list[Run]:
-    """'+3 −1 ⇣C ⇡A' (admitted, preempted, prefixes evicted and loaded) as runs
-    of text, then 'held 4' (requests left out of W_t). Evictions come before
-    loads; past `width` cells the prefixes are counted ('⇣2 ⇡5'), so a full
-    column never hides an eviction."""
-    held: list[Run] = [(f" held {d.n_held}", "yellow")] if d.n_held else []
+    """'+3 −1 ⇣C ⇡A h4' (admitted, preempted, prefixes evicted and loaded,
+    requests held out of W_t) as runs of text. Evictions come before loads;
+    past `width` cells the prefixes are counted ('⇣2 ⇡5'), so a full column
+    never hides an eviction nor the holds."""
+    held = f"h{d.n_held}" if d.n_held else ""
     if d.noop:
-        return [("no-op", "grey50"), *held]
+        return [("no-op ", "grey50"), (held, "yellow")] if held else [("no-op", "grey50")]
     runs: list[Run] = []
     for n, sign, style in ((len(d.admit), "+", "green"), (len(d.preempt), "−", "red")):
         if n:
             runs.append((f"{sign}{n} ", style))
-    named = sum(len(a) + 2 for a in (*d.evict, *d.load))
+    named = sum(len(a) + 2 for a in (*d.evict, *d.load)) + len(held)
     for names, arrow, style in ((d.evict, "⇣", "magenta"), (d.load, "⇡", "cyan")):
         if names and sum(cell_len(t) for t, _ in runs) + named > width:
             runs.append((f"{arrow}{len(names)} ", style))
             continue
         runs += [(strip_control_codes(f"{arrow}{a} "), style) for a in names]
+    if held:  # before `blocked`, which the width may cut
+        runs.append((held + " " if d.blocked else held, "yellow"))
     if d.blocked:
         runs.append(("blocked", "yellow"))
-    return runs + held
+    return runs
 
 
 def actions(d: DecisionRow, width: int = ACTIONS_WIDTH) -> Text:

@@ -360,7 +360,8 @@ class DecisionDetail(BaseModel):
                             "weighed (TOPAS's `phases` and `lot_size`).")
     params_version: int
     requests: dict[str, DecisionRequest] = Field(
-        description="The admitted and preempted requests by id: their task, stage and agent.")
+        description="The admitted, preempted and held requests by id: their task, stage and "
+        "agent.")
     candidates: list[CandidateInfo]
 
 

@@ -12,7 +12,7 @@ from store import StoreError, StoreSink
 from topasd.daemon.bus import DecisionSummary, EventBus
 from topasd.daemon.ledger import TaskLedger
 from topasd.daemon.metrics import Metrics
-from topasd.model import Candidate, Decision, EngineEvent, EventKind
+from topasd.model import DECISION_REQUESTS, Candidate, Decision, EngineEvent, EventKind
 from topasd.scheduler.residual import ServiceModel
 
 RECENT_DECISIONS = 50
@@ -52,7 +52,7 @@ class Recorder:
 
     def decision(self, d: Decision) -> None:
         self._logged(self.store.decision, d)
-        named = {rid: self._requests[rid] for rid in (*d.admit, *d.preempt, *d.held)
+        named = {rid: self._requests[rid] for f in DECISION_REQUESTS for rid in getattr(d, f)
                  if rid in self._requests}
         with self._details_lock:
             self._details[d.seq] = (d, self._version(), named)

@@ -207,17 +207,17 @@ class TopasPolicy:
             return held
         paths = paths if paths is not None else self.task_paths(view)
         means = self.mean_jcts({r.workflow for r in view.waiting})
-        running = running if running is not None else running_by_task(view.running)
         return held - never_held(view, self.params.overdue, means,
                                  self.patience(view, paths, held, running))
 
     def patience(self, view: EngineView, paths: TaskPaths, held: frozenset[int],
-                 running: RunningByTask) -> dict[int, float]:
+                 running: RunningByTask | None = None) -> dict[int, float]:
         """How long each of the `held` requests may wait since it entered the
         queue: its task's expected remaining path L_hat_i (Eq. 5), at most
         its workflow's expected fresh path (one wait is held no longer than
-        what its task still has to do)."""
+        what its task still has to do; `running`: Q_t by task, if built)."""
         fresh = self.fresh_paths(view, paths)
+        running = running if running is not None else running_by_task(view.running)
         return {r.id: min(fresh[r.workflow],
                           paths.lhat(view.tasks[r.task_id], running.get(r.task_id, {}), ()))
                 for r in view.waiting if r.id in held}
@@ -1703,7 +1703,7 @@ class _Reservation:
         self.t_star = self.spare = math.inf
         self.used = 0.0
 
-    def hold(self, at: tuple[float, float]) -> None:
+    def reserve(self, at: tuple[float, float]) -> None:
         """Reserve the head's room: `at` is (t*, spare)."""
         self.t_star, self.spare = at
 
@@ -1779,7 +1779,7 @@ class _Filler:
             return
         free = self.limit - self.used - self.reserved
         need = s.d[head.id] + s.ell[head.agent]
-        self.final.hold((0.0, free - need) if need <= free
+        self.final.reserve((0.0, free - need) if need <= free
                         else s.head_reservation(self.pack.resident, free, need))
         self.head_g = s.g.get(head.task_id, 1.0)  # until `_past_misfit` finds a head in R
 
@@ -1836,7 +1836,7 @@ class _Filler:
             free = self.limit - self.used - self.reserved
             # less free KV and a larger need than a head that never got room: nor does this
             if free > self.no_head[0] or need < self.no_head[1]:
-                self.head.hold(s.head_reservation(self.pack.resident, free, need))
+                self.head.reserve(s.head_reservation(self.pack.resident, free, need))
                 self.head_g = head_g
                 self.no_head = (free, need)
         if self.headroom and self.limit == s.budget:
