@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -276,3 +277,17 @@ def test_recent_decisions_are_the_newest_ones_up_to_the_limit(tmp_path: Path) ->
     for got, row in zip(st["recent_decisions"], rows, strict=True):
         assert got["t"] == row["t"] and got["admit"] == (row["admit"] or [])
         assert got["load"] == (row["load"] or []) and got["evict"] == (row["evict"] or [])
+
+
+def test_a_decisions_holds_reach_its_detail_its_event_and_the_gauge() -> None:
+    """The recorder passes `Decision.held` on: the detail lists them, the
+    decision event counts them, and `Metrics.held` (`topasd_requests_held`)
+    is the last decision's count."""
+    bus, metrics = EventBus(), Metrics()
+    rec = Recorder(_Sink(), bus, metrics, lambda: 0)  # type: ignore[arg-type]
+    rec.decision(replace(_hand_built(chosen=1), held=(40, 41, 42)))
+    detail = rec.detail(17, 0)
+    assert detail is not None and detail["held"] == [40, 41, 42]
+    assert rec.recent[-1].as_dict()["n_held"] == 3 and metrics.held == 3
+    rec.decision(replace(_hand_built(chosen=1), seq=18))
+    assert rec.recent[-1].as_dict()["n_held"] == 0 and metrics.held == 0

@@ -100,6 +100,9 @@ def test_a_held_requests_trail_and_decision_say_it_was_held(tmp_path: Path) -> N
             assert r["id"] in detail["held"] and r["id"] not in detail["admit"]
             assert detail["requests"][str(r["id"])]["stage"] == r["stage"]
         recent = d.http.get("/v1/state").json()["recent_decisions"]
+        gauge = next(line for line in d.http.get("/metrics").text.splitlines()
+                     if line.startswith("topasd_requests_held "))
+        assert float(gauge.split()[1]) == recent[-1]["n_held"]  # the run is over: no decision
         assert d.stop() == 0  # every decision is in the log once the daemon stopped
     for r in trails:
         stored = [x["decision"] for x in rows(

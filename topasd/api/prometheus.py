@@ -165,6 +165,8 @@ def _engine(svc: Service) -> Iterator[Metric]:
                  sum(m.on_gpu.copy().values()))
     yield _gauge("topasd_tasks_in_flight", "Tasks arrived and not finished.",
                  m.tasks_in_flight)
+    yield _gauge("topasd_requests_held", "Waiting requests the last decision left out of "
+                 "the queue it weighed (TOPAS's phases and lot_size).", m.held)
     yield _gauge("topasd_engine_time_seconds", "The engine's (virtual) clock.", m.t)
     yield _gauge("topasd_params_version", "Live parameter version.", svc.params_version)
     yield _gauge("topasd_ready", "1 while the engine admits work.", int(svc.ready))

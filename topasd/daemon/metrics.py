@@ -126,6 +126,7 @@ class Metrics:
         self.prefix_cache: dict[tuple[str, str], int] = {}  # (workflow, queries|hits)
         self.decision_latency = Histogram(DECISION_BUCKETS)
         self.decisions = 0
+        self.held = 0  # requests the last decision held out of W_t (`Decision.held`)
         self.param_changes = 0
         self.abandoned = 0
         self.pump_wall_s = 0.0
@@ -257,9 +258,10 @@ class Metrics:
         p = self._prefixes.get(agent)
         return Location.NONE if p is None else p.location
 
-    def decision(self, wall_ms: float) -> None:
+    def decision(self, wall_ms: float, held: int = 0) -> None:
         self.decisions += 1
         self.decision_latency.observe(wall_ms / 1e3)
+        self.held = held
 
     @property
     def tasks_in_flight(self) -> int:

@@ -61,7 +61,7 @@ class Recorder:
         summary = DecisionSummary.of(d, self._version())
         self.recent.append(summary)
         self.bus.put("decision", summary)
-        self.metrics.decision(d.wall_ms)
+        self.metrics.decision(d.wall_ms, len(d.held))
         if self.ledger is not None:
             self.ledger.on_decision(d)
 
