@@ -10,7 +10,8 @@ on a seconds axis (not the date-only timeline helper):
   end, stacked in as many rows as were in the engine at once: orange dotted
   while it waited in the queue (ready -> admitted, again after a preemption;
   a request never admitted waits to the end of the log, so a lane with
-  waiting work never reads as idle), grey hatched from admission to its
+  waiting work never reads as idle; the hover counts the decisions that held
+  it out of W_t, TOPAS's `phases` and `lot_size`), grey hatched from admission to its
   first prefill chunk (waiting for its prefix or the prefill queue),
   crosshatched from start to prefill end when the backend reports one, then
   solid (service), coloured by task. Red x: preempted by the policy,
@@ -42,6 +43,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -297,12 +299,14 @@ class _Requests:
     segs: list[q.Segment]
     waits: list[q.Wait]
     marks: dict[tuple[int, float], q.Mark]
+    holds: dict[int, list[float]]  # the times of the decisions that held each request
 
     @staticmethod
     def of(store: Store, run_id: int) -> _Requests:
         db = store.db
         return _Requests(q.request_segments(db, run_id), q.request_waits(db, run_id),
-                         {(m.request_id or 0, m.t): m for m in q.preemptions(db, run_id)})
+                         {(m.request_id or 0, m.t): m for m in q.preemptions(db, run_id)},
+                         q.request_holds(db, run_id))
 
     def lanes(self, key: Any) -> dict[Any, tuple[list[q.Segment], list[q.Wait]]]:
         """Segments and waits by lane (`key` of a segment or wait; None: none)."""
@@ -329,7 +333,8 @@ class _Requests:
         rows, n = _slots([(lives[r][0], lives[r][1]) for r in order])
         h = band / n
         y_of = {rid: top + k * h for rid, k in zip(order, rows, strict=True)}
-        bars = [_Bar("queued", y_of[w.request_id], h * 0.9, w.start, w.end, _wait_hover(w))
+        bars = [_Bar("queued", y_of[w.request_id], h * 0.9, w.start, w.end,
+                     _wait_hover(w, self.holds.get(w.request_id, ())))
                 for w in waits if w.end > w.start or w.end_kind == "open"]
         marks: list[_Mark] = []
         for s in segs:
@@ -476,13 +481,18 @@ def _seg_hover(s: q.Segment, mark: q.Mark | None = None) -> str:
     return "<br>".join(lines)
 
 
-def _wait_hover(w: q.Wait) -> str:
+def _wait_hover(w: q.Wait, holds: Sequence[float] = ()) -> str:
+    """A stay in the queue, and how many decisions in it held the request out
+    of W_t (`holds`: their times, ascending)."""
     since = {"ready": "ready", "preempt": "preempted", "retract": "retracted"}[w.after]
     until = {"admit": "admitted", "withdraw": "withdrawn (its client went away)",
              "open": "still waiting at the end of the log"}.get(w.end_kind, w.end_kind)
+    held = bisect_right(holds, w.end) - bisect_left(holds, w.start)
+    why = (f"<br>held out of the queue by {held} decision{'s' if held != 1 else ''} "
+           "(phases / lot_size: its agent's turn had not come)") if held else ""
     return (f"<b>request {w.request_id}</b> queued {w.end - w.start:.3f} s<br>"
             f"task {w.task_id}, stage {_esc(w.stage)}, agent {_esc(w.agent)}<br>"
-            f"{since} {w.start:.3f} s → {until} {w.end:.3f} s")
+            f"{since} {w.start:.3f} s → {until} {w.end:.3f} s{why}")
 
 
 def _slots(spans: Sequence[tuple[float, float]]) -> tuple[list[int], int]:

@@ -288,6 +288,16 @@ def request_waits(db: Database, run_id: int) -> list[Wait]:
     return out
 
 
+def request_holds(db: Database, run_id: int) -> dict[int, list[float]]:
+    """The times of the decisions that held each request out of W_t
+    (`decisions.held`: TOPAS's `phases` and `lot_size`), ascending."""
+    out: dict[int, list[float]] = {}
+    for rid, t in db.execute("SELECT request_id, t FROM decision_actions WHERE run_id = ? "
+                             "AND action = 'hold' ORDER BY t, decision", [run_id]):
+        out.setdefault(rid, []).append(t)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Mark:
     """A preemption (by the policy, with its decision and the totals of the

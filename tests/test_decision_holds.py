@@ -16,6 +16,7 @@ from sqlite_utils import Database
 
 from backends.sim.engine import SimBackend
 from console.app import ConsoleApp
+from console.gantt import build_gantt
 from console.snapshot import DecisionRow, detail_from_store, task_from_api
 from console.sources import ReplaySource
 from console.widgets.decisions import (
@@ -195,3 +196,26 @@ def test_the_feed_shows_the_holds_however_full_the_actions_are() -> None:
     idle = DecisionRow(seq=2, t=0.0, admit=(), preempt=(), load=(), evict=(), blocked=False,
                        wall_ms=0.1, n_candidates=0, total=None, n_held=7)
     assert "".join(t for t, _ in action_runs(idle)) == "no-op h7"
+
+
+def test_the_gantt_chart_says_how_often_a_queued_request_was_held(
+        run: tuple[Recording, Path]) -> None:
+    """Each queued bar's hover counts the decisions inside that stay that held
+    its request, as the log lists them."""
+    _, path = run
+    with Store(path) as store:
+        g = build_gantt(store, view="agents", max_bars=100_000)
+        holds = q.request_holds(store.db, 1)
+        waits = {(w.request_id, w.start): w for w in q.request_waits(store.db, 1)}
+    assert g.mode == "detailed"
+    said = 0
+    for trace in g.figure.data:
+        if trace.meta != "queued":
+            continue
+        for start, hover in zip(trace.base, trace.hovertext, strict=True):
+            rid = int(hover.split("request ")[1].split("<")[0])
+            w = waits[(rid, start)]
+            n = sum(w.start <= t <= w.end for t in holds.get(rid, ()))
+            assert (f"held out of the queue by {n} decision" in hover) == (n > 0)
+            said += n > 0
+    assert said >= 5  # the burst holds: the test means it
