@@ -481,7 +481,7 @@ def _seg_hover(s: q.Segment, mark: q.Mark | None = None) -> str:
     return "<br>".join(lines)
 
 
-def _wait_hover(w: q.Wait, holds: Sequence[float] = ()) -> str:
+def _wait_hover(w: q.Wait, holds: Sequence[float]) -> str:
     """A stay in the queue, and how many decisions in it held the request out
     of W_t (`holds`: their times, ascending)."""
     since = {"ready": "ready", "preempt": "preempted", "retract": "retracted"}[w.after]

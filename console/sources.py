@@ -256,7 +256,7 @@ class ReplaySource:
         row = q.decision_row(self.store.db, self.run.id, seq)
         cands = q.candidates(self.store.db, self.run.id, seq)
         policy, _ = q.params_at(self.store.db, self.run, float(row["t"]), seq)
-        ids = [rid for f in DECISION_REQUESTS for rid in row.get(f) or ()]
+        ids = [rid for f in DECISION_REQUESTS.values() for rid in row.get(f) or ()]
         return detail_from_store(row, cands, policy, q.request_names(self.store.db,
                                                                      self.run.id, ids))
 

@@ -292,9 +292,9 @@ def request_holds(db: Database, run_id: int) -> dict[int, list[float]]:
     """The times of the decisions that held each request out of W_t
     (`decisions.held`: TOPAS's `phases` and `lot_size`), ascending."""
     out: dict[int, list[float]] = {}
-    for rid, t in db.execute("SELECT request_id, t FROM decision_actions WHERE run_id = ? "
-                             "AND action = 'hold' ORDER BY t, decision", [run_id]):
-        out.setdefault(rid, []).append(t)
+    for rid, t in db.execute("SELECT json_each.value, t FROM decisions, json_each(held) "
+                             "WHERE run_id = ? AND n_held > 0 ORDER BY t, seq", [run_id]):
+        out.setdefault(int(rid), []).append(t)
     return out
 
 

@@ -693,7 +693,9 @@ class Candidate:
     terms: ScoreTerms = field(default_factory=ScoreTerms)
 
 
-DECISION_REQUESTS = ("admit", "preempt", "held")  # `Decision`'s fields that list request ids
+# what a decision did to a request (the log's `decision_actions.action`) -> the
+# `Decision` field (and `decisions` column) that lists those request ids
+DECISION_REQUESTS: Mapping[str, str] = {"admit": "admit", "preempt": "preempt", "hold": "held"}
 
 
 @dataclass(frozen=True, slots=True)

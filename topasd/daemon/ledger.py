@@ -14,7 +14,7 @@ from typing import Any
 from topasd.daemon.calls import remember
 from topasd.daemon.errors import Invalid, NotFound
 from topasd.lifecycle import Trail
-from topasd.model import Decision, EngineEvent, EventKind, TaskView
+from topasd.model import DECISION_REQUESTS, Decision, EngineEvent, EventKind, TaskView
 
 KEEP_FINISHED = 100_000  # finished tasks kept for GET /v1/tasks/{id} and the run summary
 KEEP_TRAILS = 10_000  # tasks whose requests' trails are kept (older: read the store)
@@ -122,8 +122,8 @@ class TaskLedger:
 
     def on_decision(self, d: Decision) -> None:
         """The decisions that admitted, preempted or held each request."""
-        for action, ids in (("admit", d.admit), ("preempt", d.preempt), ("hold", d.held)):
-            for rid in ids:
+        for action, f in DECISION_REQUESTS.items():
+            for rid in getattr(d, f):
                 task = self._task_of.get(rid)
                 trail = None if task is None else self.trails.get(task, {}).get(rid)
                 if trail is not None:

@@ -52,7 +52,8 @@ class Recorder:
 
     def decision(self, d: Decision) -> None:
         self._logged(self.store.decision, d)
-        named = {rid: self._requests[rid] for f in DECISION_REQUESTS for rid in getattr(d, f)
+        named = {rid: self._requests[rid] for f in DECISION_REQUESTS.values()
+                 for rid in getattr(d, f)
                  if rid in self._requests}
         with self._details_lock:
             self._details[d.seq] = (d, self._version(), named)
