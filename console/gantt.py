@@ -489,7 +489,8 @@ def _wait_hover(w: q.Wait, holds: Sequence[float]) -> str:
              "open": "still waiting at the end of the log"}.get(w.end_kind, w.end_kind)
     held = bisect_right(holds, w.end) - bisect_left(holds, w.start)
     why = (f"<br>held out of the queue by {held} decision{'s' if held != 1 else ''} "
-           "(phases / lot_size: its agent's turn had not come)") if held else ""
+           "(phases / lot_size: its agent's turn had not come, or its task was new "
+           "at the end of its agent's phase)") if held else ""
     return (f"<b>request {w.request_id}</b> queued {w.end - w.start:.3f} s<br>"
             f"task {w.task_id}, stage {_esc(w.stage)}, agent {_esc(w.agent)}<br>"
             f"{since} {w.start:.3f} s → {until} {w.end:.3f} s{why}")

@@ -251,6 +251,23 @@ def _mean_jct(completion: dict[int, float], arrivals: list[float]) -> float:
     return sum(completion[i] - arrivals[i] for i in completion) / len(completion)
 
 
+@pytest.mark.parametrize(("arrivals", "batch", "srpt_mean"), [
+    ([0.0, 3.0, 4.0, 6.0, 8.0], 2, 24.8),  # a new task would keep A past its phase
+    ([4.0, 6.0, 9.0, 10.0], 3, 19.5),  # and a preemption would cost A's way back
+])
+def test_topas_ends_a_phase_with_its_started_work(
+        arrivals: list[float], batch: int, srpt_mean: float) -> None:
+    """Once the started tasks' A rounds are done and their B rounds fill B's
+    next batch, a new task's A round waits (`phases`, the phase's end) and no
+    running A round is preempted for a swap its task would then wait a whole
+    B and C phase for (`preempt_exchange`'s reload): TOPAS's mean is SRPT's.
+    Before both, 28.8 and 21.25."""
+    topas, _, _ = run_fig2("topas", arrivals, batch, True)
+    spf, _, _ = run_fig2("spf", arrivals, batch, True)
+    assert _mean_jct(topas.finishes, arrivals) == pytest.approx(srpt_mean)
+    assert _mean_jct(spf.finishes, arrivals) == pytest.approx(srpt_mean)
+
+
 def test_topas_is_no_later_than_lpm_and_srpt_when_the_gpu_batches_two() -> None:
     """Fig. 2 with room for one prefix and two requests: TOPAS finishes tasks
     no later on average than both LPM and SRPT (spf)."""

@@ -138,6 +138,34 @@ def test_new_tasks_work_keeps_no_phase_going() -> None:
     assert phase_holds(_backlog(t=1.0), 1.0) == frozenset()
 
 
+def _phase_end(budget: int, *, started_on_a: bool = False) -> EngineView:
+    """Agent A (300 tokens) is resident; task 1's A round runs (its b stage
+    follows), task 0 waits on B and task 2, which has not started, on A
+    (20 tokens of work each). With `started_on_a` task 3, started, waits on A."""
+    running = [request(10, 1, CHAIN, "a", running=True, started_at=0.0)]
+    waiting = [request(20, 0, CHAIN, "b"), request(30, 2, CHAIN, "a")]
+    tasks = [task(0, CHAIN, a="done", b="active"), task(1, CHAIN, a="active"),
+             task(2, CHAIN, a="active")]
+    if started_on_a:
+        waiting.append(request(40, 3, CHAIN, "a"))
+        tasks.append(replace(task(3, CHAIN, a="active"), stages={
+            **task(3, CHAIN).stages, "a": replace(task(3, CHAIN, a="active").stages["a"],
+                                                 rounds_done=1)}))
+    return view([CHAIN], tasks, running, waiting, t=1.0, budget=budget, gpu=("A",))
+
+
+@pytest.mark.parametrize(("budget", "held"), [
+    (340, {30}),  # B's next phase has 40 tokens of room: task 0's and task 1's b fill it
+    (400, set()),  # 100 tokens of room: task 2's b would ride in B's next phase too
+    (700, set()),  # B's prefix fits beside A's once task 1's round ends
+])
+def test_a_new_task_does_not_keep_a_phase_going_past_its_started_work(
+        budget: int, held: set[int]) -> None:
+    assert phase_holds(_phase_end(budget), 1.0) == held
+    # a started task's request still waits on A: the phase is not over
+    assert phase_holds(_phase_end(budget, started_on_a=True), 1.0) == frozenset()
+
+
 def test_topas_with_phases_serves_the_resident_agent_and_keeps_the_exemptions() -> None:
     v = _started(_backlog(t=1.0))
     admitted = _admitted(TopasParams(phases=1.0), v)

@@ -135,6 +135,25 @@ def test_the_exchange_test_preempts_only_for_more_time_than_it_costs(
     assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
 
 
+@pytest.mark.parametrize(("prefix", "swaps"), [(100, True), (1000, False)])
+def test_the_exchange_test_counts_the_preempted_prefix_coming_back(
+        prefix: int, swaps: bool) -> None:
+    """The running c round has 3.5 s of its 4.5 s left (rho_P = 3.5); it loses
+    1 s of service and waits the admitted round's 2 s, and since the swap
+    moves C out, also C's way back in: 0.1 s for 100 tokens, 1 s for 1,000
+    (at 0.001 s a token). 3.1 < 3.5: preempt; 4 > 3.5: wait (Eq. 13 alone
+    preempts in both)."""
+    wf = workflow(f"chain{prefix}", {"a": (), "b": ("a",), "c": ("b",)}, prefix=prefix)
+    running = request(9, 9, wf, "c", running=True, generated=10, started_at=99.0,
+                      output_tokens=45)
+    tasks = [task(9, wf, a="done", b="done", c="active"), task(1, wf, a="active")]
+    v = view(wf, tasks, [running], [request(1, 1, wf, "a", output_tokens=20)], t=100.0,
+             budget=2 * prefix + 10 + 45, gpu=("C",))
+    assert policy().decide(v).preempt == (9,)
+    d = policy(preempt_exchange=True).decide(v)
+    assert (d.preempt, d.admit) == (((9,), (1,)) if swaps else ((), ()))
+
+
 def test_swap_only_refuses_a_preemption_for_kv_and_keeps_a_prefix_swap() -> None:
     """Preempting a round that holds more KV than its prefix (2,010 > 100
     tokens) takes running work's room: refused. Under 2,000-token prefixes a

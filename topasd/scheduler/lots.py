@@ -30,14 +30,22 @@ in: the other agents' waiting requests leave W_t, so the pool serves the
 resident agents' backlog in full batches and a prefix is brought in only
 once that backlog no longer fills it (one setup per phase instead of one
 per thin batch). New tasks' requests do not keep a phase going, as under
-`start_gate` they do not pass started tasks. The same exemptions hold
+`start_gate` they do not pass started tasks. Nor do they prolong one past
+its started work: once no started task's request of a resident agent
+waits, while a started task's request of another agent fits only if a
+resident prefix leaves and the started tasks' work for the other agents
+(waiting, and about to be readied by the running requests) fills the room
+their next phase has (`phases` times it), new tasks' requests of the
+resident agents leave W_t (`phase_end_holds`): the resident prefixes then
+go as soon as their running requests end, and the new tasks, whose batch
+the next phase would not hold, start after it. The same exemptions hold
 (`never_held`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from topasd.model import EngineView, Request, StageStatus, TaskView, Workflow
 from topasd.scheduler.window import is_fresh
@@ -146,16 +154,65 @@ def never_held(view: EngineView, overdue: float | None, mean_jct: Mapping[str, f
 def phase_holds(view: EngineView, phases: float) -> frozenset[int]:
     """The ids of the waiting requests of agents not on the GPU while the
     resident agents' waiting work of started tasks (input + output) is more
-    than `phases` times the room their prefixes leave (module docstring,
-    `phases`)."""
+    than `phases` times the room their prefixes leave; once they have none,
+    those of new tasks on the resident agents at a phase's end
+    (`phase_end_holds`; module docstring, `phases`)."""
     if not view.waiting or not view.running:
         return frozenset()
     gpu = frozenset(view.gpu_prefixes())
     room = view.budget_tokens - sum(view.prefix_tokens(a) for a in gpu)
     running_tasks = frozenset(r.task_id for r in view.running)
-    resident_work = sum(_work(r) for r in view.waiting
-                        if r.agent in gpu
-                        and not is_fresh(view.tasks.get(r.task_id), running_tasks))
-    if resident_work <= phases * room:
+    resident = [r for r in view.waiting
+                if r.agent in gpu and not is_fresh(view.tasks.get(r.task_id), running_tasks)]
+    if not resident:
+        waiting_out = [r for r in view.waiting if r.agent not in gpu
+                       and not is_fresh(view.tasks.get(r.task_id), running_tasks)]
+        return phase_end_holds(view, gpu, room, waiting_out, running_tasks, phases)
+    if sum(_work(r) for r in resident) <= phases * room:
         return frozenset()
     return frozenset(r.id for r in view.waiting if r.agent not in gpu)
+
+
+def phase_end_holds(view: EngineView, gpu: frozenset[str], room: int,
+                    waiting_out: Sequence[Request], running_tasks: frozenset[int],
+                    phases: float) -> frozenset[int]:
+    """The ids of new tasks' waiting requests of the resident agents (`gpu`)
+    at the end of their phase: when no started task's request of theirs
+    waits, a started task's request of another agent (`waiting_out`) does
+    not fit beside the resident prefixes even once every running request
+    ends (`room`), and the started tasks' work for the other agents is at
+    least `phases` times the room the largest of their prefixes leaves: what
+    waits, and what the running requests ready there as they end
+    (`readies_elsewhere`, each counted at its own work). A new task's request
+    would keep a resident prefix on the GPU past its phase for a batch that
+    the started tasks' next phase fills without it."""
+    if not waiting_out:
+        return frozenset()
+    if min(view.prefix_tokens(r.agent) + _work(r) for r in waiting_out) <= room:
+        return frozenset()
+    coming = sum(_work(r) for r in view.running if readies_elsewhere(view, r, gpu))
+    next_room = view.budget_tokens - max(view.prefix_tokens(r.agent) for r in waiting_out)
+    if sum(_work(r) for r in waiting_out) + coming < phases * next_room:
+        return frozenset()
+    return frozenset(r.id for r in view.waiting
+                     if r.agent in gpu and is_fresh(view.tasks.get(r.task_id), running_tasks))
+
+
+def readies_elsewhere(view: EngineView, r: Request, gpu: frozenset[str]) -> bool:
+    """Whether running r's stage, once done, readies a stage of its task on
+    an agent not in `gpu` (`readied_by`)."""
+    task = view.tasks.get(r.task_id)
+    if task is None:
+        return False
+    wf = view.workflows[task.workflow]
+    return any(wf.stages[v].agent not in gpu for v in readied_by(wf, task, r.stage))
+
+
+def readied_by(wf: Workflow, task: TaskView, stage: str) -> Iterator[str]:
+    """The pending stages of `task` after `stage` whose every other
+    predecessor is done: those `stage`'s end readies."""
+    status = task.stages
+    for v in wf.succs[stage]:
+        if status[v].status is StageStatus.PENDING and all(
+                p == stage or status[p].status is StageStatus.DONE for p in wf.preds[v]):
+            yield v

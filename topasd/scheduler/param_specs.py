@@ -107,7 +107,9 @@ _WORDS: tuple[ParamSpec, ...] = (
           "this x the room its prefix takes from the backlog (extension; empty: off)",
           unset="off", extension=True),
     _spec("phases", "while the resident agents' waiting work of started tasks is over this x "
-          "the room their prefixes leave, no other prefix comes in (extension; empty: off)",
+          "the room their prefixes leave, no other prefix comes in; once it is none, new "
+          "tasks wait on them while started work elsewhere fills this x its room "
+          "(extension; empty: off)",
           unset="off", extension=True),
     _spec("final_reserve", "while fewer requests wait than this x those running (lately), "
           "every candidate keeps room for the oldest started task's last request "

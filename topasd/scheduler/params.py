@@ -92,7 +92,10 @@ class TopasParams:
     lot_size: float | None = None
     # while the agents on the GPU have more waiting work of started tasks than this times
     # the room their prefixes leave, no other agent's prefix comes in: its waiting
-    # requests leave W_t (LPM's phases under TOPAS's order; lots.py); None: off
+    # requests leave W_t (LPM's phases under TOPAS's order; lots.py); once they have none,
+    # while the started tasks' work for an agent that needs a resident prefix out is at
+    # least this times its room, new tasks' requests of the resident agents leave W_t
+    # (the phase's end); None: off
     phases: float | None = 1.0
     # while fewer requests have waited than this times those running (smoothed over time,
     # `LOAD_WINDOW_S`), every candidate keeps EASY's reservation for the oldest started

@@ -34,7 +34,6 @@ from topasd.model import (
     Location,
     Request,
     ScoreTerms,
-    StageStatus,
     TaskView,
     Workflow,
     beside_held,
@@ -52,7 +51,7 @@ from topasd.scheduler.bounds import (
     loosen,
     unloosen,
 )
-from topasd.scheduler.lots import decode_step, never_held, phase_holds, unripe_lots
+from topasd.scheduler.lots import decode_step, never_held, phase_holds, readied_by, unripe_lots
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import (
     Cut,
@@ -75,8 +74,6 @@ AGE_WINDOW = 256  # finished tasks whose mean LLM service is the observed H_age
 JCT_WINDOW = 64  # finished tasks per workflow whose mean JCT `overdue` measures ages by
 LOAD_WINDOW_S = 100.0  # `final_reserve`: the time constant of the averaged |W_t| and |Q_t|
 KEEP_MARGIN = 64.0  # KV tokens an idle prefix kept on the GPU leaves free (`keep_idle`)
-_PENDING: Final = StageStatus.PENDING  # enum members read once (their lookup is slow)
-_DONE: Final = StageStatus.DONE
 _NONE: Final = Location.NONE
 # GreedyPack(R)'s start (`_Search._pack_start`): uncovered prefixes, KV used, KV reserved,
 # the requests it preempts
@@ -1043,10 +1040,12 @@ class _Search(SearchBounds):
         (the preempted requests' remaining service), counted as far as it lies
         on its task's longest path (Delta / D_hat); each preempted request
         waits about as long as the admitted ones run and redoes its elapsed
-        service; and the engine's time to compute their KV again delays every
-        other task here."""
+        service, and if R leaves its prefix out also waits for that prefix to
+        move back in (`_reload`); and the engine's time to compute their KV
+        again delays every other task here."""
         pack = states[0].pack
         rho, fixed = self._exchange_terms(pack.preempt)
+        fixed += self._reload(pack)
         out = []
         gain = dur = 0.0
         n = 0
@@ -1061,6 +1060,14 @@ class _Search(SearchBounds):
             if n and gain > fixed + len(pack.preempt) * dur / n:
                 out.append(st)
         return out
+
+    def _reload(self, pack: _Pack) -> float:
+        """`_exchange_pays`: the preempted requests whose prefix R leaves out
+        run again only once it moves back in: each waits T_move of its prefix
+        (Eq. 8, the move out's time, which a host copy takes back in)."""
+        return sum((self.move_out[a] for a in (self.running_by_id[rid].agent
+                                                for rid in pack.preempt)
+                    if a not in pack.resident), 0.0)
 
     def _exchange_terms(self, preempt: tuple[int, ...]) -> tuple[float, float]:
         """(rho_P, the cost every admission set must beat) of `_exchange_pays`:
@@ -2110,21 +2117,10 @@ def _largest(values: list[float], default: float) -> float:
 
 def _reuse_pairs(wf: Workflow, task: TaskView, running: tuple[str, ...]) -> list[tuple[str, str]]:
     """(agent of u, agent of v) for each pending stage v of a task whose only
-    unfinished predecessor is a running stage u (`_Search._reuse_counts`)."""
-    status = task.stages
-    pairs: list[tuple[str, str]] = []
-    undone: dict[str, list[str]] = {}  # per pending stage: its unfinished predecessors
-    for u in running:
-        for v in wf.succs[u]:
-            if status[v].status is not _PENDING:
-                continue
-            left = undone.get(v)
-            if left is None:
-                left = undone[v] = [p for p in wf.preds[v]
-                                    if status[p].status is not _DONE]
-            if not left or left == [u]:  # every other predecessor is done
-                pairs.append((wf.stages[u].agent, wf.stages[v].agent))
-    return pairs
+    unfinished predecessor is a running stage u (`readied_by`;
+    `_Search._reuse_counts`)."""
+    return [(wf.stages[u].agent, wf.stages[v].agent) for u in running
+            for v in readied_by(wf, task, u)]
 
 
 def _add_cut(cut: tuple[tuple[int, float], ...], row: int,
