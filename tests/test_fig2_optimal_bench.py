@@ -58,3 +58,19 @@ def test_no_policy_on_the_simulator_beats_the_optimum(bench: ModuleType) -> None
         assert all(row[p] >= row["optimum"] - 1e-9 for p in bench.POLICIES)
     # the optimum is reached: SRPT is at it on some list of these
     assert any(abs(row["spf"] - row["optimum"]) < 1e-9 for row in rows)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_topas_trails_neither_lpm_nor_srpt_on_the_fig2_grid(batch: int) -> None:
+    """bench/fig2_grid.py's 60 arrival lists (seed 0) with room for two and
+    three requests: TOPAS's mean is at most the better of LPM's and SRPT's
+    in every list, and its average at most SRPT's (docs/RESULTS.md, "Fig. 2
+    machines"; a phase's end and the exchange test's reload, docs/topas.md)."""
+    grid = load_bench("fig2_grid")
+    verdicts, topas_sum, srpt_sum = [], 0.0, 0.0
+    for arrivals in grid.scenarios(60, 0):
+        topas, lpm, srpt = (grid.mean_jct(p, arrivals, batch) for p in ("topas", "lpm", "spf"))
+        verdicts.append(grid.verdict(topas, lpm, srpt))
+        topas_sum, srpt_sum = topas_sum + topas, srpt_sum + srpt
+    assert "loss" not in verdicts
+    assert topas_sum <= srpt_sum + 1e-9
