@@ -166,6 +166,13 @@ def test_a_new_task_does_not_keep_a_phase_going_past_its_started_work(
     assert phase_holds(_phase_end(budget, started_on_a=True), 1.0) == frozenset()
 
 
+def test_a_phase_end_reads_an_agent_without_a_prefix_as_0_tokens() -> None:
+    # B has no prefix state: task 0's b round (20 tokens) fits in A's 40 spare
+    v = _phase_end(340)
+    v = replace(v, prefixes={a: p for a, p in v.prefixes.items() if a != "B"})
+    assert phase_holds(v, 1.0) == frozenset()
+
+
 def test_topas_with_phases_serves_the_resident_agent_and_keeps_the_exemptions() -> None:
     v = _started(_backlog(t=1.0))
     admitted = _admitted(TopasParams(phases=1.0), v)

@@ -63,6 +63,11 @@ def _work(r: Request) -> int:
     return r.input_tokens + r.output_tokens
 
 
+def _ell(view: EngineView, agent: str) -> int:
+    """l_a: the agent's prefix tokens (0 for an agent without a prefix)."""
+    return view.prefixes[agent].tokens if agent in view.prefixes else 0
+
+
 def _needs_agent(task: TaskView, workflow: Workflow, agent: str) -> bool:
     """Whether `task` has a stage of `agent` not yet done."""
     for name, stage in workflow.stages.items():
@@ -102,7 +107,7 @@ def unripe_lots(view: EngineView, lot_size: float) -> frozenset[int]:
     others = tasks_waiting_on_others(view.waiting)
     held: set[int] = set()
     for agent, requests in by_agent.items():
-        ell = view.prefixes[agent].tokens if agent in view.prefixes else 0
+        ell = _ell(view, agent)
         if ell <= 0 or total - demand[agent] <= budget:  # no prefix, or no backlog
             continue
         if not unripe(view, requests, ell, step, running_left.get(agent, 0.0),
@@ -188,10 +193,10 @@ def phase_end_holds(view: EngineView, gpu: frozenset[str], room: int,
     the started tasks' next phase fills without it."""
     if not waiting_out:
         return frozenset()
-    if min(view.prefix_tokens(r.agent) + _work(r) for r in waiting_out) <= room:
+    if min(_ell(view, r.agent) + _work(r) for r in waiting_out) <= room:
         return frozenset()
     coming = sum(_work(r) for r in view.running if readies_elsewhere(view, r, gpu))
-    next_room = view.budget_tokens - max(view.prefix_tokens(r.agent) for r in waiting_out)
+    next_room = view.budget_tokens - max(_ell(view, r.agent) for r in waiting_out)
     if sum(_work(r) for r in waiting_out) + coming < phases * next_room:
         return frozenset()
     return frozenset(r.id for r in view.waiting
