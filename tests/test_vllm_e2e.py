@@ -60,7 +60,7 @@ class Runs:
 
 
 def _trace() -> Trace:
-    return chain3_cpu(tasks=5, rate=20.0, seed=2, input_tokens=64, output_tokens=64)
+    return chain3_cpu(tasks=5, rate=20.0, seed=3, input_tokens=64, output_tokens=64)
 
 
 @pytest.fixture(scope="module")
