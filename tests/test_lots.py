@@ -112,14 +112,16 @@ def test_topas_with_lot_size_leaves_an_unripe_lot_out_of_the_decision() -> None:
     assert TopasPolicy(TopasParams(lot_size=1.0)).unripe(v) == {LAST}
 
 
+def _started_task(task: TaskView) -> TaskView:
+    """`task` with its active stage one round in (the task has started)."""
+    return replace(task, stages={
+        name: replace(st, rounds_done=1) if st.status is StageStatus.ACTIVE else st
+        for name, st in task.stages.items()})
+
+
 def _started(v: EngineView) -> EngineView:
     """`v` with every task's active stage one round in (each task has started)."""
-    def started(task: TaskView) -> TaskView:
-        return replace(task, stages={
-            name: replace(st, rounds_done=1) if st.status is StageStatus.ACTIVE else st
-            for name, st in task.stages.items()})
-
-    return replace(v, tasks={tid: started(task) for tid, task in v.tasks.items()})
+    return replace(v, tasks={tid: _started_task(task) for tid, task in v.tasks.items()})
 
 
 def test_a_phase_holds_the_other_agents_while_the_resident_ones_fill_the_pool() -> None:
@@ -148,9 +150,7 @@ def _phase_end(budget: int, *, started_on_a: bool = False) -> EngineView:
              task(2, CHAIN, a="active")]
     if started_on_a:
         waiting.append(request(40, 3, CHAIN, "a"))
-        tasks.append(replace(task(3, CHAIN, a="active"), stages={
-            **task(3, CHAIN).stages, "a": replace(task(3, CHAIN, a="active").stages["a"],
-                                                 rounds_done=1)}))
+        tasks.append(_started_task(task(3, CHAIN, a="active")))
     return view([CHAIN], tasks, running, waiting, t=1.0, budget=budget, gpu=("A",))
 
 

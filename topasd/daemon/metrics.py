@@ -258,7 +258,7 @@ class Metrics:
         p = self._prefixes.get(agent)
         return Location.NONE if p is None else p.location
 
-    def decision(self, wall_ms: float, held: int = 0) -> None:
+    def decision(self, wall_ms: float, held: int) -> None:
         self.decisions += 1
         self.decision_latency.observe(wall_ms / 1e3)
         self.held = held

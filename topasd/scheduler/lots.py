@@ -172,18 +172,18 @@ def phase_holds(view: EngineView, phases: float) -> frozenset[int]:
     if not resident:
         waiting_out = [r for r in view.waiting if r.agent not in gpu
                        and not is_fresh(view.tasks.get(r.task_id), running_tasks)]
-        return phase_end_holds(view, gpu, room, waiting_out, running_tasks, phases)
+        return phase_end_holds(view, gpu, room, waiting_out, phases)
     if sum(_work(r) for r in resident) <= phases * room:
         return frozenset()
     return frozenset(r.id for r in view.waiting if r.agent not in gpu)
 
 
 def phase_end_holds(view: EngineView, gpu: frozenset[str], room: int,
-                    waiting_out: Sequence[Request], running_tasks: frozenset[int],
-                    phases: float) -> frozenset[int]:
-    """The ids of new tasks' waiting requests of the resident agents (`gpu`)
-    at the end of their phase: when no started task's request of theirs
-    waits, a started task's request of another agent (`waiting_out`) does
+                    waiting_out: Sequence[Request], phases: float) -> frozenset[int]:
+    """The ids of the waiting requests of the resident agents (`gpu`), every
+    one of them a new task's (no started task's request of theirs waits), at
+    the end of their phase: when a started task's request of another agent
+    (`waiting_out`) does
     not fit beside the resident prefixes even once every running request
     ends (`room`), and the started tasks' work for the other agents is at
     least `phases` times the room the largest of their prefixes leaves: what
@@ -199,8 +199,7 @@ def phase_end_holds(view: EngineView, gpu: frozenset[str], room: int,
     next_room = view.budget_tokens - max(_ell(view, r.agent) for r in waiting_out)
     if sum(_work(r) for r in waiting_out) + coming < phases * next_room:
         return frozenset()
-    return frozenset(r.id for r in view.waiting
-                     if r.agent in gpu and is_fresh(view.tasks.get(r.task_id), running_tasks))
+    return frozenset(r.id for r in view.waiting if r.agent in gpu)
 
 
 def readies_elsewhere(view: EngineView, r: Request, gpu: frozenset[str]) -> bool:
