@@ -97,7 +97,7 @@ def render(rows: dict[int, list[dict[str, float]]], canon: dict[tuple[int, tuple
     return "\n".join(lines)
 
 
-def _batches(text: str) -> tuple[int, ...]:
+def batch_sizes(text: str) -> tuple[int, ...]:
     """`--batches`: comma-separated batch sizes in 1..MAX_BATCH."""
     try:
         sizes = tuple(int(x) for x in text.split(","))
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--scenarios", type=at_least(1), default=60,
                     help="arrival lists per batch size")
     ap.add_argument("--seed", type=at_least(0), default=0)
-    ap.add_argument("--batches", type=_batches, default=(1, 2, 3, 5),
+    ap.add_argument("--batches", type=batch_sizes, default=(1, 2, 3, 5),
                     help=f"requests that fit beside the prefix, comma-separated (1-{MAX_BATCH})")
     ap.add_argument("--write", action="store_true", help="record in docs/RESULTS.md")
     args = ap.parse_args()

@@ -11,7 +11,7 @@ on a seconds axis (not the date-only timeline helper):
   while it waited in the queue (ready -> admitted, again after a preemption;
   a request never admitted waits to the end of the log, so a lane with
   waiting work never reads as idle; the hover counts the decisions that held
-  it out of W_t, TOPAS's `phases` and `lot_size`), grey hatched from admission to its
+  it out of W_t, TOPAS's `phases`, `tandem` and `lot_size`), grey hatched from admission to its
   first prefill chunk (waiting for its prefix or the prefill queue),
   crosshatched from start to prefill end when the backend reports one, then
   solid (service), coloured by task. Red x: preempted by the policy,
@@ -489,8 +489,9 @@ def _wait_hover(w: q.Wait, holds: Sequence[float]) -> str:
              "open": "still waiting at the end of the log"}.get(w.end_kind, w.end_kind)
     held = bisect_right(holds, w.end) - bisect_left(holds, w.start)
     why = (f"<br>held out of the queue by {held} decision{'s' if held != 1 else ''} "
-           "(phases / lot_size: its agent's turn had not come, or its task was new "
-           "at the end of its agent's phase)") if held else ""
+           "(phases / tandem / lot_size: its agent's turn had not come, its task was "
+           "new at the end of its agent's phase, or a task one stage behind ran first "
+           "to follow it)") if held else ""
     return (f"<b>request {w.request_id}</b> queued {w.end - w.start:.3f} s<br>"
             f"task {w.task_id}, stage {_esc(w.stage)}, agent {_esc(w.agent)}<br>"
             f"{since} {w.start:.3f} s → {until} {w.end:.3f} s{why}")

@@ -381,7 +381,7 @@ def test_replay_params_screen_is_read_only_at_the_cursor(db: Path) -> None:
                                "longest_first, start_gate, "
                                "fresh_hol, started_hol, age_curve, srpt, keep_idle, "
                                "preempt_exchange, swap_only, decode_peak, head_reserve, overdue, "
-                               "lot_size, phases, final_reserve, window, window_cap, "
+                               "lot_size, phases, tandem, final_reserve, window, window_cap, "
                                "search_budget: not in this log (an older topasd wrote it), "
                                "shown at the defaults "
                                "it ran with"), answer

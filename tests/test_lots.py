@@ -10,13 +10,24 @@ import pytest
 
 from backends.sim.engine import SimBackend
 from tests.topas_views import request, task, view, workflow
-from topasd.model import Decision, EngineView, StageStatus, TaskView, TopasError, Workflow
+from topasd.model import (
+    Decision,
+    EngineView,
+    Location,
+    Request,
+    StageStatus,
+    TaskView,
+    TopasError,
+    Workflow,
+)
 from topasd.profiles import DEFAULT_PROFILE, get_profile
 from topasd.runner import Run
 from topasd.scheduler.lots import (
     lot_can_grow,
     never_held,
+    path_agents,
     phase_holds,
+    tandem_holds,
     tasks_waiting_on_others,
     unripe_lots,
 )
@@ -234,3 +245,85 @@ def test_in_a_burst_held_requests_are_never_admitted_and_every_task_finishes(
     assert all(held.isdisjoint(admit) for held, admit in held_decisions)
     assert _burst_run(lot_size, phases)[1] == finishes  # the same trace and seed: same
     assert _burst_run(None)[1] != finishes  # and the rule changes the run
+
+
+# a chain of 100-token prefixes (a 0.1 s setup each): a pool of 125 tokens holds one
+# prefix and one request, so B comes in only once A leaves
+SMALL = workflow("small", {"a": (), "b": ("a",), "c": ("b",)}, prefix=100)
+LEADER = 20  # task 0's waiting b round
+
+
+def _tandem(new_tasks: int, *, budget: int = 125, running_output: int = 0) -> EngineView:
+    """A resident; task 0, started, waits on B; `new_tasks` tasks wait on A
+    (ids 1..n, request ids 30..); with `running_output`, task 99's A round
+    runs with that many tokens left."""
+    waiting = [request(LEADER, 0, SMALL, "b")]
+    waiting += [request(30 + i, i, SMALL, "a") for i in range(1, new_tasks + 1)]
+    tasks = [task(0, SMALL, a="done", b="active")]
+    tasks += [task(i, SMALL, a="active") for i in range(1, new_tasks + 1)]
+    running = []
+    if running_output:
+        running = [request(10, 99, SMALL, "a", running=True, started_at=0.0,
+                           output_tokens=running_output)]
+        tasks.append(task(99, SMALL, a="active"))
+    return view([SMALL], tasks, running, waiting, t=1.0, budget=budget, gpu=("A",))
+
+
+def _one_second(r: Request) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize(("new_tasks", "held"), [
+    # an A round first saves its task 3 setups (0.3 s) for each of the n tasks it and
+    # those behind make; it delays task 0 by 1 s at each of b and c (2 s): 0.3 n > 2
+    (7, {LEADER}),
+    (6, set()),
+])
+def test_a_request_one_stage_behind_goes_first_when_its_saved_setups_pay(
+        new_tasks: int, held: set[int]) -> None:
+    assert tandem_holds(_tandem(new_tasks), _one_second) == held
+
+
+def test_no_tandem_when_the_leaders_prefix_fits_beside_the_resident_one() -> None:
+    assert tandem_holds(_tandem(7, budget=10_000), _one_second) == frozenset()
+
+
+def test_no_tandem_when_the_leaders_prefix_fits_beside_the_followers_once_others_leave(
+) -> None:
+    # A and an idle C are resident (200 of 225 tokens): B needs 120 and does not fit
+    # beside both, but it does beside A alone, so A's rounds need not go first
+    v = replace(_tandem(7, budget=225), prefixes={
+        a: replace(p, location=Location.GPU, ready=True) if a == "C" else p
+        for a, p in _tandem(7, budget=225).prefixes.items()})
+    assert sorted(v.gpu_prefixes()) == ["A", "C"]
+    assert tandem_holds(v, _one_second) == frozenset()
+    assert tandem_holds(_tandem(7, budget=125), _one_second) == {LEADER}
+
+
+def test_a_round_that_ends_before_the_resident_agents_running_ones_delays_no_one() -> None:
+    # A's running round has 20 tokens (2 s) left: task 1's 1 s round costs task 0 nothing
+    assert tandem_holds(_tandem(1, running_output=20), _one_second) == {LEADER}
+    assert tandem_holds(_tandem(1), _one_second) == frozenset()
+
+
+def test_a_request_of_another_workflow_does_not_join_the_leaders() -> None:
+    other = workflow("other", {"a": (), "b": ("a",), "c": ("b",)}, prefix=100)
+    v = _tandem(7)
+    v = replace(v, workflows={**v.workflows, "other": other},
+                waiting=tuple(replace(r, workflow="other") if r.id != LEADER else r
+                              for r in v.waiting))
+    assert tandem_holds(v, _one_second) == frozenset()
+
+
+def test_the_path_left_follows_the_longest_chain_to_an_exit() -> None:
+    fork = workflow("fork", {"a": (), "b": ("a",), "c": ("a",), "d": ("c",), "e": ("b", "d")})
+    assert path_agents(fork, "a") == ("A", "C", "D", "E")
+    assert path_agents(SMALL, "b") == ("B", "C")
+
+
+def test_topas_with_tandem_runs_the_resident_agents_request_before_swapping() -> None:
+    v = _tandem(7)
+    assert TopasPolicy(TopasParams(tandem=False)).decide(v).admit == (LEADER,)
+    with_tandem = TopasPolicy(TopasParams()).decide(v)
+    assert LEADER not in with_tandem.admit and LEADER in with_tandem.held
+    assert len(with_tandem.admit) == 1 and 31 <= with_tandem.admit[0] <= 37

@@ -269,8 +269,8 @@ class RequestTrail(BaseModel):
     retractions: int = Field(description="By the engine (out of KV).")
     decisions: list[TrailDecision]
     held: int = Field(0, description="How many decisions left it out of the waiting queue "
-                      "they weighed (TOPAS's `phases` and `lot_size`: its agent's turn had "
-                      "not come).")
+                      "they weighed (TOPAS's `phases`, `tandem` and `lot_size`: its agent's "
+                      "turn had not come).")
     last_held: int | None = Field(None, description="The latest of those decisions.")
 
 
@@ -357,7 +357,7 @@ class DecisionDetail(BaseModel):
     n_candidates: int = Field(description="How many candidates the policy generated.")
     chosen: int | None = Field(description="`idx` of the chosen candidate (baselines: none).")
     held: list[int] = Field([], description="Waiting requests it left out of the queue it "
-                            "weighed (TOPAS's `phases` and `lot_size`).")
+                            "weighed (TOPAS's `phases`, `tandem` and `lot_size`).")
     params_version: int
     requests: dict[str, DecisionRequest] = Field(
         description="The admitted, preempted and held requests by id: their task, stage and "

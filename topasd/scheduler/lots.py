@@ -40,12 +40,21 @@ resident agents leave W_t (`phase_end_holds`): the resident prefixes then
 go as soon as their running requests end, and the new tasks, whose batch
 the next phase would not hold, start after it. The same exemptions hold
 (`never_held`).
+
+`tandem`: a request that runs on the resident prefix now and then follows
+started tasks along their path pays no setup of its own. When started
+tasks wait on an agent whose prefix comes in only if a resident one
+leaves, and a resident agent's waiting request is one stage behind them on
+their path, it goes first while the setups it saves, times the tasks
+waiting, outweigh the delay it gives the started tasks at each stage they
+have left (`tandem_holds`: the other agent's requests leave W_t, with the
+same exemptions).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from topasd.model import EngineView, Request, StageStatus, TaskView, Workflow
 from topasd.scheduler.window import is_fresh
@@ -200,6 +209,95 @@ def phase_end_holds(view: EngineView, gpu: frozenset[str], room: int,
     if sum(_work(r) for r in waiting_out) + coming < phases * next_room:
         return frozenset()
     return frozenset(r.id for r in view.waiting if r.agent in gpu)
+
+
+def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozenset[int]:
+    """The ids of the waiting requests of an agent b off the GPU that the
+    next phase would serve, while a request F of a resident agent should run
+    first and follow them (`tandem`; module docstring): F's task is one
+    stage behind b's waiting started tasks (the leaders) on their path, and
+    b's prefix comes in beside F's agent's only once F's agent leaves.
+    Running F first saves F's setups s_F (its resident prefix now, and each
+    later stage's, which it then takes right after the leaders on the same
+    prefix), worth s_F to F's task and to each task waiting behind them all.
+    It delays each of the m leaders by ext_F, F's service (`dhat`: D_hat_F)
+    past the resident agent's running requests, at each of the k stages of
+    their path. F goes first while s_F (1 + tasks behind) > ext_F k m: an
+    exchange of F with the leaders' phase, priced on the tasks present
+    (bench/fig2_optimal.py's present plan makes the same choice on the
+    Fig. 2 machine with room for one request)."""
+    gpu = frozenset(view.gpu_prefixes())
+    leaders = _tandem_leaders(view, gpu)
+    if not leaders:
+        return frozenset()
+    step = decode_step(view)
+    running_left: dict[str, float] = {}
+    for r in view.running:
+        running_left[r.agent] = max(running_left.get(r.agent, 0.0), r.remaining * step)
+    waiting_tasks = len({r.task_id for r in view.waiting})
+    followers = [r for r in view.waiting if r.agent in gpu]
+    held: set[int] = set()
+    for agent, mine in leaders.items():
+        stages = {(r.workflow, r.stage) for r in mine}
+        tasks = {r.task_id for r in mine}
+        behind = waiting_tasks - len(tasks)  # F's task and those behind
+        need = _ell(view, agent) + min(_work(r) for r in mine)
+        for f in followers:
+            if _ell(view, f.agent) + need <= view.budget_tokens:
+                continue  # the leaders' prefix comes in beside F's once others leave
+            joined = _joined(view, f, stages)
+            if f.task_id not in tasks and joined and tandem_pays(
+                    view, f, joined, len(tasks), behind,
+                    dhat(f) - running_left.get(f.agent, 0.0)):
+                held.update(r.id for r in view.waiting if r.agent == agent)
+                break
+    return frozenset(held)
+
+
+def _tandem_leaders(view: EngineView, gpu: frozenset[str]) -> dict[str, list[Request]]:
+    """Started tasks' waiting requests of each agent off the GPU whose prefix
+    comes in only if a resident one leaves (not even once every running
+    request ends), by agent; `tandem_holds` weighs only a follower whose own
+    prefix must leave for them."""
+    room = view.budget_tokens - sum(_ell(view, a) for a in gpu)
+    running_tasks = frozenset(r.task_id for r in view.running)
+    out: defaultdict[str, list[Request]] = defaultdict(list)
+    for r in view.waiting:
+        if r.agent not in gpu and _ell(view, r.agent) + _work(r) > room and not is_fresh(
+                view.tasks.get(r.task_id), running_tasks):
+            out[r.agent].append(r)
+    return out
+
+
+def _joined(view: EngineView, f: Request, stages: set[tuple[str, str]]) -> str | None:
+    """The leaders' stage (of `stages`) that follows F's stage in its
+    workflow, if any (the first by name)."""
+    wf = view.workflows[f.workflow]
+    return next((v for v in wf.succs[f.stage] if (f.workflow, v) in stages), None)
+
+
+def tandem_pays(view: EngineView, f: Request, joined: str, leaders: int, tasks: int,
+                ext: float) -> bool:
+    """Whether F goes before `leaders` tasks waiting at stage `joined`, the
+    next on F's path (`tandem_holds`): s_F * `tasks` > ext_F k m, with
+    `tasks` counting F's and those behind."""
+    wf = view.workflows[f.workflow]
+    path = path_agents(wf, joined)
+    saved = sum(view.costs.t_swap(wf.agents[a].prefix_tokens) for a in (f.agent, *path))
+    return saved * tasks > max(0.0, ext) * len(path) * leaders
+
+
+def path_agents(wf: Workflow, stage: str) -> tuple[str, ...]:
+    """The agents of the longest chain of stages from `stage` to an exit
+    (ties by name): the path a task at `stage` has left."""
+    height: dict[str, int] = {}
+    for v in reversed(wf.topo_order):
+        height[v] = 1 + max((height[s] for s in wf.succs[v]), default=-1)
+    out = [wf.stages[stage].agent]
+    while wf.succs[stage]:
+        stage = max(wf.succs[stage], key=lambda v: (height[v], v))
+        out.append(wf.stages[stage].agent)
+    return tuple(out)
 
 
 def readies_elsewhere(view: EngineView, r: Request, gpu: frozenset[str]) -> bool:

@@ -111,6 +111,9 @@ _WORDS: tuple[ParamSpec, ...] = (
           "tasks wait on them while started work elsewhere fills this x its room "
           "(extension; empty: off)",
           unset="off", extension=True),
+    _spec("tandem", "a resident agent's request one stage behind the started tasks waiting "
+          "off the GPU goes first and follows them, while its saved setups times the tasks "
+          "behind outweigh their delay (extension)", extension=True),
     _spec("final_reserve", "while fewer requests wait than this x those running (lately), "
           "every candidate keeps room for the oldest started task's last request "
           "(experiment; empty: off)", unset="off", extension=True),

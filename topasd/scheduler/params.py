@@ -97,6 +97,11 @@ class TopasParams:
     # least this times its room, new tasks' requests of the resident agents leave W_t
     # (the phase's end); None: off
     phases: float | None = 1.0
+    # a resident agent's waiting request whose task is one stage behind the started
+    # tasks waiting on an agent off the GPU goes before them, and follows them on their
+    # path, while the setups it saves times the tasks waiting behind outweigh the delay
+    # it gives them (an exchange on the tasks present; lots.py, `tandem_holds`)
+    tandem: bool = True
     # while fewer requests have waited than this times those running (smoothed over time,
     # `LOAD_WINDOW_S`), every candidate keeps EASY's reservation for the oldest started
     # task's last request if its d_r is more than its prefix; None: off (experiment)
@@ -123,7 +128,7 @@ class TopasParams:
             if not lo <= value <= hi:
                 raise TopasError(f"TOPAS parameter {name}={value!r} is out of range: "
                                  f"use a number in [{lo}, {hi}]")
-        for name in ("reuse", "aging", "preempt", "start_gate", "keep_idle",
+        for name in ("reuse", "aging", "preempt", "start_gate", "keep_idle", "tandem",
                      "preempt_exchange", "swap_only", "head_reserve"):
             if not isinstance(getattr(self, name), bool):
                 raise TopasError(f"TOPAS parameter {name}={getattr(self, name)!r} must be "
@@ -184,7 +189,7 @@ PAPER: dict[str, Any] = {"start_gate": False, "preempt_margin": 0.0, "pack_order
                          "preempt_exchange": False, "swap_only": False, "overdue": None,
                          "fresh_hol": None, "started_hol": None,
                          "decode_peak": "off", "head_reserve": False,
-                         "phases": None, "window": None, "search_budget": 0}
+                         "phases": None, "tandem": False, "window": None, "search_budget": 0}
 VARIANTS: dict[str, dict[str, Any]] = {
     "topas": {},
     "topas-paper": PAPER,

@@ -51,7 +51,14 @@ from topasd.scheduler.bounds import (
     loosen,
     unloosen,
 )
-from topasd.scheduler.lots import decode_step, never_held, phase_holds, readied_by, unripe_lots
+from topasd.scheduler.lots import (
+    decode_step,
+    never_held,
+    phase_holds,
+    readied_by,
+    tandem_holds,
+    unripe_lots,
+)
 from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import (
     Cut,
@@ -172,11 +179,19 @@ class TopasPolicy:
         paths = self.task_paths(view)
         running = running_by_task(view.running)
         held = self.unripe(view, paths, running)
-        if held:  # `lot_size`, `phases`: W_t without the requests held
+        whole = view
+        if held:  # `lot_size`, `phases`, `tandem`: W_t without the requests held
             view = replace(view, waiting=tuple(r for r in view.waiting if r.id not in held))
         search = _Search(self, view, paths, running)
         states = search.run()
-        return self.decision(view, search, states, _best(states), held)
+        best = _best(states)
+        if held and not view.running and not states[best].admit:
+            # nothing runs and W_t without them admits nothing: a hold would idle the
+            # engine, so this decision holds none
+            search = _Search(self, whole, paths, running)
+            states, held, view = search.run(), frozenset(), whole
+            best = _best(states)
+        return self.decision(view, search, states, best, held)
 
     def has_slack(self) -> bool:
         """`final_reserve`: whether fewer requests have waited than that
@@ -200,6 +215,8 @@ class TopasPolicy:
         held = frozenset() if lot is None else unripe_lots(view, lot)
         if phases is not None:
             held |= phase_holds(view, phases)
+        if self.params.tandem:
+            held |= tandem_holds(view, lambda r: self.model.request_estimate(r, view.costs))
         if not held:
             return held
         paths = paths if paths is not None else self.task_paths(view)
