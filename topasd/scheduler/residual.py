@@ -128,10 +128,13 @@ class ServiceModel:
         return self._req_mean.get(pair)
 
 
-def running_by_task(running: Sequence[Request]) -> dict[int, dict[str, Request]]:
+RunningByTask = dict[int, dict[str, Request]]  # Q_t by task, then stage (`running_by_task`)
+
+
+def running_by_task(running: Sequence[Request]) -> RunningByTask:
     """Q_t by task, then stage: each task's running requests, as Eq. 5
     (`TaskPaths.lhat`) takes them."""
-    by_task: dict[int, dict[str, Request]] = {}
+    by_task: RunningByTask = {}
     for r in running:
         stages = by_task.get(r.task_id)
         if stages is None:

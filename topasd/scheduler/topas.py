@@ -63,6 +63,7 @@ from topasd.scheduler.params import VARIANTS, TopasParams, check_variant
 from topasd.scheduler.residual import (
     Cut,
     PathMemo,
+    RunningByTask,
     ServiceModel,
     TaskPaths,
     quantile_rows,
@@ -70,8 +71,6 @@ from topasd.scheduler.residual import (
 )
 from topasd.scheduler.window import QueueIndex, candidate_window, indexed, is_fresh, reservation
 from topasd.score import score_total
-
-RunningByTask = dict[int, dict[str, Request]]  # Q_t by task, then stage (`running_by_task`)
 
 # a DAG task's waiting requests' (agent, stage row, D_hat), its `_gain_cuts` and
 # `_complement_cuts`, and its joint cut (`_Search._task_cuts`)
@@ -1719,17 +1718,18 @@ class _Reservation:
     """EASY backfilling's reservation for one head request in a fill: at t*,
     when the running requests R keeps have freed the head's room, `spare` is
     what is free beyond it; the admissions expected to run past t* share
-    `spare` (`used` of it so far). Unset (t* = inf), nothing binds."""
+    `spare` (`used` of it so far), those of tasks weighing no more than the
+    head's (`g`, its task's g_i). Unset (t* = inf), nothing binds."""
 
-    __slots__ = ("spare", "t_star", "used")
+    __slots__ = ("g", "spare", "t_star", "used")
 
     def __init__(self) -> None:
         self.t_star = self.spare = math.inf
-        self.used = 0.0
+        self.used = self.g = 0.0
 
-    def reserve(self, at: tuple[float, float]) -> None:
-        """Reserve the head's room: `at` is (t*, spare)."""
-        self.t_star, self.spare = at
+    def reserve(self, at: tuple[float, float], g: float) -> None:
+        """Reserve the room of a head of weight `g`: `at` is (t*, spare)."""
+        (self.t_star, self.spare), self.g = at, g
 
     def binds(self) -> bool:
         """Whether a head's room is reserved."""
@@ -1743,6 +1743,11 @@ class _Reservation:
         """Whether admitting `extra` KV for `dhat` would eat into the head's room."""
         return self.late(dhat) and self.used + extra > self.spare
 
+    def holds_back(self, g: float, dhat: float, extra: float) -> bool:
+        """Whether a request of a task weighing `g` may not take `extra` KV for
+        `dhat`: it weighs no more than the head and would eat into its room."""
+        return g <= self.g and self.overdrawn(dhat, extra)
+
     def charge(self, dhat: float, kv: float) -> None:
         """Count an admission of `kv` against `spare` if it runs past t*."""
         if self.late(dhat):
@@ -1753,7 +1758,7 @@ class _Filler:
     """The running totals of one GreedyPack fill: KV used, capacity reserved for
     still-uncovered prefixes, admissions and the states emitted on the way."""
 
-    __slots__ = ("charged", "final", "gated", "head", "head_g", "headroom", "hol_pending",
+    __slots__ = ("charged", "final", "gated", "head", "headroom", "hol_pending",
                  "hold", "j_admit", "late_left", "limit", "no_head", "pack", "reserved",
                  "search", "states", "tasks_in", "uncovered", "used")
 
@@ -1769,10 +1774,8 @@ class _Filler:
         if headroom and search.params.decode_peak == "always":
             self.limit = search.budget - headroom
         self.j_admit = 0.0
-        # `head_reserve`: the reservation of the head, once it did not fit, and its
-        # task's weight g_i (only tasks weighing no more are held to a reservation)
+        # `head_reserve`: the reservation of the head, once it did not fit
         self.head = _Reservation()
-        self.head_g = 0.0
         self.no_head = (-math.inf, math.inf)  # (free, need) of a head that never got room
         self.tasks_in: set[int] = set()
         self.charged: set[str] = set()  # shared copies an admission here already locks
@@ -1804,8 +1807,8 @@ class _Filler:
         free = self.limit - self.used - self.reserved
         need = s.d[head.id] + s.ell[head.agent]
         self.final.reserve((0.0, free - need) if need <= free
-                        else s.head_reservation(self.pack.resident, free, need))
-        self.head_g = s.g.get(head.task_id, 1.0)  # until `_past_misfit` finds a head in R
+                           else s.head_reservation(self.pack.resident, free, need),
+                           s.g.get(head.task_id, 1.0))
 
     def fits(self, r: Request) -> bool:
         """Room for r beside the reservations (Eq. 2, and the head of line's
@@ -1841,11 +1844,12 @@ class _Filler:
         which the head of line is exempt from, and `final_reserve`)."""
         if not (self.head.binds() or self.final.binds()):
             return False
-        if self.search.g.get(r.task_id, 1.0) > self.head_g:
+        g = self.search.g.get(r.task_id, 1.0)
+        if g > self.head.g and g > self.final.g:
             return False
         dhat = self.search._dhat(r)
-        return self.final.overdrawn(dhat, extra) or (
-            not is_hol and self.head.overdrawn(dhat, extra))
+        return self.final.holds_back(g, dhat, extra) or (
+            not is_hol and self.head.holds_back(g, dhat, extra))
 
     def _past_misfit(self, need: float, head_g: float | None) -> None:
         """A request needing `need` more KV did not fit: with `decode_peak`
@@ -1860,8 +1864,7 @@ class _Filler:
             free = self.limit - self.used - self.reserved
             # less free KV and a larger need than a head that never got room: nor does this
             if free > self.no_head[0] or need < self.no_head[1]:
-                self.head.reserve(s.head_reservation(self.pack.resident, free, need))
-                self.head_g = head_g
+                self.head.reserve(s.head_reservation(self.pack.resident, free, need), head_g)
                 self.no_head = (free, need)
         if self.headroom and self.limit == s.budget:
             self.limit = s.budget - self.headroom
