@@ -327,3 +327,14 @@ def test_topas_with_tandem_runs_the_resident_agents_request_before_swapping() ->
     with_tandem = TopasPolicy(TopasParams()).decide(v)
     assert LEADER not in with_tandem.admit and LEADER in with_tandem.held
     assert len(with_tandem.admit) == 1 and 31 <= with_tandem.admit[0] <= 37
+
+
+def test_a_tandem_hold_never_idles_the_engine() -> None:
+    # the A rounds (input 100) do not fit beside A's prefix in 125 tokens: with the
+    # leader held nothing could run, so the decision holds none and B comes in
+    v = _tandem(7)
+    v = replace(v, waiting=tuple(r if r.id == LEADER else replace(r, input_tokens=100)
+                                 for r in v.waiting))
+    assert tandem_holds(v, _one_second) == {LEADER}
+    decision = TopasPolicy(TopasParams()).decide(v)
+    assert decision.admit == (LEADER,) and decision.held == ()
