@@ -106,9 +106,7 @@ def present_plan(arrivals: Sequence[float], batch: int = BATCH) -> float:
         ended = False
         agent, tasks = _first(arr, here, done, running, resident, t, batch) if here else ("", ())
         if tasks:
-            start = t + (0.0 if agent == resident else SETUP)
-            running = tuple(sorted((*running, *((start + SERVICE, i) for i in tasks))))
-            resident = agent
+            running, resident = _start(running, tasks, agent, resident, t), agent
             continue
         t, finished, running = _next_event(arr, done, running, t)
         for i in finished:
@@ -144,10 +142,24 @@ def _next_event(arr: tuple[float, ...], done: list[int], running: Running,
     later = [a for i, a in enumerate(arr) if a > t + EPS and done[i] < len(AGENTS)]
     arrival = min(later, default=float("inf"))
     if running and running[0][0] <= arrival + EPS:
-        end = running[0][0]
-        return end, [i for e, i in running if e <= end + EPS], tuple(
-            r for r in running if r[0] > end + EPS)
+        return _first_end(running)
     return arrival, [], running
+
+
+def _start(running: Running, tasks: tuple[int, ...], agent: str, resident: str,
+           t: float) -> Running:
+    """`running` with the next requests of `tasks` on `agent` started at t,
+    after a setup if `agent` is not `resident`."""
+    start = t + (0.0 if agent == resident else SETUP)
+    return tuple(sorted((*running, *((start + SERVICE, i) for i in tasks))))
+
+
+def _first_end(running: Running) -> tuple[float, list[int], Running]:
+    """(the first end of `running`, the tasks whose request ends then, the
+    requests still running after it)."""
+    end = running[0][0]
+    return end, [i for e, i in running if e <= end + EPS], tuple(
+        r for r in running if r[0] > end + EPS)
 
 
 @functools.cache
@@ -163,20 +175,16 @@ def _plan(arr: tuple[float, ...], done: tuple[int, ...], running: Running, resid
         return 0.0, ("", ())
     best: tuple[float, Action] = (float("inf"), ("", ()))
     for agent, tasks in _actions(done, running, resident, batch):
-        start = t + (0.0 if agent == resident else SETUP)
-        after = tuple(sorted((*running, *((start + SERVICE, i) for i in tasks))))
-        cost = _plan(arr, done, after, agent, t, batch)[0]
+        cost = _plan(arr, done, _start(running, tasks, agent, resident, t), agent, t, batch)[0]
         if cost < best[0] - EPS:
             best = (cost, (agent, tasks))
     if running:
-        end = running[0][0]
+        end, finished, rest = _first_end(running)
         nxt = list(done)
         jct = 0.0
-        for e, i in running:
-            if e <= end + EPS:
-                nxt[i] += 1
-                jct += end - arr[i] if nxt[i] == len(AGENTS) else 0.0
-        rest = tuple(r for r in running if r[0] > end + EPS)
+        for i in finished:
+            nxt[i] += 1
+            jct += end - arr[i] if nxt[i] == len(AGENTS) else 0.0
         cost = jct + _plan(arr, tuple(nxt), rest, resident, end, batch)[0]
         if cost < best[0] - EPS:
             best = (cost, ("", ()))

@@ -77,6 +77,26 @@ def _ell(view: EngineView, agent: str) -> int:
     return view.prefixes[agent].tokens if agent in view.prefixes else 0
 
 
+def _room(view: EngineView, gpu: frozenset[str]) -> int:
+    """The KV the resident prefixes (`gpu`) leave in the pool."""
+    return view.budget_tokens - sum(_ell(view, a) for a in gpu)
+
+
+def _started(view: EngineView, r: Request, running_tasks: frozenset[int]) -> bool:
+    """Whether r's task has started (`is_fresh`; `running_tasks`: those with
+    a request running)."""
+    return not is_fresh(view.tasks.get(r.task_id), running_tasks)
+
+
+def _running_left(view: EngineView, step: float) -> dict[str, float]:
+    """Per agent, how long its running requests still decode (the longest's
+    remaining tokens times the decode step `step`)."""
+    left: dict[str, float] = {}
+    for r in view.running:
+        left[r.agent] = max(left.get(r.agent, 0.0), r.remaining * step)
+    return left
+
+
 def _needs_agent(task: TaskView, workflow: Workflow, agent: str) -> bool:
     """Whether `task` has a stage of `agent` not yet done."""
     for name, stage in workflow.stages.items():
@@ -110,9 +130,7 @@ def unripe_lots(view: EngineView, lot_size: float) -> frozenset[int]:
     demand = {a: sum(_work(r) for r in rs) for a, rs in by_agent.items()}
     total = sum(demand.values())
     step = decode_step(view)
-    running_left: dict[str, float] = {}
-    for r in view.running:
-        running_left[r.agent] = max(running_left.get(r.agent, 0.0), r.remaining * step)
+    running_left = _running_left(view, step)
     others = tasks_waiting_on_others(view.waiting)
     held: set[int] = set()
     for agent, requests in by_agent.items():
@@ -174,13 +192,12 @@ def phase_holds(view: EngineView, phases: float) -> frozenset[int]:
     if not view.waiting or not view.running:
         return frozenset()
     gpu = frozenset(view.gpu_prefixes())
-    room = view.budget_tokens - sum(view.prefix_tokens(a) for a in gpu)
+    room = _room(view, gpu)
     running_tasks = frozenset(r.task_id for r in view.running)
-    resident = [r for r in view.waiting
-                if r.agent in gpu and not is_fresh(view.tasks.get(r.task_id), running_tasks)]
+    resident = [r for r in view.waiting if r.agent in gpu and _started(view, r, running_tasks)]
     if not resident:
-        waiting_out = [r for r in view.waiting if r.agent not in gpu
-                       and not is_fresh(view.tasks.get(r.task_id), running_tasks)]
+        waiting_out = [r for r in view.waiting
+                       if r.agent not in gpu and _started(view, r, running_tasks)]
         return phase_end_holds(view, gpu, room, waiting_out, phases)
     if sum(_work(r) for r in resident) <= phases * room:
         return frozenset()
@@ -230,12 +247,10 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
     leaders = _tandem_leaders(view, gpu)
     if not leaders:
         return frozenset()
-    step = decode_step(view)
-    running_left: dict[str, float] = {}
-    for r in view.running:
-        running_left[r.agent] = max(running_left.get(r.agent, 0.0), r.remaining * step)
+    running_left = _running_left(view, decode_step(view))
     waiting_tasks = len({r.task_id for r in view.waiting})
     followers = [r for r in view.waiting if r.agent in gpu]
+    paths: dict[tuple[str, str], tuple[str, ...]] = {}  # (workflow, stage) -> path_agents
     held: set[int] = set()
     for agent, mine in leaders.items():
         stages = {(r.workflow, r.stage) for r in mine}
@@ -246,9 +261,13 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
             if _ell(view, f.agent) + need <= view.budget_tokens:
                 continue  # the leaders' prefix comes in beside F's once others leave
             joined = _joined(view, f, stages)
-            if f.task_id not in tasks and joined and tandem_pays(
-                    view, f, joined, len(tasks), behind,
-                    dhat(f) - running_left.get(f.agent, 0.0)):
+            if f.task_id in tasks or joined is None:
+                continue
+            path = paths.get((f.workflow, joined))
+            if path is None:
+                path = paths[f.workflow, joined] = path_agents(view.workflows[f.workflow], joined)
+            if tandem_pays(view, f, path, len(tasks), behind,
+                           dhat(f) - running_left.get(f.agent, 0.0)):
                 held.update(r.id for r in view.waiting if r.agent == agent)
                 break
     return frozenset(held)
@@ -259,12 +278,12 @@ def _tandem_leaders(view: EngineView, gpu: frozenset[str]) -> dict[str, list[Req
     comes in only if a resident one leaves (not even once every running
     request ends), by agent; `tandem_holds` weighs only a follower whose own
     prefix must leave for them."""
-    room = view.budget_tokens - sum(_ell(view, a) for a in gpu)
+    room = _room(view, gpu)
     running_tasks = frozenset(r.task_id for r in view.running)
     out: defaultdict[str, list[Request]] = defaultdict(list)
     for r in view.waiting:
-        if r.agent not in gpu and _ell(view, r.agent) + _work(r) > room and not is_fresh(
-                view.tasks.get(r.task_id), running_tasks):
+        if r.agent not in gpu and _ell(view, r.agent) + _work(r) > room and _started(
+                view, r, running_tasks):
             out[r.agent].append(r)
     return out
 
@@ -276,13 +295,12 @@ def _joined(view: EngineView, f: Request, stages: set[tuple[str, str]]) -> str |
     return next((v for v in wf.succs[f.stage] if (f.workflow, v) in stages), None)
 
 
-def tandem_pays(view: EngineView, f: Request, joined: str, leaders: int, tasks: int,
-                ext: float) -> bool:
-    """Whether F goes before `leaders` tasks waiting at stage `joined`, the
-    next on F's path (`tandem_holds`): s_F * `tasks` > ext_F k m, with
-    `tasks` counting F's and those behind."""
+def tandem_pays(view: EngineView, f: Request, path: tuple[str, ...], leaders: int,
+                tasks: int, ext: float) -> bool:
+    """Whether F goes before `leaders` tasks waiting at the stage after F's,
+    whose `path` (`path_agents`) F would follow (`tandem_holds`): s_F *
+    `tasks` > ext_F k m, with `tasks` counting F's and those behind."""
     wf = view.workflows[f.workflow]
-    path = path_agents(wf, joined)
     saved = sum(view.costs.t_swap(wf.agents[a].prefix_tokens) for a in (f.agent, *path))
     return saved * tasks > max(0.0, ext) * len(path) * leaders
 
