@@ -259,9 +259,13 @@ class Backend(Protocol):
         running or preempted. False, changing nothing, for a finished or an
         unknown request (or one whose withdrawal is already under way)."""
 
-    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+    def run_until(self, t_stop: float | None, *,
+                  more_at_stop: bool = False) -> Iterator[EngineEvent]:
         """Advance to `t_stop` (None: until idle), yielding events. A SCHEDULE
-        event asks the caller to `apply` a decision before iterating on."""
+        event asks the caller to `apply` a decision before iterating on.
+        `more_at_stop`: the caller submits more at `t_stop` itself (tasks
+        arriving then), so a decision due at that instant waits for the next
+        call and sees them; only a simulated clock stops at one instant."""
 
     def view(self, tasks: Mapping[int, TaskView],
              workflows: Mapping[str, Workflow]) -> EngineView:

@@ -94,16 +94,15 @@ def present_plan(arrivals: Sequence[float], batch: int = BATCH) -> float:
     """Mean JCT of replanning at every event on the machine with room for
     `batch` requests: the best plan over the tasks already arrived
     (`_plan`), of which only the first action is taken. It uses no future
-    arrival, as a policy cannot, and sees events in the simulator's order
-    (a task arriving as a request ends is seen after the decision at that
-    end)."""
+    arrival, as a policy cannot, and sees every event of an instant before
+    deciding, as the simulator does (a task arriving as a request ends is
+    seen at the decision of that end)."""
     arr = tuple(float(a) for a in arrivals)
     done, ends = [0] * len(arr), [0.0] * len(arr)
     running: Running = ()
-    t, resident, ended = 0.0, "", False
+    t, resident = 0.0, ""
     while any(k < len(AGENTS) for k in done):
-        here = _present(arr, done, running, t, ended)
-        ended = False
+        here = _present(arr, done, running, t)
         agent, tasks = _first(arr, here, done, running, resident, t, batch) if here else ("", ())
         if tasks:
             running, resident = _start(running, tasks, agent, resident, t), agent
@@ -112,16 +111,14 @@ def present_plan(arrivals: Sequence[float], batch: int = BATCH) -> float:
         for i in finished:
             done[i] += 1
             ends[i] = t
-        ended = bool(finished)
     return float(np.mean([e - a for e, a in zip(ends, arr, strict=True)]))
 
 
-def _present(arr: tuple[float, ...], done: list[int], running: Running, t: float,
-             ended: bool) -> list[int]:
-    """The tasks a decision at t sees (unfinished, arrived; after a request's
-    end at t, not those arriving at t), and those with a request running."""
-    seen = [i for i, k in enumerate(done) if k < len(AGENTS)
-            and (arr[i] < t - EPS if ended else arr[i] <= t + EPS)]
+def _present(arr: tuple[float, ...], done: list[int], running: Running,
+             t: float) -> list[int]:
+    """The tasks a decision at t sees (unfinished, arrived by t), and those
+    with a request running."""
+    seen = [i for i, k in enumerate(done) if k < len(AGENTS) and arr[i] <= t + EPS]
     return sorted(set(seen) | {i for _, i in running})
 
 

@@ -246,7 +246,7 @@ def advance(run: Run, t_end: float) -> None:
     loop, tasks = run.loop, run.trace.tasks
     i = len(loop.book.arrivals)
     while i < len(tasks) and tasks[i].arrival <= t_end:
-        loop.pump(tasks[i].arrival)
+        loop.pump(tasks[i].arrival, more_at_stop=True)
         while i < len(tasks) and tasks[i].arrival <= run.backend.t:
             loop.arrive(tasks[i])
             i += 1

@@ -49,9 +49,10 @@ def test_the_present_plan_pairs_once_three_tasks_wait_behind(bench: ModuleType) 
 def test_the_present_plan_with_room_for_two(bench: ModuleType) -> None:
     # two tasks at once run side by side: A 1-5, B 6-10, C 11-15
     assert bench.present_plan((0.0, 0.0), 2) == pytest.approx(15.0)
-    # T1 arrives as T0's A round ends: the decision at that end does not see it yet
-    # (the simulator's order), so B comes in for T0 alone and T1 follows: (15 + 25) / 2
-    assert bench.present_plan((5.0, 10.0), 2) == pytest.approx(20.0)
+    # T1 arrives as T0's A round ends, and the decision at that end sees it (every
+    # event of an instant comes first): T1's A round runs (10-14), T0 waits for it
+    # and the two share B (15-19) and C (20-24): (19 + 14) / 2
+    assert bench.present_plan((5.0, 10.0), 2) == pytest.approx((19 + 14) / 2)
     # one unit earlier T1's A round starts beside T0's (9-13); T0 waits for it and the
     # two share B (14-18) and C (19-23): (18 + 14) / 2
     assert bench.present_plan((5.0, 9.0), 2) == pytest.approx((18 + 14) / 2)

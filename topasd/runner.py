@@ -177,9 +177,11 @@ class EventLoop:
             del self.owners[request.id]  # refused: the engine never saw it
             raise
 
-    def pump(self, t_stop: float | None) -> None:
-        """Run the backend to `t_stop` (None: until idle), deciding and recording."""
-        for ev in self.backend.run_until(t_stop):
+    def pump(self, t_stop: float | None, *, more_at_stop: bool = False) -> None:
+        """Run the backend to `t_stop` (None: until idle), deciding and recording;
+        with `more_at_stop` (tasks arrive at `t_stop`) a decision due at that
+        instant is taken on the next pump, after they arrived."""
+        for ev in self.backend.run_until(t_stop, more_at_stop=more_at_stop):
             if ev.kind is EventKind.SCHEDULE:
                 self.decide()
                 continue
@@ -315,7 +317,7 @@ class Run:
         tasks = self.trace.tasks
         i = 0
         while i < len(tasks):
-            loop.pump(tasks[i].arrival)
+            loop.pump(tasks[i].arrival, more_at_stop=True)
             while i < len(tasks) and tasks[i].arrival <= self.backend.t:
                 loop.arrive(tasks[i])
                 i += 1

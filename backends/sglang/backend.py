@@ -316,7 +316,8 @@ class SGLangBackend:
         except Exception as exc:  # reported as a finish with a note; the run goes on
             self._done.put((rid, self.t, f"error: {exc}", None))
 
-    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+    def run_until(self, t_stop: float | None, *,
+                  more_at_stop: bool = False) -> Iterator[EngineEvent]:
         while True:
             self._answer_unapplied()
             self._collect(0.0)

@@ -264,13 +264,14 @@ class SimBackend(ContextCopies):
     def idle(self) -> bool:
         return not (self._running or self._timed or self._prefill)
 
-    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+    def run_until(self, t_stop: float | None, *,
+                  more_at_stop: bool = False) -> Iterator[EngineEvent]:
         stop = math.inf if t_stop is None else t_stop
         while True:
             self._fire_timed()
             if self._events:
                 yield from self._drain()
-            if self._need_schedule:
+            if self._need_schedule and not (more_at_stop and self._t >= stop):
                 self._need_schedule = False
                 yield EngineEvent(self._t, EventKind.SCHEDULE)
                 if self._events:

@@ -320,7 +320,8 @@ class VllmBackend(ContextCopies):
     def idle(self) -> bool:
         return not (self._running or self._timed or (self.native and self._waiting))
 
-    def run_until(self, t_stop: float | None) -> Iterator[EngineEvent]:
+    def run_until(self, t_stop: float | None, *,
+                  more_at_stop: bool = False) -> Iterator[EngineEvent]:
         stop = math.inf if t_stop is None else t_stop
         if self._wall0 is None:
             self._wall0 = time.perf_counter() - self._t

@@ -362,7 +362,7 @@ class Service:
             stop = target if nxt is None or nxt > target else nxt
             t0 = time.perf_counter()
             ms0 = len(loop.decision_ms)
-            loop.pump(stop)
+            loop.pump(stop, more_at_stop=stop == nxt)
             self.metrics.pump_wall_s += time.perf_counter() - t0
             self.metrics.decide_wall_s += sum(loop.decision_ms[ms0:]) / 1e3
             self.metrics.t = self.backend.t
