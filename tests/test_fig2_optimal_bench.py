@@ -90,32 +90,34 @@ def test_no_policy_on_the_simulator_beats_the_optimum(bench: ModuleType) -> None
     assert any(abs(row["spf"] - row["optimum"]) < 1e-9 for row in rows)
 
 
-@pytest.mark.parametrize("batch", [1, 2, 3])
-def test_topas_trails_neither_lpm_nor_srpt_on_the_fig2_grid(batch: int) -> None:
+@pytest.mark.parametrize("batch", [1, 2, 3, 5])
+def test_topas_is_below_lpm_and_srpt_on_the_fig2_grid(batch: int) -> None:
     """bench/fig2_grid.py's 60 arrival lists (seed 0) with room for one to
-    three requests: TOPAS's mean is at most the better of LPM's and SRPT's
-    in every list, and its average at most SRPT's, below it with room for
-    one (docs/RESULTS.md, "Fig. 2 machines"; a phase's end, the exchange
-    test's reload and the tandem, docs/topas.md)."""
+    five requests, issue 25's criterion: TOPAS's average is below both
+    LPM's and SRPT's, and its mean at most the better of theirs in at least
+    90% of the lists, in every list with room for one and two
+    (docs/RESULTS.md, "Fig. 2 machines"; a phase's end, the exchange test's
+    reload and the tandem, docs/topas.md)."""
     grid = load_bench("fig2_grid")
-    verdicts, topas_sum, srpt_sum = [], 0.0, 0.0
+    verdicts, sums = [], {"topas": 0.0, "lpm": 0.0, "spf": 0.0}
     for arrivals in grid.scenarios(60, 0):
-        topas, lpm, srpt = (grid.mean_jct(p, arrivals, batch) for p in ("topas", "lpm", "spf"))
-        verdicts.append(grid.verdict(topas, lpm, srpt))
-        topas_sum, srpt_sum = topas_sum + topas, srpt_sum + srpt
-    assert "loss" not in verdicts
-    assert topas_sum <= srpt_sum + 1e-9
-    if batch == 1:  # the tandem: 17 of the 60 lists below SRPT
-        assert topas_sum < srpt_sum - 1.0
+        jct = {p: grid.mean_jct(p, arrivals, batch) for p in sums}
+        verdicts.append(grid.verdict(jct["topas"], jct["lpm"], jct["spf"]))
+        sums = {p: sums[p] + jct[p] for p in sums}
+    assert verdicts.count("loss") <= (0 if batch <= 2 else 6)
+    assert sums["topas"] < min(sums["lpm"], sums["spf"]) - 1.0
 
 
-def test_topas_makes_the_present_plans_choices_with_room_for_one(bench: ModuleType) -> None:
-    """With room for one request, TOPAS (its `tandem` exchange) reaches the
-    exact plan over the tasks present in each of bench/fig2_grid.py's 60
-    lists, 17 of them below SRPT (docs/RESULTS.md, "the optimum")."""
+@pytest.mark.parametrize(("batch", "below_srpt"), [(1, 19), (2, 3)])
+def test_topas_makes_the_present_plans_choices_with_room_for_one_and_two(
+        bench: ModuleType, batch: int, below_srpt: int) -> None:
+    """With room for one or two requests, TOPAS (its `tandem` exchange, and
+    riding with room for two) reaches the exact plan over the tasks present
+    in each of bench/fig2_grid.py's 60 lists, some of them below SRPT
+    (docs/RESULTS.md, "the optimum")."""
     below = 0
     for arrivals in bench.scenarios(60, 0):
-        topas = bench.run("topas", arrivals, 1)[0]
-        assert topas == pytest.approx(bench.present_plan(arrivals))
-        below += topas < bench.run("spf", arrivals, 1)[0] - 1e-9
-    assert below == 17
+        topas = bench.run("topas", arrivals, batch)[0]
+        assert topas == pytest.approx(bench.present_plan(arrivals, batch))
+        below += topas < bench.run("spf", arrivals, batch)[0] - 1e-9
+    assert below == below_srpt

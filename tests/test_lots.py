@@ -306,6 +306,16 @@ def test_a_round_that_ends_before_the_resident_agents_running_ones_delays_no_one
     assert tandem_holds(_tandem(1), _one_second) == frozenset()
 
 
+def test_a_request_that_rides_in_the_leaders_batch_goes_first_for_its_service_saved(
+) -> None:
+    # 140 tokens hold B, task 0's b round and task 1's (20 each) but never A beside B:
+    # task 1's A round first saves its task 3 setups (0.3 s) and its 1 s service at
+    # each of b and c (it runs in task 0's batch there), and delays task 0 once by
+    # 1 s: 2.3 > 1, where without the room to ride 0.3 < 2
+    assert tandem_holds(_tandem(1, budget=140), _one_second) == {LEADER}
+    assert tandem_holds(_tandem(1, budget=139), _one_second) == frozenset()
+
+
 def test_a_request_of_another_workflow_does_not_join_the_leaders() -> None:
     other = workflow("other", {"a": (), "b": ("a",), "c": ("b",)}, prefix=100)
     v = _tandem(7)

@@ -47,8 +47,10 @@ tasks wait on an agent whose prefix comes in only if a resident one
 leaves, and a resident agent's waiting request is one stage behind them on
 their path, it goes first while the setups it saves, times the tasks
 waiting, outweigh the delay it gives the started tasks at each stage they
-have left (`tandem_holds`: the other agent's requests leave W_t, with the
-same exemptions).
+have left; where its request fits beside theirs in the pool it rides in
+their batch, saving its service at each of those stages and delaying them
+once (`tandem_holds`: the other agent's requests leave W_t, with the same
+exemptions).
 """
 
 from __future__ import annotations
@@ -240,9 +242,12 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
     It delays each of the m leaders by ext_F, F's service (`dhat`: D_hat_F)
     past the resident agent's running requests, at each of the k stages of
     their path. F goes first while s_F (1 + tasks behind) > ext_F k m: an
-    exchange of F with the leaders' phase, priced on the tasks present
-    (bench/fig2_optimal.py's present plan makes the same choice on the
-    Fig. 2 machine with room for one request)."""
+    exchange of F with the leaders' phase, priced on the tasks present. If
+    F's request fits beside the leaders' phase (their prefix and their
+    waiting requests), F rides in their batch at each stage: its service
+    there is saved and the leaders wait for F once (`tandem_pays`).
+    (bench/fig2_optimal.py's present plan makes the same choices on the
+    Fig. 2 machine with room for one and two requests.)"""
     gpu = frozenset(view.gpu_prefixes())
     leaders = _tandem_leaders(view, gpu)
     if not leaders:
@@ -257,6 +262,7 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
         tasks = {r.task_id for r in mine}
         behind = waiting_tasks - len(tasks)  # F's task and those behind
         need = _ell(view, agent) + min(_work(r) for r in mine)
+        batch = _ell(view, agent) + sum(_work(r) for r in mine)  # the leaders' phase
         for f in followers:
             if _ell(view, f.agent) + need <= view.budget_tokens:
                 continue  # the leaders' prefix comes in beside F's once others leave
@@ -267,7 +273,8 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
             if path is None:
                 path = paths[f.workflow, joined] = path_agents(view.workflows[f.workflow], joined)
             if tandem_pays(view, f, path, len(tasks), behind,
-                           dhat(f) - running_left.get(f.agent, 0.0)):
+                           dhat(f) - running_left.get(f.agent, 0.0),
+                           dhat(f) if batch + _work(f) <= view.budget_tokens else None):
                 held.update(r.id for r in view.waiting if r.agent == agent)
                 break
     return frozenset(held)
@@ -296,13 +303,20 @@ def _joined(view: EngineView, f: Request, stages: set[tuple[str, str]]) -> str |
 
 
 def tandem_pays(view: EngineView, f: Request, path: tuple[str, ...], leaders: int,
-                tasks: int, ext: float) -> bool:
+                tasks: int, ext: float, ride: float | None = None) -> bool:
     """Whether F goes before `leaders` tasks waiting at the stage after F's,
     whose `path` (`path_agents`) F would follow (`tandem_holds`): s_F *
-    `tasks` > ext_F k m, with `tasks` counting F's and those behind."""
+    `tasks` > ext_F k m, with `tasks` counting F's and those behind. With
+    `ride` (F's service at a stage, where F's request fits beside the
+    leaders' phase in the pool), F's task runs each of the k stages in the
+    leaders' batch: it saves that service at each, and the leaders wait for
+    F once: s_F * `tasks` + `ride` k > ext_F m."""
     wf = view.workflows[f.workflow]
     saved = sum(view.costs.t_swap(wf.agents[a].prefix_tokens) for a in (f.agent, *path))
-    return saved * tasks > max(0.0, ext) * len(path) * leaders
+    ext, k = max(0.0, ext), len(path)
+    if ride is not None:
+        return saved * tasks + ride * k > ext * leaders
+    return saved * tasks > ext * k * leaders
 
 
 def path_agents(wf: Workflow, stage: str) -> tuple[str, ...]:

@@ -99,8 +99,9 @@ class TopasParams:
     phases: float | None = 1.0
     # a resident agent's waiting request whose task is one stage behind the started
     # tasks waiting on an agent off the GPU goes before them, and follows them on their
-    # path, while the setups it saves times the tasks waiting behind outweigh the delay
-    # it gives them (an exchange on the tasks present; lots.py, `tandem_holds`)
+    # path, while the setups it saves times the tasks waiting behind (and, where it fits
+    # in their batch, its service at each stage) outweigh the delay it gives them (an
+    # exchange on the tasks present; lots.py, `tandem_holds`)
     tandem: bool = True
     # while fewer requests have waited than this times those running (smoothed over time,
     # `LOAD_WINDOW_S`), every candidate keeps EASY's reservation for the oldest started
