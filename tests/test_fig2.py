@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from backends.sim.engine import SimBackend
 from tests.simkit import RecordingSink
-from topasd.model import EventKind
+from topasd.model import Decision, EngineView, EventKind
 from topasd.runner import Run
 from topasd.scheduler import make_policy
 from workflows.fig2 import (
@@ -339,3 +339,28 @@ def test_topas_finishes_within_serial_time_on_the_fig2_machine(
     assert set(topas.finishes) == set(range(len(times)))
     assert max(topas.finishes.values()) <= max(times) + n_requests * (4 + 2)
     assert backend.stats.preemptions <= n_requests
+
+
+class _Views:
+    """A policy that records, per decision, its time and the tasks waiting."""
+
+    def __init__(self, policy: str) -> None:
+        self.policy = make_policy(policy)
+        self.seen: list[tuple[float, frozenset[int]]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.policy, name)
+
+    def decide(self, view: EngineView) -> Decision:
+        self.seen.append((view.t, frozenset(r.task_id for r in view.waiting)))
+        return self.policy.decide(view)
+
+
+@pytest.mark.parametrize("policy", ["spf", "topas"])
+def test_a_decision_sees_every_event_of_its_instant(policy: str) -> None:
+    # T0's A round ends at t = 10 as T1 arrives: the one decision at that end sees
+    # T1's A round waiting beside T0's B round (not a decision before the arrival)
+    views = _Views(policy)
+    Run(fig2_trace((5.0, 10.0)), views, SimBackend(fig2_profile(2), warm_host=True)).execute()  # type: ignore[arg-type]
+    at_ten = [tasks for t, tasks in views.seen if t == 10.0]
+    assert at_ten == [frozenset({0, 1})]

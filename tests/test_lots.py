@@ -325,6 +325,21 @@ def test_a_request_of_another_workflow_does_not_join_the_leaders() -> None:
     assert tandem_holds(v, _one_second) == frozenset()
 
 
+def test_a_request_whose_end_does_not_ready_the_leaders_stage_does_not_join_them() -> None:
+    # fork a -> b, c -> d: task 0 waits on D; task 1's B round is one stage behind it,
+    # but its C round has not run, so b's end does not ready d and task 1 cannot follow
+    fork = workflow("fork", {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c")}, prefix=100)
+
+    def fork_view(c_status: str) -> EngineView:
+        waiting = [request(LEADER, 0, fork, "d"), request(31, 1, fork, "b")]
+        tasks = [task(0, fork, a="done", b="done", c="done", d="active"),
+                 task(1, fork, a="done", b="active", c=c_status)]
+        return view([fork], tasks, [], waiting, t=1.0, budget=140, gpu=("B",))
+
+    assert tandem_holds(fork_view("done"), _one_second) == {LEADER}
+    assert tandem_holds(fork_view("active"), _one_second) == frozenset()
+
+
 def test_the_path_left_follows_the_longest_chain_to_an_exit() -> None:
     fork = workflow("fork", {"a": (), "b": ("a",), "c": ("a",), "d": ("c",), "e": ("b", "d")})
     assert path_agents(fork, "a") == ("A", "C", "D", "E")

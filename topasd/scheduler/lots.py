@@ -296,10 +296,14 @@ def _tandem_leaders(view: EngineView, gpu: frozenset[str]) -> dict[str, list[Req
 
 
 def _joined(view: EngineView, f: Request, stages: set[tuple[str, str]]) -> str | None:
-    """The leaders' stage (of `stages`) that follows F's stage in its
-    workflow, if any (the first by name)."""
+    """The leaders' stage (of `stages`) that F's stage, once done, readies in
+    F's task (`readied_by`: every other predecessor done), if any (the first
+    by name): only then does F's task follow the leaders from there."""
+    task = view.tasks.get(f.task_id)
+    if task is None:
+        return None
     wf = view.workflows[f.workflow]
-    return next((v for v in wf.succs[f.stage] if (f.workflow, v) in stages), None)
+    return next((v for v in readied_by(wf, task, f.stage) if (f.workflow, v) in stages), None)
 
 
 def tandem_pays(view: EngineView, f: Request, path: tuple[str, ...], leaders: int,
