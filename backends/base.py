@@ -264,8 +264,9 @@ class Backend(Protocol):
         """Advance to `t_stop` (None: until idle), yielding events. A SCHEDULE
         event asks the caller to `apply` a decision before iterating on.
         `more_at_stop`: the caller submits more at `t_stop` itself (tasks
-        arriving then), so a decision due at that instant waits for the next
-        call and sees them; only a simulated clock stops at one instant."""
+        arriving then), so a decision due at or past `t_stop` (a step that
+        ends there or straddles it) waits for the next call and sees them.
+        SGLang, which decides inside its own scheduler, ignores it."""
 
     def view(self, tasks: Mapping[int, TaskView],
              workflows: Mapping[str, Workflow]) -> EngineView:

@@ -329,7 +329,8 @@ class VllmBackend(ContextCopies):
             self._fire_timed()
             if self._events:
                 yield from self._drain()
-            if self._need_schedule and not self.native:
+            if self._need_schedule and not self.native and not (
+                    more_at_stop and self._t >= stop):
                 self._need_schedule = False
                 yield EngineEvent(self._t, EventKind.SCHEDULE)
                 if self._events:
