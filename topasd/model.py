@@ -325,14 +325,20 @@ class Workflow:
                      for v in reversed(self.topo_order))
 
     @cached_property
+    def heights(self) -> Mapping[str, int]:
+        """Each stage's height: the most edges on a path from it to an exit."""
+        height: dict[str, int] = {}
+        for v in reversed(self.topo_order):
+            height[v] = 1 + max((height[s] for s in self.succs[v]), default=-1)
+        return height
+
+    @cached_property
     def lp_groups(self) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
         """Longest-path plan: (rows, their common successor rows) by height from
         the sinks; rows in one group share successors and never depend on each
         other, so each group is one vectorized step."""
         idx = self.stage_index
-        height: dict[str, int] = {}
-        for v in reversed(self.topo_order):
-            height[v] = 1 + max((height[s] for s in self.succs[v]), default=-1)
+        height = self.heights
         groups: dict[tuple[int, tuple[int, ...]], list[int]] = {}
         for v in reversed(self.topo_order):
             succ = tuple(idx[s] for s in self.succs[v])

@@ -326,9 +326,7 @@ def tandem_pays(view: EngineView, f: Request, path: tuple[str, ...], leaders: in
 def path_agents(wf: Workflow, stage: str) -> tuple[str, ...]:
     """The agents of the longest chain of stages from `stage` to an exit
     (ties by name): the path a task at `stage` has left."""
-    height: dict[str, int] = {}
-    for v in reversed(wf.topo_order):
-        height[v] = 1 + max((height[s] for s in wf.succs[v]), default=-1)
+    height = wf.heights
     out = [wf.stages[stage].agent]
     while wf.succs[stage]:
         stage = max(wf.succs[stage], key=lambda v: (height[v], v))
