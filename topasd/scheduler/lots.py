@@ -261,8 +261,9 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
         stages = {(r.workflow, r.stage) for r in mine}
         tasks = {r.task_id for r in mine}
         behind = waiting_tasks - len(tasks)  # F's task and those behind
-        need = _ell(view, agent) + min(_work(r) for r in mine)
-        batch = _ell(view, agent) + sum(_work(r) for r in mine)  # the leaders' phase
+        ell = _ell(view, agent)
+        need = ell + min(_work(r) for r in mine)
+        batch = ell + sum(_work(r) for r in mine)  # the leaders' phase
         for f in followers:
             if _ell(view, f.agent) + need <= view.budget_tokens:
                 continue  # the leaders' prefix comes in beside F's once others leave
@@ -272,9 +273,10 @@ def tandem_holds(view: EngineView, dhat: Callable[[Request], float]) -> frozense
             path = paths.get((f.workflow, joined))
             if path is None:
                 path = paths[f.workflow, joined] = path_agents(view.workflows[f.workflow], joined)
+            d = dhat(f)
             if tandem_pays(view, f, path, len(tasks), behind,
-                           dhat(f) - running_left.get(f.agent, 0.0),
-                           dhat(f) if batch + _work(f) <= view.budget_tokens else None):
+                           d - running_left.get(f.agent, 0.0),
+                           d if batch + _work(f) <= view.budget_tokens else None):
                 held.update(r.id for r in view.waiting if r.agent == agent)
                 break
     return frozenset(held)
